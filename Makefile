@@ -1,0 +1,18 @@
+# Two commands: `make demo` runs the main job, `make test` runs every test.
+PY := .venv/bin/python
+BUILD := build
+EXECUTORCH_CMAKE = $(shell $(PY) -c "import executorch, os; print(os.path.join(os.path.dirname(executorch.__file__), 'lib', 'cmake', 'executorch'))")
+
+.PHONY: setup build demo test
+setup:
+	scripts/setup.sh
+
+build: setup
+	cmake -S . -B $(BUILD) -G Ninja -Dexecutorch_DIR=$(EXECUTORCH_CMAKE) -DKILN_PYTHON=$(abspath $(PY))
+	cmake --build $(BUILD)
+
+demo: build
+	scripts/demo.sh
+
+test: build
+	scripts/test.sh

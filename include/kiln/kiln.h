@@ -1,0 +1,364 @@
+/*
+ * kiln.h - the whole public C API of Kiln, a GPU inference delegate for ExecuTorch.
+ *
+ * Ahead of time, a builder turns a graph of tensors and ops into a blob: a container
+ * holding JSON metadata, a binary plan and the weights. At run time an engine loads a
+ * blob (on a CUDA GPU, or on the CPU reference engine that checks every GPU result) and
+ * executes it, synchronously, on caller buffers.
+ *
+ * Conventions: every fallible call returns a kiln_status and, on failure, writes a
+ * message of at most 255 bytes into a caller-provided kiln_error (cause first, then the
+ * remedy). Nothing aborts. Objects are created and destroyed in pairs.
+ *
+ * Threads: one engine handle is never run by two threads at once; kiln_engine_execute
+ * serializes callers on one handle with a mutex. Load one engine per thread to run in
+ * parallel. A caller that frees or rewrites an input from another thread while execute
+ * runs gets a wrong answer that nothing below it can detect.
+ */
+#ifndef KILN_KILN_H
+#define KILN_KILN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KILN_API __attribute__((visibility("default")))
+#define KILN_PRINTF(fmt_index, first_arg) __attribute__((format(printf, fmt_index, first_arg)))
+#else
+#define KILN_API
+#define KILN_PRINTF(fmt_index, first_arg)
+#endif
+
+#define KILN_VERSION_STRING "0.1.0"
+/* The id ExecuTorch knows the backend by; the Python BackendDetails class has this name. */
+#define KILN_BACKEND_ID "KilnBackend"
+
+/* ---------------------------------------------------------------- status and errors */
+
+typedef enum kiln_status {
+  KILN_OK = 0,
+  KILN_ERR_INVALID_PROGRAM = 1, /* malformed blob, metadata or plan */
+  KILN_ERR_INCOMPATIBLE = 2,    /* container/plan version or GPU architecture mismatch */
+  KILN_ERR_INVALID_ARGUMENT = 3, /* bad caller buffer, shape, option or builder input */
+  KILN_ERR_OUT_OF_MEMORY = 4,   /* host or device allocation failed */
+  KILN_ERR_INTERNAL = 5,        /* device fault or library failure during a run */
+  KILN_ERR_UNAVAILABLE = 6,     /* requested device is missing (no GPU, no such device) */
+  KILN_ERR_UNSUPPORTED = 7      /* op, dtype or shape the builder or engine cannot handle */
+} kiln_status;
+
+/* ExecuTorch keeps 256 bytes of a log message: every Kiln message fits in 255. */
+#define KILN_ERROR_MAX 256
+
+typedef struct kiln_error {
+  kiln_status status;
+  char message[KILN_ERROR_MAX];
+} kiln_error;
+
+/* Writes a formatted message into err (truncated to 255 bytes) and returns status.
+ * err may be NULL. */
+KILN_API kiln_status kiln_fail(kiln_error *err, kiln_status status, const char *fmt, ...)
+    KILN_PRINTF(3, 4);
+KILN_API const char *kiln_status_name(kiln_status status);
+
+/* ---------------------------------------------------------------- dtypes and tensors */
+
+typedef enum kiln_dtype {
+  KILN_F32 = 0,
+  KILN_F16 = 1,
+  KILN_BF16 = 2,
+  KILN_I64 = 3,
+  KILN_I32 = 4,
+  KILN_BOOL = 5,
+  KILN_DTYPE_COUNT = 6
+} kiln_dtype;
+
+#define KILN_MAX_RANK 8
+
+KILN_API size_t kiln_dtype_size(kiln_dtype dtype);        /* 0 for an unknown dtype */
+KILN_API const char *kiln_dtype_name(kiln_dtype dtype);   /* "f32", "f16", ... */
+/* Parses a name written by kiln_dtype_name; returns 0 on success, -1 if unknown. */
+KILN_API int kiln_dtype_from_name(const char *name, size_t len, kiln_dtype *out);
+
+/* A caller's tensor: where the bytes are and what they hold. Strides are in elements;
+ * the engine accepts only contiguous (row-major) views. */
+typedef struct kiln_tensor_view {
+  void *data;
+  size_t nbytes;
+  kiln_dtype dtype;
+  int32_t rank;
+  int64_t sizes[KILN_MAX_RANK];
+  int64_t strides[KILN_MAX_RANK];
+} kiln_tensor_view;
+
+/* ---------------------------------------------------------------- blob container */
+
+/* Layout (all little-endian), KILN_BLOB_HEADER_SIZE bytes, then sections:
+ *   0  char[8] magic "KILNBLOB"
+ *   8  u32 container version          12 u32 header size
+ *  16  u64 metadata offset            24 u64 metadata size
+ *  32  u64 plan offset                40 u64 plan size
+ *  48  u64 weights offset             56 u64 weights size
+ *  64  u64 total blob size
+ * Sections lie inside the blob, do not overlap; the plan is 8-byte aligned and the
+ * weights KILN_WEIGHTS_ALIGN-byte aligned (offsets from the blob start). */
+#define KILN_BLOB_MAGIC "KILNBLOB"
+#define KILN_CONTAINER_VERSION 1u
+#define KILN_BLOB_HEADER_SIZE 72u
+#define KILN_WEIGHTS_ALIGN 64u
+
+typedef struct kiln_blob_view {
+  uint32_t version;
+  const uint8_t *metadata; /* JSON text, not NUL-terminated */
+  size_t metadata_size;
+  const uint8_t *plan;
+  size_t plan_size;
+  const uint8_t *weights;
+  size_t weights_size;
+} kiln_blob_view;
+
+/* Checks the header and section bounds of untrusted bytes; the view points into data. */
+KILN_API kiln_status kiln_blob_parse(const void *data, size_t size, kiln_blob_view *out,
+                                     kiln_error *err);
+/* Writes a blob into a buffer from malloc (release with kiln_free). */
+KILN_API kiln_status kiln_blob_write(const void *metadata, size_t metadata_size, const void *plan,
+                                     size_t plan_size, const void *weights, size_t weights_size,
+                                     void **out, size_t *out_size, kiln_error *err);
+KILN_API void kiln_free(void *p);
+
+/* ---------------------------------------------------------------- metadata */
+
+typedef enum kiln_io_kind { KILN_IO_INPUT = 0, KILN_IO_OUTPUT = 1 } kiln_io_kind;
+
+#define KILN_NAME_MAX 64
+
+/* One entry of the metadata's "io" array, in the order the delegate call passes them. */
+typedef struct kiln_binding {
+  char name[KILN_NAME_MAX];
+  kiln_io_kind kind;
+  kiln_dtype dtype;
+  int32_t rank;
+  int64_t shape[KILN_MAX_RANK];     /* the shape the plan was built for */
+  int64_t max_shape[KILN_MAX_RANK]; /* upper bound of each dimension (== shape if static) */
+} kiln_binding;
+
+/* An output whose result the runtime copies back into an input buffer (a KV cache). */
+typedef struct kiln_alias {
+  uint32_t output; /* index among outputs */
+  uint32_t input;  /* index among inputs */
+  char kind[16];   /* "inplace" */
+} kiln_alias;
+
+#define KILN_MAX_BINDINGS 256
+#define KILN_MAX_ALIASES 64
+
+typedef struct kiln_metadata {
+  char producer[KILN_NAME_MAX];
+  int32_t device_id;
+  int32_t min_compute_capability; /* major*10+minor, e.g. 80 */
+  int allow_tf32;                 /* 0 or 1 */
+  uint32_t n_bindings;
+  kiln_binding bindings[KILN_MAX_BINDINGS];
+  uint32_t n_aliases;
+  kiln_alias aliases[KILN_MAX_ALIASES];
+} kiln_metadata;
+
+/* Strict reader of the metadata JSON: unknown, duplicate, missing or nested-lookalike keys,
+ * out-of-range numbers, malformed literals and strings are all refused. */
+KILN_API kiln_status kiln_metadata_parse(const char *json, size_t len, kiln_metadata *out,
+                                         kiln_error *err);
+/* Serializes md as JSON into a malloc'd, NUL-terminated string (release with kiln_free). */
+KILN_API kiln_status kiln_metadata_write(const kiln_metadata *md, char **out, size_t *out_len,
+                                         kiln_error *err);
+
+/* ---------------------------------------------------------------- the plan */
+
+/* Ops, their inputs and attributes (iattr integers, fattr reals). Dims are normalized to
+ * be non-negative by the builder. All tensors in a plan are contiguous. */
+typedef enum kiln_op_kind {
+  KILN_OP_LINEAR = 0,   /* x[...,K], w[N,K], bias[N]? -> [...,N]; iattr0 = kiln_activation */
+  KILN_OP_MATMUL,       /* a[...,M,K], b[...,K,N] (batch dims broadcast) -> [...,M,N] */
+  KILN_OP_ADD,          /* a + alpha*b, broadcasting; fattr0 = alpha */
+  KILN_OP_SUB,          /* a - alpha*b, broadcasting; fattr0 = alpha */
+  KILN_OP_MUL,          /* a * b, broadcasting */
+  KILN_OP_DIV,          /* a / b, broadcasting */
+  KILN_OP_RELU,
+  KILN_OP_GELU,         /* iattr0: 0 = erf, 1 = tanh approximation */
+  KILN_OP_SILU,
+  KILN_OP_SIGMOID,
+  KILN_OP_TANH,
+  KILN_OP_EXP,
+  KILN_OP_SQRT,
+  KILN_OP_RSQRT,
+  KILN_OP_NEG,
+  KILN_OP_POW,          /* x ** fattr0 */
+  KILN_OP_CAST,         /* iattr0 = target kiln_dtype */
+  KILN_OP_SOFTMAX,      /* iattr0 = dim */
+  KILN_OP_LOG_SOFTMAX,  /* iattr0 = dim */
+  KILN_OP_LAYER_NORM,   /* x, weight?, bias?; iattr0 = normalized trailing dims, iattr1 = bit0
+                           weight present, bit1 bias present; fattr0 = eps */
+  KILN_OP_RMS_NORM,     /* x, weight?; iattr0 = normalized trailing dims, iattr1 = bit0 weight;
+                           fattr0 = eps */
+  KILN_OP_SUM,          /* iattr0 = bitmask of reduced dims, iattr1 = keepdim */
+  KILN_OP_MEAN,         /* as SUM */
+  KILN_OP_AMAX,         /* as SUM */
+  KILN_OP_RESHAPE,      /* view/reshape/squeeze/unsqueeze; iattr = output dims */
+  KILN_OP_PERMUTE,      /* iattr = permutation */
+  KILN_OP_EXPAND,       /* iattr = output dims */
+  KILN_OP_CAT,          /* n inputs; iattr0 = dim */
+  KILN_OP_SLICE,        /* iattr0 = dim, iattr1 = start, iattr2 = end, iattr3 = step */
+  KILN_OP_SELECT,       /* iattr0 = dim, iattr1 = index (drops the dim) */
+  KILN_OP_COPY,         /* clone / contiguous */
+  KILN_OP_EMBEDDING,    /* weight[V,D], idx[...] (i32/i64) -> [...,D]; idx out of range faults */
+  KILN_OP_INDEX_SELECT, /* x, idx[n]; iattr0 = dim */
+  KILN_OP_WHERE,        /* cond (bool), a, b, broadcasting */
+  KILN_OP_SDPA,         /* q[...,L,E], k[...,S,E], v[...,S,Ev], mask? (bool: true keeps, or additive
+                           float), broadcast to [...,L,S]; iattr0 = causal, iattr1 = mask present;
+                           fattr0 = scale (0 means 1/sqrt(E)) */
+  KILN_OP_COUNT
+} kiln_op_kind;
+
+typedef enum kiln_activation {
+  KILN_ACT_NONE = 0,
+  KILN_ACT_RELU = 1,
+  KILN_ACT_GELU_ERF = 2,
+  KILN_ACT_GELU_TANH = 3
+} kiln_activation;
+
+KILN_API const char *kiln_op_name(kiln_op_kind op); /* "linear", "matmul", ... */
+
+typedef enum kiln_storage {
+  KILN_STORE_ARENA = 0,  /* offset into the run's arena */
+  KILN_STORE_WEIGHT = 1, /* offset into the weights section */
+  KILN_STORE_INPUT = 2,  /* offset 0 of the caller's input (index = tensor's io_index) */
+  KILN_STORE_OUTPUT = 3  /* offset 0 of the caller's output (index = tensor's io_index) */
+} kiln_storage;
+
+typedef struct kiln_tensor_desc {
+  kiln_dtype dtype;
+  int32_t rank;
+  int64_t dims[KILN_MAX_RANK];
+  kiln_storage storage;
+  uint32_t io_index; /* for INPUT/OUTPUT storage */
+  uint64_t offset;   /* bytes into the arena or weights section */
+  uint64_t nbytes;   /* product of dims times dtype size */
+} kiln_tensor_desc;
+
+#define KILN_MAX_OP_INPUTS 8
+#define KILN_MAX_IATTR 8
+#define KILN_MAX_FATTR 2
+
+typedef struct kiln_op {
+  kiln_op_kind kind;
+  uint32_t n_inputs;
+  uint32_t inputs[KILN_MAX_OP_INPUTS];
+  uint32_t output;
+  uint32_t n_iattr;
+  int64_t iattr[KILN_MAX_IATTR];
+  double fattr[KILN_MAX_FATTR];
+} kiln_op;
+
+#define KILN_PLAN_VERSION 1u
+
+typedef struct kiln_plan {
+  uint32_t version;
+  uint32_t n_tensors;
+  uint32_t n_ops;
+  uint32_t n_inputs;
+  uint32_t n_outputs;
+  uint64_t arena_size; /* bytes, from the builder's memory plan */
+  kiln_tensor_desc *tensors;
+  kiln_op *ops;
+  uint32_t *inputs;  /* tensor index of each input, in binding order */
+  uint32_t *outputs; /* tensor index of each output, in binding order */
+} kiln_plan;
+
+/* Decodes and checks an untrusted plan section against the weights section size: every
+ * index, dtype, rank, offset and size; refusals name the op or tensor at fault. */
+KILN_API kiln_status kiln_plan_parse(const void *data, size_t size, uint64_t weights_size,
+                                     kiln_plan *out, kiln_error *err);
+KILN_API kiln_status kiln_plan_serialize(const kiln_plan *plan, void **out, size_t *out_size,
+                                         kiln_error *err);
+KILN_API void kiln_plan_release(kiln_plan *plan);
+
+/* ---------------------------------------------------------------- builder */
+
+/* Builds a plan from inputs, constants and ops: shape and dtype inference, dead-code
+ * removal, memory planning by liveness into one arena, and serialization into a blob. */
+typedef struct kiln_builder kiln_builder;
+
+KILN_API kiln_builder *kiln_builder_create(void); /* NULL when out of memory */
+KILN_API void kiln_builder_destroy(kiln_builder *b);
+
+/* Each add returns a tensor id >= 0, or -1 with err set. */
+KILN_API int32_t kiln_builder_add_input(kiln_builder *b, const char *name, kiln_dtype dtype,
+                                        int32_t rank, const int64_t *dims, kiln_error *err);
+/* The builder copies data (nbytes must equal the shape's byte size). */
+KILN_API int32_t kiln_builder_add_constant(kiln_builder *b, kiln_dtype dtype, int32_t rank,
+                                           const int64_t *dims, const void *data, size_t nbytes,
+                                           kiln_error *err);
+KILN_API int32_t kiln_builder_add_op(kiln_builder *b, kiln_op_kind op, const int32_t *inputs,
+                                     uint32_t n_inputs, const int64_t *iattr, uint32_t n_iattr,
+                                     const double *fattr, uint32_t n_fattr, kiln_error *err);
+KILN_API kiln_status kiln_builder_get_shape(const kiln_builder *b, int32_t tensor,
+                                            kiln_dtype *dtype, int32_t *rank, int64_t *dims,
+                                            kiln_error *err);
+KILN_API kiln_status kiln_builder_mark_output(kiln_builder *b, int32_t tensor, const char *name,
+                                              kiln_error *err);
+
+typedef struct kiln_build_options {
+  int32_t device_id;              /* recorded in the metadata */
+  int32_t min_compute_capability; /* 0: the lowest the kernels are built for */
+  int allow_tf32;
+  int fuse;                       /* 1: fuse GEMM epilogues and pointwise chains */
+} kiln_build_options;
+
+KILN_API void kiln_build_options_default(kiln_build_options *opts);
+/* Writes the finished blob into a malloc'd buffer (release with kiln_free). */
+KILN_API kiln_status kiln_builder_build(kiln_builder *b, const kiln_build_options *opts,
+                                        void **blob, size_t *blob_size, kiln_error *err);
+/* Arena bytes of the last successful build. */
+KILN_API uint64_t kiln_builder_arena_size(const kiln_builder *b);
+
+/* ---------------------------------------------------------------- engine */
+
+typedef enum kiln_device_kind {
+  KILN_DEVICE_AUTO = 0, /* KILN_DEVICE env (cpu|cuda), else CUDA */
+  KILN_DEVICE_CPU = 1,  /* the CPU reference engine */
+  KILN_DEVICE_CUDA = 2
+} kiln_device_kind;
+
+typedef struct kiln_engine_options {
+  kiln_device_kind device;
+  int32_t device_id; /* -1: the metadata's device_id */
+} kiln_engine_options;
+
+KILN_API void kiln_engine_options_default(kiln_engine_options *opts);
+
+typedef struct kiln_engine kiln_engine;
+
+/* Loads a blob: checks container, metadata and plan, chooses the device, allocates every
+ * buffer the runs will need and copies what it keeps, so the blob may be freed after. */
+KILN_API kiln_status kiln_engine_load(const void *blob, size_t blob_size,
+                                      const kiln_engine_options *opts, kiln_engine **out,
+                                      kiln_error *err);
+/* Runs the plan synchronously: when it returns, outputs are written and every caller buffer
+ * may be reused. Allocates nothing. Views are in binding order. */
+KILN_API kiln_status kiln_engine_execute(kiln_engine *e, const kiln_tensor_view *inputs,
+                                         uint32_t n_inputs, const kiln_tensor_view *outputs,
+                                         uint32_t n_outputs, kiln_error *err);
+KILN_API void kiln_engine_destroy(kiln_engine *e);
+
+KILN_API const kiln_metadata *kiln_engine_metadata(const kiln_engine *e);
+KILN_API const kiln_plan *kiln_engine_plan(const kiln_engine *e);
+/* "cpu" or "cuda:N". */
+KILN_API const char *kiln_engine_device_name(const kiln_engine *e);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_KILN_H */

@@ -1,0 +1,47 @@
+/* The engine object and the interface every execution backend (CPU, CUDA) implements. */
+#ifndef KILN_ENGINE_INTERNAL_H
+#define KILN_ENGINE_INTERNAL_H
+
+#include "kiln/kiln.h"
+
+#include <pthread.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A backend owns everything it allocates in init (arena, staging, streams, graphs) and
+ * allocates nothing in execute. The engine has already checked every caller view against
+ * the bindings (dtype, shape, byte size, contiguity) before calling execute. */
+typedef struct kiln_backend {
+  const char *name;
+  kiln_status (*init)(kiln_engine *e, kiln_error *err);
+  kiln_status (*execute)(kiln_engine *e, const kiln_tensor_view *inputs,
+                         const kiln_tensor_view *outputs, kiln_error *err);
+  void (*destroy)(kiln_engine *e);
+} kiln_backend;
+
+struct kiln_engine {
+  kiln_metadata metadata;
+  kiln_plan plan;
+  uint8_t *weights; /* host copy, KILN_WEIGHTS_ALIGN-aligned; a backend may free it in init */
+  uint64_t weights_size;
+  int32_t device_id;
+  char device_name[32];
+  const kiln_backend *backend;
+  void *impl; /* the backend's state */
+  pthread_mutex_t lock;
+};
+
+extern const kiln_backend kiln_cpu_backend;
+#ifdef KILN_WITH_CUDA
+extern const kiln_backend kiln_cuda_backend;
+/* Number of CUDA devices, or -1 with err set when the driver/runtime reports none. */
+int kiln_cuda_device_count(kiln_error *err);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
