@@ -1,0 +1,148 @@
+/* The CPU reference engine: the oracle every GPU result is checked against. init allocates
+ * the arena, the per-tensor pointer table and the ops' scratch; execute resolves pointers,
+ * runs the ops in order and copies aliased outputs back into their inputs, allocating
+ * nothing. */
+#include "core/alloc.h"
+#include "cpu/cpu_ops.h"
+
+#include <stdlib.h>
+
+#define ARENA_ALIGN 64u
+
+typedef struct cpu_state {
+  uint8_t *arena;
+  void **data;     /* n_tensors pointers, filled by each execute */
+  double *scratch; /* kiln_cpu_scratch_count doubles */
+} cpu_state;
+
+/* Stands in for the address of every zero-byte tensor, whose pointer may be NULL. */
+static _Alignas(ARENA_ALIGN) uint8_t empty_tensor[ARENA_ALIGN];
+
+static void cpu_destroy(kiln_engine *e) {
+  cpu_state *s = e->impl;
+  if (!s) return;
+  free(s->arena);
+  free(s->data);
+  free(s->scratch);
+  free(s);
+  e->impl = NULL;
+}
+
+static kiln_status cpu_init(kiln_engine *e, kiln_error *err) {
+  const kiln_plan *p = &e->plan;
+  e->impl = NULL;
+  kiln_status st = kiln_cpu_check_plan(e, err);
+  if (st != KILN_OK) return st;
+  uint64_t scratch_count = kiln_cpu_scratch_count(p);
+  if (p->arena_size > SIZE_MAX || scratch_count > SIZE_MAX / sizeof(double))
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "CPU engine: arena of %llu bytes or scratch of %llu values exceeds the "
+                     "address space; use a smaller program",
+                     (unsigned long long)p->arena_size, (unsigned long long)scratch_count);
+  cpu_state *s = kiln_calloc(1, sizeof *s);
+  if (!s)
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY, "CPU engine: out of host memory for its state");
+  e->impl = s;
+  if (p->arena_size > 0 && !(s->arena = kiln_aligned_alloc(ARENA_ALIGN, (size_t)p->arena_size))) {
+    cpu_destroy(e);
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "CPU engine: out of host memory for the arena of %llu bytes; free memory "
+                     "or use a smaller program",
+                     (unsigned long long)p->arena_size);
+  }
+  if ((p->n_tensors > 0 && !(s->data = kiln_calloc(p->n_tensors, sizeof(void *)))) ||
+      (scratch_count > 0 && !(s->scratch = kiln_calloc((size_t)scratch_count, sizeof(double))))) {
+    cpu_destroy(e);
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "CPU engine: out of host memory for %llu tensor pointers and %llu scratch "
+                     "values; free memory",
+                     (unsigned long long)p->n_tensors, (unsigned long long)scratch_count);
+  }
+  return KILN_OK;
+}
+
+static kiln_status resolve(kiln_engine *e, const kiln_tensor_view *inputs,
+                           const kiln_tensor_view *outputs, kiln_error *err) {
+  cpu_state *s = e->impl;
+  for (uint32_t i = 0; i < e->plan.n_tensors; i++) {
+    const kiln_tensor_desc *t = &e->plan.tensors[i];
+    void *base = NULL;
+    switch (t->storage) {
+    case KILN_STORE_ARENA: base = s->arena; break;
+    case KILN_STORE_WEIGHT: base = e->weights; break;
+    case KILN_STORE_INPUT: base = inputs[t->io_index].data; break;
+    case KILN_STORE_OUTPUT: base = outputs[t->io_index].data; break;
+    }
+    if (t->nbytes == 0) {
+      s->data[i] = empty_tensor;
+    } else if (!base) {
+      return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                       "tensor %u: %.6s %u has no data for its %llu bytes; pass a buffer",
+                       (unsigned)i, t->storage == KILN_STORE_OUTPUT ? "output" : "input",
+                       (unsigned)t->io_index, (unsigned long long)t->nbytes);
+    } else {
+      s->data[i] = (uint8_t *)base + t->offset;
+    }
+  }
+  return KILN_OK;
+}
+
+static kiln_status run_op(const kiln_cpu_run *r, uint32_t index, kiln_error *err) {
+  const kiln_op *op = &r->plan->ops[index];
+  switch (op->kind) {
+  case KILN_OP_LINEAR: kiln_cpu_linear(r, op); break;
+  case KILN_OP_MATMUL: kiln_cpu_matmul(r, op); break;
+  case KILN_OP_ADD:
+  case KILN_OP_SUB:
+  case KILN_OP_MUL:
+  case KILN_OP_DIV: kiln_cpu_binary(r, op); break;
+  case KILN_OP_RELU:
+  case KILN_OP_GELU:
+  case KILN_OP_SILU:
+  case KILN_OP_SIGMOID:
+  case KILN_OP_TANH:
+  case KILN_OP_EXP:
+  case KILN_OP_SQRT:
+  case KILN_OP_RSQRT:
+  case KILN_OP_NEG:
+  case KILN_OP_POW: kiln_cpu_unary(r, op); break;
+  case KILN_OP_CAST: kiln_cpu_cast(r, op); break;
+  case KILN_OP_SOFTMAX:
+  case KILN_OP_LOG_SOFTMAX: kiln_cpu_softmax(r, op); break;
+  case KILN_OP_LAYER_NORM: kiln_cpu_layer_norm(r, op); break;
+  case KILN_OP_RMS_NORM: kiln_cpu_rms_norm(r, op); break;
+  case KILN_OP_SUM:
+  case KILN_OP_MEAN:
+  case KILN_OP_AMAX: kiln_cpu_reduce(r, op); break;
+  case KILN_OP_RESHAPE:
+  case KILN_OP_COPY: kiln_cpu_copy(r, op); break;
+  case KILN_OP_PERMUTE: kiln_cpu_permute(r, op); break;
+  case KILN_OP_EXPAND: kiln_cpu_expand(r, op); break;
+  case KILN_OP_CAT: kiln_cpu_cat(r, op); break;
+  case KILN_OP_SLICE:
+  case KILN_OP_SELECT: kiln_cpu_slice(r, op); break;
+  case KILN_OP_EMBEDDING: return kiln_cpu_embedding(r, index, op, err);
+  case KILN_OP_INDEX_SELECT: return kiln_cpu_index_select(r, index, op, err);
+  case KILN_OP_WHERE: kiln_cpu_where(r, op); break;
+  case KILN_OP_SDPA: kiln_cpu_sdpa(r, op); break;
+  case KILN_OP_COUNT: break; /* refused at init */
+  }
+  return KILN_OK;
+}
+
+static kiln_status cpu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
+                               const kiln_tensor_view *outputs, kiln_error *err) {
+  cpu_state *s = e->impl;
+  kiln_status st = resolve(e, inputs, outputs, err);
+  const kiln_cpu_run run = {&e->plan, s->data, s->scratch};
+  for (uint32_t i = 0; st == KILN_OK && i < e->plan.n_ops; i++) st = run_op(&run, i, err);
+  for (uint32_t i = 0; st == KILN_OK && i < e->metadata.n_aliases; i++) {
+    const kiln_alias *a = &e->metadata.aliases[i];
+    uint32_t from = e->plan.outputs[a->output], to = e->plan.inputs[a->input];
+    if (s->data[from] != s->data[to])
+      memmove(s->data[to], s->data[from], (size_t)e->plan.tensors[from].nbytes);
+  }
+  return st;
+}
+
+const kiln_backend kiln_cpu_backend = {"cpu", cpu_init, cpu_execute, cpu_destroy};

@@ -1,0 +1,241 @@
+/* Init-time checks of what the CPU kernels rely on beyond the engine's shape validation:
+ * storage bounds, input counts, dtypes and the attributes used as indices. After them,
+ * execute can fail only on data. Also sizes the scratch the ops share. */
+#include "core/internal.h"
+#include "cpu/cpu_ops.h"
+
+typedef enum out_class {
+  OUT_ANY,   /* any dtype; integer outputs compute in integers */
+  OUT_FLOAT, /* f32, f16 or bf16 */
+  OUT_SAME   /* a layout op: the data input's dtype, bytes moved unchanged */
+} out_class;
+
+static const char *const storage_names[4] = {"arena", "weights", "input", "output"};
+
+/* 1 when dtype, rank, dims and storage are valid and the dims make exactly t->nbytes. */
+static int desc_ok(const kiln_tensor_desc *t) {
+  uint64_t bytes = kiln_dtype_size(t->dtype);
+  if (bytes == 0 || t->rank < 0 || t->rank > KILN_MAX_RANK || (unsigned)t->storage > 3u) return 0;
+  for (int32_t d = 0; d < t->rank; d++)
+    if (t->dims[d] < 0 || kiln_mul_u64(bytes, (uint64_t)t->dims[d], &bytes) != 0) return 0;
+  return bytes == t->nbytes;
+}
+
+static kiln_status check_tensors(const kiln_engine *e, kiln_error *err) {
+  const kiln_plan *p = &e->plan;
+  for (uint32_t i = 0; i < p->n_tensors; i++) {
+    const kiln_tensor_desc *t = &p->tensors[i];
+    if (!desc_ok(t))
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan tensor %u: dtype %d, rank %d, storage %d or dims do not make its "
+                       "%llu bytes; re-export the program",
+                       (unsigned)i, (int)t->dtype, (int)t->rank, (int)t->storage,
+                       (unsigned long long)t->nbytes);
+    uint32_t bindings = t->storage == KILN_STORE_INPUT ? p->n_inputs : p->n_outputs;
+    if (t->storage >= KILN_STORE_INPUT && t->io_index >= bindings)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan tensor %u: %.6s index %u is past the %u %.6ss; re-export the program",
+                       (unsigned)i, storage_names[t->storage], (unsigned)t->io_index,
+                       (unsigned)bindings, storage_names[t->storage]);
+    uint64_t end = 0;
+    uint64_t limit = t->nbytes; /* a caller's buffer holds the tensor at offset 0 */
+    if (t->storage == KILN_STORE_ARENA) limit = p->arena_size;
+    if (t->storage == KILN_STORE_WEIGHT) limit = e->weights_size;
+    if (kiln_add_u64(t->offset, t->nbytes, &end) != 0 || end > limit)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan tensor %u: %llu bytes at offset %llu lie outside its %.7s of %llu "
+                       "bytes; re-export the program",
+                       (unsigned)i, (unsigned long long)t->nbytes, (unsigned long long)t->offset,
+                       storage_names[t->storage], (unsigned long long)limit);
+  }
+  for (uint32_t i = 0; i < p->n_inputs + p->n_outputs; i++) {
+    uint32_t t = i < p->n_inputs ? p->inputs[i] : p->outputs[i - p->n_inputs];
+    if (t >= p->n_tensors)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan I/O %u names tensor %u of %u; re-export the program", (unsigned)i,
+                       (unsigned)t, (unsigned)p->n_tensors);
+  }
+  for (uint32_t i = 0; i < e->metadata.n_aliases; i++) {
+    const kiln_alias *a = &e->metadata.aliases[i];
+    if (a->output >= p->n_outputs || a->input >= p->n_inputs ||
+        p->tensors[p->outputs[a->output]].nbytes != p->tensors[p->inputs[a->input]].nbytes)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "alias %u: output %u and input %u are out of range or differ in size; "
+                       "re-export the program",
+                       (unsigned)i, (unsigned)a->output, (unsigned)a->input);
+  }
+  return KILN_OK;
+}
+
+static int is_permutation(const kiln_op *op, int32_t rank) {
+  uint32_t seen = 0;
+  if (op->n_iattr != (uint32_t)rank) return 0;
+  for (int32_t d = 0; d < rank; d++) {
+    int64_t p = op->iattr[d];
+    if (p < 0 || p >= rank || (seen >> p) & 1u) return 0;
+    seen |= 1u << p;
+  }
+  return 1;
+}
+
+/* 1 when the op's attributes are usable as indices into its tensors' dims. */
+static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
+  const kiln_tensor_desc *x = &p->tensors[op->inputs[0]];
+  const kiln_tensor_desc *out = &p->tensors[op->output];
+  const int64_t *a = op->iattr;
+  switch (op->kind) {
+  case KILN_OP_LINEAR:
+    return a[0] >= KILN_ACT_NONE && a[0] <= KILN_ACT_GELU_TANH && x->rank >= 1 &&
+           p->tensors[op->inputs[1]].rank == 2;
+  case KILN_OP_MATMUL: return x->rank >= 1 && p->tensors[op->inputs[1]].rank >= 1;
+  case KILN_OP_GELU: return a[0] == 0 || a[0] == 1;
+  case KILN_OP_CAST: return a[0] == (int64_t)out->dtype;
+  case KILN_OP_SOFTMAX:
+  case KILN_OP_LOG_SOFTMAX: return a[0] >= 0 && a[0] < (x->rank > 0 ? x->rank : 1);
+  case KILN_OP_LAYER_NORM:
+    return a[0] >= 0 && a[0] <= x->rank && (a[1] & ~3) == 0 &&
+           op->n_inputs == 1u + (uint32_t)(a[1] & 1) + (uint32_t)((a[1] >> 1) & 1);
+  case KILN_OP_RMS_NORM:
+    return a[0] >= 0 && a[0] <= x->rank && (a[1] & ~1) == 0 && op->n_inputs == 1u + (uint32_t)a[1];
+  case KILN_OP_SUM:
+  case KILN_OP_MEAN:
+  case KILN_OP_AMAX: return a[0] >= 0 && a[0] < ((int64_t)1 << x->rank) && (a[1] == 0 || a[1] == 1);
+  case KILN_OP_RESHAPE:
+  case KILN_OP_COPY: return x->nbytes == out->nbytes;
+  case KILN_OP_PERMUTE: return x->rank == out->rank && is_permutation(op, x->rank);
+  case KILN_OP_EXPAND: return x->rank <= out->rank;
+  case KILN_OP_CAT: return a[0] >= 0 && a[0] < out->rank;
+  case KILN_OP_SLICE:
+    return a[0] >= 0 && a[0] < x->rank && out->rank == x->rank && a[1] >= 0 && a[3] >= 1 &&
+           (out->dims[a[0]] == 0 ||
+            (a[1] < x->dims[a[0]] && out->dims[a[0]] - 1 <= (x->dims[a[0]] - 1 - a[1]) / a[3]));
+  case KILN_OP_SELECT: return a[0] >= 0 && a[0] < x->rank && a[1] >= 0 && a[1] < x->dims[a[0]];
+  case KILN_OP_EMBEDDING: return x->rank == 2;
+  case KILN_OP_INDEX_SELECT: return a[0] >= 0 && a[0] < x->rank;
+  case KILN_OP_SDPA:
+    return (a[1] == 0 || a[1] == 1) && op->n_inputs == 3u + (uint32_t)a[1] && out->rank >= 2 &&
+           x->rank >= 2 && p->tensors[op->inputs[1]].rank >= 2 &&
+           p->tensors[op->inputs[2]].rank >= 2;
+  default: return 1;
+  }
+}
+
+/* The first input whose dtype the op does not take with its output's dtype, or -1. */
+static int bad_operand(const kiln_plan *p, const kiln_op *op, out_class cls) {
+  kiln_dtype out = p->tensors[op->output].dtype;
+  for (uint32_t k = 0; k < op->n_inputs; k++) {
+    kiln_dtype dt = p->tensors[op->inputs[k]].dtype;
+    int ok;
+    switch (op->kind) {
+    case KILN_OP_EMBEDDING:
+    case KILN_OP_INDEX_SELECT: ok = k == 0 ? dt == out : (dt == KILN_I32 || dt == KILN_I64); break;
+    case KILN_OP_WHERE: ok = k != 0 || dt == KILN_BOOL; break;
+    case KILN_OP_SDPA: ok = k != 3 || dt == KILN_BOOL || kiln_cpu_is_float(dt); break;
+    default: ok = cls != OUT_SAME || dt == out; break;
+    }
+    if (!ok) return (int)k;
+  }
+  return -1;
+}
+
+static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_class *cls) {
+  *min_in = 1;
+  *max_in = 1;
+  *cls = OUT_FLOAT;
+  switch (kind) {
+  case KILN_OP_LINEAR: *min_in = 2, *max_in = 3; break;
+  case KILN_OP_MATMUL:
+  case KILN_OP_DIV: *min_in = *max_in = 2; break;
+  case KILN_OP_ADD:
+  case KILN_OP_SUB:
+  case KILN_OP_MUL: *min_in = *max_in = 2, *cls = OUT_ANY; break;
+  case KILN_OP_RELU:
+  case KILN_OP_NEG:
+  case KILN_OP_CAST:
+  case KILN_OP_SUM:
+  case KILN_OP_AMAX: *cls = OUT_ANY; break;
+  case KILN_OP_LAYER_NORM: *max_in = 3; break;
+  case KILN_OP_RMS_NORM: *max_in = 2; break;
+  case KILN_OP_RESHAPE:
+  case KILN_OP_PERMUTE:
+  case KILN_OP_EXPAND:
+  case KILN_OP_SLICE:
+  case KILN_OP_SELECT:
+  case KILN_OP_COPY: *cls = OUT_SAME; break;
+  case KILN_OP_CAT: *max_in = KILN_MAX_OP_INPUTS, *cls = OUT_SAME; break;
+  case KILN_OP_EMBEDDING:
+  case KILN_OP_INDEX_SELECT: *min_in = *max_in = 2, *cls = OUT_SAME; break;
+  case KILN_OP_WHERE: *min_in = *max_in = 3, *cls = OUT_ANY; break;
+  case KILN_OP_SDPA: *min_in = 3, *max_in = 4; break;
+  default: break; /* the float unary ops, softmax, mean */
+  }
+}
+
+static kiln_status check_op(const kiln_plan *p, uint32_t index, kiln_error *err) {
+  const kiln_op *op = &p->ops[index];
+  const char *name = kiln_op_name(op->kind);
+  uint32_t min_in, max_in;
+  out_class cls;
+  if ((unsigned)op->kind >= KILN_OP_COUNT)
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "plan op %u: unknown op kind %d; update the runtime or re-export",
+                     (unsigned)index, (int)op->kind);
+  op_rule(op->kind, &min_in, &max_in, &cls);
+  int io_ok = op->n_inputs >= min_in && op->n_inputs <= max_in && op->output < p->n_tensors;
+  for (uint32_t k = 0; io_ok && k < op->n_inputs; k++) io_ok = op->inputs[k] < p->n_tensors;
+  if (!io_ok)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan op %u (%.16s): %u inputs (wants %u to %u) or a tensor index out of "
+                     "range; re-export the program",
+                     (unsigned)index, name, (unsigned)op->n_inputs, (unsigned)min_in,
+                     (unsigned)max_in);
+  const kiln_tensor_desc *out = &p->tensors[op->output];
+  if (out->storage != KILN_STORE_ARENA && out->storage != KILN_STORE_OUTPUT)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan op %u (%.16s): writes into an input or weight tensor; re-export "
+                     "the program",
+                     (unsigned)index, name);
+  if (cls == OUT_FLOAT && !kiln_cpu_is_float(out->dtype))
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "plan op %u (%.16s): output dtype %.8s is not supported, only f32, f16 and "
+                     "bf16; cast to a float dtype before this op",
+                     (unsigned)index, name, kiln_dtype_name(out->dtype));
+  int bad = bad_operand(p, op, cls);
+  if (bad >= 0)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan op %u (%.16s): input %d has dtype %.8s, which this op does not take "
+                     "with output dtype %.8s; re-export the program",
+                     (unsigned)index, name, bad, kiln_dtype_name(p->tensors[op->inputs[bad]].dtype),
+                     kiln_dtype_name(out->dtype));
+  if (!attrs_ok(p, op))
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan op %u (%.16s): attributes %lld, %lld, %lld, %lld do not fit its %u "
+                     "inputs of rank %d; re-export the program",
+                     (unsigned)index, name, (long long)op->iattr[0], (long long)op->iattr[1],
+                     (long long)op->iattr[2], (long long)op->iattr[3], (unsigned)op->n_inputs,
+                     (int)p->tensors[op->inputs[0]].rank);
+  return KILN_OK;
+}
+
+kiln_status kiln_cpu_check_plan(const kiln_engine *e, kiln_error *err) {
+  kiln_status st = check_tensors(e, err);
+  for (uint32_t i = 0; st == KILN_OK && i < e->plan.n_ops; i++) st = check_op(&e->plan, i, err);
+  return st;
+}
+
+uint64_t kiln_cpu_scratch_count(const kiln_plan *p) {
+  uint64_t most = 0;
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    const kiln_op *op = &p->ops[i];
+    uint64_t need = 0;
+    if (op->kind == KILN_OP_MATMUL) {
+      const kiln_tensor_desc *b = &p->tensors[op->inputs[1]];
+      need = b->rank >= 2 ? (uint64_t)b->dims[b->rank - 1] : 1; /* one output row of sums */
+    } else if (op->kind == KILN_OP_SDPA) {
+      const kiln_tensor_desc *k = &p->tensors[op->inputs[1]], *v = &p->tensors[op->inputs[2]];
+      need = (uint64_t)k->dims[k->rank - 2] + (uint64_t)v->dims[v->rank - 1]; /* scores, row */
+    }
+    if (need > most) most = need;
+  }
+  return most;
+}

@@ -1,0 +1,131 @@
+/* Pointwise ops: broadcasting binary arithmetic, unary math, cast and where. Float outputs
+ * compute in f32; integer and bool outputs compute in 64-bit integers that wrap. */
+#include "cpu/cpu_ops.h"
+
+float kiln_cpu_activate(kiln_activation act, float x) {
+  switch (act) {
+  case KILN_ACT_RELU: return x > 0.0f ? x : 0.0f;
+  case KILN_ACT_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  case KILN_ACT_GELU_TANH: {
+    float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(inner));
+  }
+  default: return x;
+  }
+}
+
+static int64_t binary_int(kiln_op_kind kind, int64_t a, int64_t b, int64_t alpha) {
+  uint64_t ua = (uint64_t)a, ub = (uint64_t)b;
+  switch (kind) {
+  case KILN_OP_ADD: return (int64_t)(ua + (uint64_t)alpha * ub);
+  case KILN_OP_SUB: return (int64_t)(ua - (uint64_t)alpha * ub);
+  default: return (int64_t)(ua * ub); /* MUL; DIV has a float output */
+  }
+}
+
+static float binary_float(kiln_op_kind kind, float a, float b, float alpha) {
+  switch (kind) {
+  case KILN_OP_ADD: return a + alpha * b;
+  case KILN_OP_SUB: return a - alpha * b;
+  case KILN_OP_MUL: return a * b;
+  default: return a / b;
+  }
+}
+
+void kiln_cpu_binary(const kiln_cpu_run *r, const kiln_op *op) {
+  const kiln_tensor_desc *a = kiln_cpu_desc(r, op->inputs[0]);
+  const kiln_tensor_desc *b = kiln_cpu_desc(r, op->inputs[1]);
+  const kiln_tensor_desc *out = kiln_cpu_desc(r, op->output);
+  const void *pa = r->data[op->inputs[0]], *pb = r->data[op->inputs[1]];
+  void *po = r->data[op->output];
+  int64_t n = kiln_cpu_numel(out);
+  int has_alpha = op->kind == KILN_OP_ADD || op->kind == KILN_OP_SUB;
+  double alpha = has_alpha ? op->fattr[0] : 1.0;
+  kiln_cpu_iter it;
+  kiln_cpu_iter_init(&it, out, (const kiln_tensor_desc *const[]){a, b}, 2);
+  if (kiln_cpu_is_float(out->dtype)) {
+    for (int64_t i = 0; i < n; i++, kiln_cpu_iter_next(&it)) {
+      float x = kiln_cpu_ldf(pa, a->dtype, it.off[0]), y = kiln_cpu_ldf(pb, b->dtype, it.off[1]);
+      kiln_cpu_stf(po, out->dtype, i, binary_float(op->kind, x, y, (float)alpha));
+    }
+    return;
+  }
+  int64_t ialpha = kiln_cpu_f2i(alpha);
+  for (int64_t i = 0; i < n; i++, kiln_cpu_iter_next(&it)) {
+    int64_t x = kiln_cpu_ldi(pa, a->dtype, it.off[0]), y = kiln_cpu_ldi(pb, b->dtype, it.off[1]);
+    kiln_cpu_sti(po, out->dtype, i, binary_int(op->kind, x, y, ialpha));
+  }
+}
+
+static float unary_float(const kiln_op *op, float x) {
+  switch (op->kind) {
+  case KILN_OP_RELU: return kiln_cpu_activate(KILN_ACT_RELU, x);
+  case KILN_OP_GELU:
+    return kiln_cpu_activate(op->iattr[0] ? KILN_ACT_GELU_TANH : KILN_ACT_GELU_ERF, x);
+  case KILN_OP_SILU: return x / (1.0f + expf(-x));
+  case KILN_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+  case KILN_OP_TANH: return tanhf(x);
+  case KILN_OP_EXP: return expf(x);
+  case KILN_OP_SQRT: return sqrtf(x);
+  case KILN_OP_RSQRT: return 1.0f / sqrtf(x);
+  case KILN_OP_NEG: return -x;
+  default: return powf(x, (float)op->fattr[0]); /* POW */
+  }
+}
+
+void kiln_cpu_unary(const kiln_cpu_run *r, const kiln_op *op) {
+  const kiln_tensor_desc *x = kiln_cpu_desc(r, op->inputs[0]);
+  const kiln_tensor_desc *out = kiln_cpu_desc(r, op->output);
+  const void *px = r->data[op->inputs[0]];
+  void *po = r->data[op->output];
+  int64_t n = kiln_cpu_numel(out);
+  if (kiln_cpu_is_float(out->dtype)) {
+    for (int64_t i = 0; i < n; i++)
+      kiln_cpu_stf(po, out->dtype, i, unary_float(op, kiln_cpu_ldf(px, x->dtype, i)));
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) { /* RELU and NEG on integers */
+    int64_t v = kiln_cpu_ldi(px, x->dtype, i);
+    v = op->kind == KILN_OP_NEG ? (int64_t)(0u - (uint64_t)v) : (v > 0 ? v : 0);
+    kiln_cpu_sti(po, out->dtype, i, v);
+  }
+}
+
+/* Floats convert through f32 (to integers: toward zero, saturating, NaN to 0; to bool:
+ * nonzero); integers and bools convert through i64 (to narrower integers: wrapping). */
+void kiln_cpu_cast(const kiln_cpu_run *r, const kiln_op *op) {
+  const kiln_tensor_desc *x = kiln_cpu_desc(r, op->inputs[0]);
+  const kiln_tensor_desc *out = kiln_cpu_desc(r, op->output);
+  const void *px = r->data[op->inputs[0]];
+  void *po = r->data[op->output];
+  int64_t n = kiln_cpu_numel(out);
+  if (kiln_cpu_is_float(x->dtype)) {
+    for (int64_t i = 0; i < n; i++) kiln_cpu_stf(po, out->dtype, i, kiln_cpu_ldf(px, x->dtype, i));
+  } else {
+    for (int64_t i = 0; i < n; i++) kiln_cpu_sti(po, out->dtype, i, kiln_cpu_ldi(px, x->dtype, i));
+  }
+}
+
+void kiln_cpu_where(const kiln_cpu_run *r, const kiln_op *op) {
+  const kiln_tensor_desc *c = kiln_cpu_desc(r, op->inputs[0]);
+  const kiln_tensor_desc *a = kiln_cpu_desc(r, op->inputs[1]);
+  const kiln_tensor_desc *b = kiln_cpu_desc(r, op->inputs[2]);
+  const kiln_tensor_desc *out = kiln_cpu_desc(r, op->output);
+  const uint8_t *pc = r->data[op->inputs[0]];
+  const void *pa = r->data[op->inputs[1]], *pb = r->data[op->inputs[2]];
+  void *po = r->data[op->output];
+  int64_t n = kiln_cpu_numel(out);
+  int is_float = kiln_cpu_is_float(out->dtype);
+  kiln_cpu_iter it;
+  kiln_cpu_iter_init(&it, out, (const kiln_tensor_desc *const[]){c, a, b}, 3);
+  for (int64_t i = 0; i < n; i++, kiln_cpu_iter_next(&it)) {
+    int take_a = pc[it.off[0]] != 0;
+    const void *src = take_a ? pa : pb;
+    kiln_dtype dt = take_a ? a->dtype : b->dtype;
+    int64_t off = take_a ? it.off[1] : it.off[2];
+    if (is_float)
+      kiln_cpu_stf(po, out->dtype, i, kiln_cpu_ldf(src, dt, off));
+    else
+      kiln_cpu_sti(po, out->dtype, i, kiln_cpu_ldi(src, dt, off));
+  }
+}

@@ -1,0 +1,152 @@
+/* The CPU reference engine's ops: one family per file, each reading the resolved tensor
+ * pointers of one run. Shapes were checked by the engine and dtypes by cpu_check.c at init,
+ * so an op fails only on data (an index out of range). No op allocates. */
+#ifndef KILN_CPU_OPS_H
+#define KILN_CPU_OPS_H
+
+#include "core/engine_internal.h"
+#include "cpu/half.h"
+
+#include <math.h>
+
+/* What every op sees during one execute. */
+typedef struct kiln_cpu_run {
+  const kiln_plan *plan;
+  void *const *data; /* per tensor: its bytes for this run */
+  double *scratch;   /* kiln_cpu_scratch_count(plan) doubles */
+} kiln_cpu_run;
+
+static inline const kiln_tensor_desc *kiln_cpu_desc(const kiln_cpu_run *r, uint32_t t) {
+  return &r->plan->tensors[t];
+}
+
+/* ---------------------------------------------------------------- loads and stores */
+
+static inline int kiln_cpu_is_float(kiln_dtype dt) {
+  return dt == KILN_F32 || dt == KILN_F16 || dt == KILN_BF16;
+}
+
+/* Float to integer as the GPU converts: toward zero, saturating, NaN to 0. */
+static inline int64_t kiln_cpu_f2i(double v) {
+  if (v != v) return 0;
+  if (v >= 9223372036854775807.0) return INT64_MAX;
+  if (v <= -9223372036854775808.0) return INT64_MIN;
+  return (int64_t)v;
+}
+
+static inline float kiln_cpu_ldf(const void *p, kiln_dtype dt, int64_t i) {
+  switch (dt) {
+  case KILN_F32: return ((const float *)p)[i];
+  case KILN_F16: return kiln_f16_to_f32(((const uint16_t *)p)[i]);
+  case KILN_BF16: return kiln_bf16_to_f32(((const uint16_t *)p)[i]);
+  case KILN_I64: return (float)((const int64_t *)p)[i];
+  case KILN_I32: return (float)((const int32_t *)p)[i];
+  default: return ((const uint8_t *)p)[i] ? 1.0f : 0.0f;
+  }
+}
+
+static inline int64_t kiln_cpu_ldi(const void *p, kiln_dtype dt, int64_t i) {
+  switch (dt) {
+  case KILN_I64: return ((const int64_t *)p)[i];
+  case KILN_I32: return ((const int32_t *)p)[i];
+  case KILN_BOOL: return ((const uint8_t *)p)[i] ? 1 : 0;
+  default: return kiln_cpu_f2i(kiln_cpu_ldf(p, dt, i));
+  }
+}
+
+static inline void kiln_cpu_stf(void *p, kiln_dtype dt, int64_t i, float v) {
+  switch (dt) {
+  case KILN_F32: ((float *)p)[i] = v; break;
+  case KILN_F16: ((uint16_t *)p)[i] = kiln_f32_to_f16(v); break;
+  case KILN_BF16: ((uint16_t *)p)[i] = kiln_f32_to_bf16(v); break;
+  case KILN_I64: ((int64_t *)p)[i] = kiln_cpu_f2i(v); break;
+  case KILN_I32: {
+    int64_t q = kiln_cpu_f2i(v);
+    ((int32_t *)p)[i] = (int32_t)(q < INT32_MIN ? INT32_MIN : q > INT32_MAX ? INT32_MAX : q);
+    break;
+  }
+  default: ((uint8_t *)p)[i] = v != 0.0f; break;
+  }
+}
+
+/* Integers wrap to the width of the dtype, as two's complement. */
+static inline void kiln_cpu_sti(void *p, kiln_dtype dt, int64_t i, int64_t v) {
+  switch (dt) {
+  case KILN_I64: ((int64_t *)p)[i] = v; break;
+  case KILN_I32: ((int32_t *)p)[i] = (int32_t)(uint32_t)(uint64_t)v; break;
+  case KILN_BOOL: ((uint8_t *)p)[i] = v != 0; break;
+  default: kiln_cpu_stf(p, dt, i, (float)v); break;
+  }
+}
+
+/* ---------------------------------------------------------------- indexing (cpu_index.c) */
+
+int64_t kiln_cpu_numel(const kiln_tensor_desc *t);
+/* Product of dims [from, to). */
+int64_t kiln_cpu_extent(const kiln_tensor_desc *t, int32_t from, int32_t to);
+/* Element strides of t broadcast (right-aligned) to `rank` dims: 0 where t has size 1 or
+ * no dim. */
+void kiln_cpu_bcast_strides(const kiln_tensor_desc *t, int32_t rank, const int64_t *dims,
+                            int64_t *strides);
+
+/* Walks every element of an output shape, keeping each operand's broadcast offset. */
+typedef struct kiln_cpu_iter {
+  int32_t rank;
+  int32_t n;
+  int64_t dims[KILN_MAX_RANK];
+  int64_t idx[KILN_MAX_RANK];
+  int64_t strides[3][KILN_MAX_RANK];
+  int64_t off[3];
+} kiln_cpu_iter;
+
+void kiln_cpu_iter_init(kiln_cpu_iter *it, const kiln_tensor_desc *out,
+                        const kiln_tensor_desc *const *operands, int32_t n);
+void kiln_cpu_iter_next(kiln_cpu_iter *it);
+
+/* Element offset of the matrix (trailing `core` dims) of t that batch index b of the batch
+ * shape bdims[brank] reads, with t's batch dims broadcast against it. */
+int64_t kiln_cpu_batch_offset(const kiln_tensor_desc *t, int32_t core, int64_t b, int32_t brank,
+                              const int64_t *bdims);
+
+/* ---------------------------------------------------------------- op families */
+
+/* cpu_check.c: refuses at init what the kernels do not handle and sizes the scratch. */
+kiln_status kiln_cpu_check_plan(const kiln_engine *e, kiln_error *err);
+uint64_t kiln_cpu_scratch_count(const kiln_plan *plan);
+
+/* cpu_elementwise.c */
+float kiln_cpu_activate(kiln_activation act, float x);
+void kiln_cpu_binary(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_unary(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_cast(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_where(const kiln_cpu_run *r, const kiln_op *op);
+
+/* cpu_gemm.c */
+void kiln_cpu_linear(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_matmul(const kiln_cpu_run *r, const kiln_op *op);
+
+/* cpu_normalize.c */
+void kiln_cpu_softmax(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_layer_norm(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_rms_norm(const kiln_cpu_run *r, const kiln_op *op);
+
+/* cpu_reduce.c: SUM, MEAN, AMAX */
+void kiln_cpu_reduce(const kiln_cpu_run *r, const kiln_op *op);
+
+/* cpu_layout.c */
+void kiln_cpu_copy(const kiln_cpu_run *r, const kiln_op *op); /* RESHAPE and COPY */
+void kiln_cpu_permute(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_expand(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_cat(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_slice(const kiln_cpu_run *r, const kiln_op *op); /* SLICE and SELECT */
+
+/* cpu_gather.c: an index outside the table is refused, naming the op and the index. */
+kiln_status kiln_cpu_embedding(const kiln_cpu_run *r, uint32_t index, const kiln_op *op,
+                               kiln_error *err);
+kiln_status kiln_cpu_index_select(const kiln_cpu_run *r, uint32_t index, const kiln_op *op,
+                                  kiln_error *err);
+
+/* cpu_attention.c */
+void kiln_cpu_sdpa(const kiln_cpu_run *r, const kiln_op *op);
+
+#endif
