@@ -1,0 +1,219 @@
+/* The engine front end: load (container, metadata, plan, bindings, device), execute (caller
+ * views checked against the bindings, one caller at a time), destroy. */
+#include "core/alloc.h"
+#include "core/device.h"
+#include "core/engine_internal.h"
+#include "core/shape.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kiln_engine_options_default(kiln_engine_options *opts) {
+  if (!opts) return;
+  opts->device = KILN_DEVICE_AUTO;
+  opts->device_id = -1;
+}
+
+static const char *io_name(kiln_io_kind kind) { return kind == KILN_IO_INPUT ? "input" : "output"; }
+
+/* The metadata's bindings and the plan's inputs and outputs agree in count, dtype and shape. */
+static kiln_status check_bindings(const kiln_metadata *md, const kiln_plan *plan, kiln_error *err) {
+  uint32_t n[2] = {0, 0};
+  for (uint32_t i = 0; i < md->n_bindings; i++) n[md->bindings[i].kind]++;
+  if (n[KILN_IO_INPUT] != plan->n_inputs || n[KILN_IO_OUTPUT] != plan->n_outputs)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "the metadata binds %u inputs and %u outputs but the plan has %u inputs and "
+                     "%u outputs; re-export the program",
+                     (unsigned)n[KILN_IO_INPUT], (unsigned)n[KILN_IO_OUTPUT],
+                     (unsigned)plan->n_inputs, (unsigned)plan->n_outputs);
+  n[0] = n[1] = 0;
+  for (uint32_t i = 0; i < md->n_bindings; i++) {
+    const kiln_binding *b = &md->bindings[i];
+    uint32_t k = n[b->kind]++;
+    const kiln_tensor_desc *t =
+        &plan->tensors[b->kind == KILN_IO_INPUT ? plan->inputs[k] : plan->outputs[k]];
+    char have[48], want[48];
+    if (b->dtype != t->dtype || b->rank != t->rank ||
+        memcmp(b->shape, t->dims, sizeof b->shape[0] * (size_t)b->rank) != 0)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "metadata %.6s %u (\"%.63s\") is %.4s %.40s but the plan's tensor is %.4s "
+                       "%.40s; re-export the program",
+                       io_name(b->kind), (unsigned)k, b->name, kiln_dtype_name(b->dtype),
+                       kiln_shape_str(b->rank, b->shape, have, sizeof have),
+                       kiln_dtype_name(t->dtype),
+                       kiln_shape_str(t->rank, t->dims, want, sizeof want));
+  }
+  return KILN_OK;
+}
+
+static void release_engine(kiln_engine *e, int locked) {
+  if (!e) return;
+  kiln_plan_release(&e->plan);
+  free(e->weights);
+  if (locked) pthread_mutex_destroy(&e->lock);
+  free(e);
+}
+
+/* Parses what the blob holds into e and keeps a copy of the weights. */
+static kiln_status read_blob(kiln_engine *e, const void *blob, size_t blob_size, kiln_error *err) {
+  kiln_blob_view view;
+  kiln_status s;
+  if ((s = kiln_blob_parse(blob, blob_size, &view, err)) ||
+      (s = kiln_metadata_parse((const char *)view.metadata, view.metadata_size, &e->metadata,
+                               err)) ||
+      (s = kiln_plan_parse(view.plan, view.plan_size, view.weights_size, &e->plan, err)) ||
+      (s = check_bindings(&e->metadata, &e->plan, err)))
+    return s;
+  e->weights_size = view.weights_size;
+  if (view.weights_size == 0) return KILN_OK;
+  if (!(e->weights = kiln_aligned_alloc(KILN_WEIGHTS_ALIGN, view.weights_size)))
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of host memory for %llu bytes of weights; free memory or load a smaller "
+                     "program",
+                     (unsigned long long)view.weights_size);
+  memcpy(e->weights, view.weights, view.weights_size);
+  return KILN_OK;
+}
+
+kiln_status kiln_engine_load(const void *blob, size_t blob_size, const kiln_engine_options *opts,
+                             kiln_engine **out, kiln_error *err) {
+  kiln_engine_options defaults;
+  kiln_device_kind kind;
+  kiln_engine *e;
+  kiln_status s;
+  if (!out)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "kiln_engine_load needs somewhere to put the engine: pass a kiln_engine **");
+  *out = NULL;
+  if (!opts) {
+    kiln_engine_options_default(&defaults);
+    opts = &defaults;
+  }
+  if (!(e = kiln_calloc(1, sizeof *e)))
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of host memory for the engine; free memory and retry");
+  if ((s = read_blob(e, blob, blob_size, err)) ||
+      (s = kiln_select_device(opts, e->metadata.device_id, kiln_cuda_count_devices, &kind,
+                              &e->device_id, err))) {
+    release_engine(e, 0);
+    return s;
+  }
+  if (kind == KILN_DEVICE_CPU) {
+    e->backend = &kiln_cpu_backend;
+    snprintf(e->device_name, sizeof e->device_name, "cpu");
+  } else {
+#ifdef KILN_WITH_CUDA
+    e->backend = &kiln_cuda_backend;
+    snprintf(e->device_name, sizeof e->device_name, "cuda:%d", (int)e->device_id);
+#endif
+  }
+  if (pthread_mutex_init(&e->lock, NULL) != 0) {
+    release_engine(e, 0);
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "could not create the engine's lock; free resources and retry");
+  }
+  if ((s = e->backend->init(e, err))) {
+    release_engine(e, 1);
+    return s;
+  }
+  *out = e;
+  return KILN_OK;
+}
+
+/* One caller view against its binding: buffer, dtype, shape, contiguity, size. */
+static kiln_status check_view(const kiln_binding *b, uint32_t k, const kiln_tensor_desc *t,
+                              const kiln_tensor_view *v, kiln_error *err) {
+  const char *io = io_name(b->kind);
+  char have[48], want[48];
+  int32_t shown_rank = v->rank < 0 ? 0 : v->rank > KILN_MAX_RANK ? KILN_MAX_RANK : v->rank;
+  int64_t expect = 1;
+  if (!v->data && t->nbytes)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "%.6s %u (\"%.63s\") has no data (NULL); pass a buffer of %llu bytes", io,
+                     (unsigned)k, b->name, (unsigned long long)t->nbytes);
+  if (v->dtype != t->dtype)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "%.6s %u (\"%.63s\") is %.7s but the program takes %.4s; pass a %.4s tensor",
+                     io, (unsigned)k, b->name, kiln_dtype_name(v->dtype),
+                     kiln_dtype_name(t->dtype), kiln_dtype_name(t->dtype));
+  if (v->rank != t->rank || memcmp(v->sizes, t->dims, sizeof t->dims[0] * (size_t)t->rank) != 0)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "%.6s %u (\"%.63s\") has shape %.40s but the program takes %.40s; pass a "
+                     "tensor of that shape",
+                     io, (unsigned)k, b->name,
+                     kiln_shape_str(shown_rank, v->sizes, have, sizeof have),
+                     kiln_shape_str(t->rank, t->dims, want, sizeof want));
+  /* Row-major, where a dim of size 1 may have any stride and an empty tensor is contiguous. */
+  if (t->nbytes) {
+    for (int32_t d = t->rank; d-- > 0;) {
+      if (t->dims[d] != 1 && v->strides[d] != expect)
+        return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                         "%.6s %u (\"%.63s\") has strides %.40s, not contiguous for shape %.40s; "
+                         "pass a contiguous tensor",
+                         io, (unsigned)k, b->name,
+                         kiln_shape_str(t->rank, v->strides, have, sizeof have),
+                         kiln_shape_str(t->rank, t->dims, want, sizeof want));
+      expect *= t->dims[d];
+    }
+  }
+  if (v->nbytes < t->nbytes)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "%.6s %u (\"%.63s\") has a %llu-byte buffer but its shape needs %llu bytes; "
+                     "pass a large enough buffer",
+                     io, (unsigned)k, b->name, (unsigned long long)v->nbytes,
+                     (unsigned long long)t->nbytes);
+  return KILN_OK;
+}
+
+static kiln_status check_views(const kiln_engine *e, const kiln_tensor_view *inputs,
+                               uint32_t n_inputs, const kiln_tensor_view *outputs,
+                               uint32_t n_outputs, kiln_error *err) {
+  const kiln_plan *plan = &e->plan;
+  uint32_t n[2] = {0, 0};
+  if (n_inputs != plan->n_inputs || n_outputs != plan->n_outputs || (n_inputs && !inputs) ||
+      (n_outputs && !outputs))
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "execute got %u inputs and %u outputs (arrays %.8s and %.8s) but the program "
+                     "has %u and %u; pass one view per binding",
+                     (unsigned)n_inputs, (unsigned)n_outputs, inputs ? "given" : "NULL",
+                     outputs ? "given" : "NULL", (unsigned)plan->n_inputs,
+                     (unsigned)plan->n_outputs);
+  for (uint32_t i = 0; i < e->metadata.n_bindings; i++) {
+    const kiln_binding *b = &e->metadata.bindings[i];
+    uint32_t k = n[b->kind]++;
+    int in = b->kind == KILN_IO_INPUT;
+    kiln_status s = check_view(b, k, &plan->tensors[in ? plan->inputs[k] : plan->outputs[k]],
+                               in ? &inputs[k] : &outputs[k], err);
+    if (s) return s;
+  }
+  return KILN_OK;
+}
+
+kiln_status kiln_engine_execute(kiln_engine *e, const kiln_tensor_view *inputs, uint32_t n_inputs,
+                                const kiln_tensor_view *outputs, uint32_t n_outputs,
+                                kiln_error *err) {
+  kiln_status s;
+  if (!e)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "execute got a NULL engine; pass one from kiln_engine_load");
+  if (pthread_mutex_lock(&e->lock) != 0)
+    return kiln_fail(err, KILN_ERR_INTERNAL,
+                     "execute could not take the engine's lock; the handle may be destroyed");
+  s = check_views(e, inputs, n_inputs, outputs, n_outputs, err);
+  if (s == KILN_OK) s = e->backend->execute(e, inputs, outputs, err);
+  pthread_mutex_unlock(&e->lock);
+  return s;
+}
+
+void kiln_engine_destroy(kiln_engine *e) {
+  if (!e) return;
+  e->backend->destroy(e);
+  release_engine(e, 1);
+}
+
+const kiln_metadata *kiln_engine_metadata(const kiln_engine *e) { return e ? &e->metadata : NULL; }
+
+const kiln_plan *kiln_engine_plan(const kiln_engine *e) { return e ? &e->plan : NULL; }
+
+const char *kiln_engine_device_name(const kiln_engine *e) { return e ? e->device_name : ""; }

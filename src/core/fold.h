@@ -1,0 +1,13 @@
+/* Build passes that rewrite a graph around its constants. */
+#ifndef KILN_FOLD_H
+#define KILN_FOLD_H
+
+#include "core/graph.h"
+
+/* PERMUTE and RESHAPE of a constant become constants (a transposed weight stays a weight). */
+kiln_status kiln_fold_constants(kiln_graph *g, kiln_error *err);
+/* MATMUL by a 2-D constant b[K,N] becomes LINEAR with the weight stored as [N,K], and an ADD
+ * of a 1-D constant [N] to a LINEAR output read by nothing else becomes the LINEAR's bias. */
+kiln_status kiln_recognize_gemm(kiln_graph *g, kiln_error *err);
+
+#endif

@@ -1,0 +1,11 @@
+/* Epilogue fusion: work a GEMM can do on its output before storing it. */
+#ifndef KILN_FUSE_H
+#define KILN_FUSE_H
+
+#include "core/graph.h"
+
+/* A RELU or GELU whose input is a LINEAR output read by nothing else becomes the LINEAR's
+ * activation (iattr0 = KILN_ACT_RELU, GELU_ERF or GELU_TANH). */
+kiln_status kiln_fuse_epilogues(kiln_graph *g, kiln_error *err);
+
+#endif

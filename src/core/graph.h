@@ -1,0 +1,55 @@
+/* The builder's graph: what kiln_builder_add_* record, and what the build passes rewrite on
+ * a copy. Tensors and ops keep the order they were added in, which is a topological order. */
+#ifndef KILN_GRAPH_H
+#define KILN_GRAPH_H
+
+#include "kiln/kiln.h"
+
+typedef enum kiln_node {
+  KILN_NODE_INPUT = 0,
+  KILN_NODE_CONSTANT = 1,
+  KILN_NODE_OP = 2 /* written by ops[producer] */
+} kiln_node;
+
+typedef struct kiln_gtensor {
+  kiln_tensor_desc desc; /* dtype, rank, dims, nbytes */
+  kiln_node node;
+  int32_t producer;      /* the op writing it, for KILN_NODE_OP */
+  const uint8_t *data;   /* a constant's bytes */
+  uint8_t *owned;        /* bytes this graph frees (== data when it owns them) */
+  int32_t transpose_of;  /* a 2-D constant that is this one transposed, or -1 */
+} kiln_gtensor;
+
+typedef struct kiln_gbinding {
+  int32_t tensor;
+  char name[KILN_NAME_MAX];
+} kiln_gbinding;
+
+typedef struct kiln_graph {
+  kiln_gtensor *tensors;
+  uint32_t n_tensors, cap_tensors;
+  kiln_op *ops;          /* inputs and output are graph tensor ids */
+  uint8_t *dead;         /* per op: 1 once a pass removed it */
+  uint32_t n_ops, cap_ops;
+  kiln_gbinding inputs[KILN_MAX_BINDINGS];
+  uint32_t n_inputs;
+  kiln_gbinding outputs[KILN_MAX_BINDINGS];
+  uint32_t n_outputs;
+} kiln_graph;
+
+/* Appends a tensor (node, desc copied; no data) and returns its id, or -1 when out of memory. */
+int32_t kiln_graph_add_tensor(kiln_graph *g, kiln_node node, const kiln_tensor_desc *desc);
+/* Appends op, whose output tensor is created here from out; returns the op index or -1. */
+int32_t kiln_graph_add_op(kiln_graph *g, const kiln_op *op, const kiln_tensor_desc *out);
+/* Deep enough a copy for the passes: constants' bytes are borrowed from src. */
+int kiln_graph_clone(const kiln_graph *src, kiln_graph *dst);
+void kiln_graph_release(kiln_graph *g);
+
+/* uses[t] = reads of t by live ops plus 1 for each output binding naming t. */
+void kiln_graph_count_uses(const kiln_graph *g, uint32_t *uses);
+/* 1 when tensor t is named by an output binding. */
+int kiln_graph_is_output(const kiln_graph *g, int32_t t);
+/* Marks dead every op whose output reaches no output binding. */
+kiln_status kiln_graph_remove_dead(kiln_graph *g, kiln_error *err);
+
+#endif

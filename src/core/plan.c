@@ -1,0 +1,377 @@
+/* The binary plan: encoding, and a parser that trusts nothing in the bytes it reads.
+ *
+ * Layout (little-endian): a 32-byte header
+ *   0 char[4] "KPLN"   4 u32 version   8 u32 tensors   12 u32 ops   16 u32 inputs
+ *  20 u32 outputs     24 u64 arena size
+ * then one 96-byte record per tensor
+ *   0 u32 dtype  4 i32 rank  8 i64 dims[8]  72 u32 storage  76 u32 io_index
+ *  80 u64 offset  88 u64 nbytes
+ * then one 128-byte record per op
+ *   0 u32 kind  4 u32 n_inputs  8 u32 inputs[8]  40 u32 output  44 u32 n_iattr
+ *  48 i64 iattr[8]  112 f64 fattr[2]
+ * then u32 tensor indices of the inputs, then of the outputs. Unused slots are zero. */
+#include "core/alloc.h"
+#include "core/internal.h"
+#include "core/shape.h"
+
+#include <stdlib.h>
+
+#define PLAN_MAGIC "KPLN"
+#define PLAN_HEADER_SIZE 32u
+#define PLAN_TENSOR_SIZE 96u
+#define PLAN_OP_SIZE 128u
+
+static const char *const storage_names[] = {"arena", "weight", "input", "output"};
+
+static uint64_t plan_bytes(uint32_t n_tensors, uint32_t n_ops, uint32_t n_inputs,
+                           uint32_t n_outputs) {
+  /* Counts are 32-bit, so this sum stays far below 2^64. */
+  return PLAN_HEADER_SIZE + (uint64_t)n_tensors * PLAN_TENSOR_SIZE +
+         (uint64_t)n_ops * PLAN_OP_SIZE + ((uint64_t)n_inputs + n_outputs) * 4u;
+}
+
+static void put_tensor(uint8_t *p, const kiln_tensor_desc *t) {
+  kiln_wr_u32(p, (uint32_t)t->dtype);
+  kiln_wr_u32(p + 4, (uint32_t)t->rank);
+  for (int i = 0; i < KILN_MAX_RANK; i++) kiln_wr_u64(p + 8 + 8 * i, (uint64_t)t->dims[i]);
+  kiln_wr_u32(p + 72, (uint32_t)t->storage);
+  kiln_wr_u32(p + 76, t->io_index);
+  kiln_wr_u64(p + 80, t->offset);
+  kiln_wr_u64(p + 88, t->nbytes);
+}
+
+static void put_op(uint8_t *p, const kiln_op *op) {
+  kiln_wr_u32(p, (uint32_t)op->kind);
+  kiln_wr_u32(p + 4, op->n_inputs);
+  for (int i = 0; i < KILN_MAX_OP_INPUTS; i++) kiln_wr_u32(p + 8 + 4 * i, op->inputs[i]);
+  kiln_wr_u32(p + 40, op->output);
+  kiln_wr_u32(p + 44, op->n_iattr);
+  for (int i = 0; i < KILN_MAX_IATTR; i++) kiln_wr_u64(p + 48 + 8 * i, (uint64_t)op->iattr[i]);
+  for (int i = 0; i < KILN_MAX_FATTR; i++) {
+    uint64_t bits;
+    memcpy(&bits, &op->fattr[i], sizeof bits);
+    kiln_wr_u64(p + 112 + 8 * i, bits);
+  }
+}
+
+kiln_status kiln_plan_serialize(const kiln_plan *plan, void **out, size_t *out_size,
+                                kiln_error *err) {
+  uint64_t size;
+  uint8_t *buf, *p;
+  if (!plan || !out || !out_size || (plan->n_tensors && !plan->tensors) ||
+      (plan->n_ops && !plan->ops) || (plan->n_inputs && !plan->inputs) ||
+      (plan->n_outputs && !plan->outputs))
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "plan serialize: a NULL plan, output or array with a non-zero count; pass "
+                     "a complete plan");
+  size = plan_bytes(plan->n_tensors, plan->n_ops, plan->n_inputs, plan->n_outputs);
+  if (size > SIZE_MAX || !(buf = kiln_malloc((size_t)size)))
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "plan serialize: out of memory for %llu bytes; free memory and retry",
+                     (unsigned long long)size);
+  memcpy(buf, PLAN_MAGIC, 4);
+  kiln_wr_u32(buf + 4, KILN_PLAN_VERSION);
+  kiln_wr_u32(buf + 8, plan->n_tensors);
+  kiln_wr_u32(buf + 12, plan->n_ops);
+  kiln_wr_u32(buf + 16, plan->n_inputs);
+  kiln_wr_u32(buf + 20, plan->n_outputs);
+  kiln_wr_u64(buf + 24, plan->arena_size);
+  p = buf + PLAN_HEADER_SIZE;
+  for (uint32_t i = 0; i < plan->n_tensors; i++, p += PLAN_TENSOR_SIZE)
+    put_tensor(p, &plan->tensors[i]);
+  for (uint32_t i = 0; i < plan->n_ops; i++, p += PLAN_OP_SIZE) put_op(p, &plan->ops[i]);
+  for (uint32_t i = 0; i < plan->n_inputs; i++, p += 4) kiln_wr_u32(p, plan->inputs[i]);
+  for (uint32_t i = 0; i < plan->n_outputs; i++, p += 4) kiln_wr_u32(p, plan->outputs[i]);
+  *out = buf;
+  *out_size = (size_t)size;
+  return KILN_OK;
+}
+
+void kiln_plan_release(kiln_plan *plan) {
+  if (!plan) return;
+  free(plan->tensors);
+  free(plan->ops);
+  free(plan->inputs);
+  free(plan->outputs);
+  memset(plan, 0, sizeof *plan);
+}
+
+/* Decodes and checks tensor i on its own: dtype, rank, dims, size, storage and bounds. */
+static kiln_status parse_tensor(const uint8_t *p, uint32_t i, const kiln_plan *plan,
+                                uint64_t weights_size, kiln_tensor_desc *t, kiln_error *err) {
+  uint32_t dtype = kiln_rd_u32(p), storage = kiln_rd_u32(p + 72);
+  int32_t rank = (int32_t)kiln_rd_u32(p + 4);
+  uint64_t expect, end, limit;
+  char shape[48];
+  if (dtype >= KILN_DTYPE_COUNT)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan tensor %u: dtype %u is unknown; re-export the program", (unsigned)i,
+                     (unsigned)dtype);
+  if (rank < 0 || rank > KILN_MAX_RANK)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan tensor %u: rank %d is outside 0..8; re-export the program", (unsigned)i,
+                     (int)rank);
+  t->dtype = (kiln_dtype)dtype;
+  t->rank = rank;
+  for (int d = 0; d < KILN_MAX_RANK; d++) {
+    t->dims[d] = (int64_t)kiln_rd_u64(p + 8 + 8 * d);
+    if (d >= rank ? t->dims[d] != 0 : t->dims[d] < 0 || t->dims[d] > KILN_DIM_MAX)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan tensor %u: dim %d is %lld, outside 0..2^62 (or not 0 past rank %d); "
+                       "re-export the program",
+                       (unsigned)i, d, (long long)t->dims[d], (int)rank);
+  }
+  if (storage > KILN_STORE_OUTPUT)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan tensor %u: storage %u is unknown; re-export the program", (unsigned)i,
+                     (unsigned)storage);
+  t->storage = (kiln_storage)storage;
+  t->io_index = kiln_rd_u32(p + 76);
+  t->offset = kiln_rd_u64(p + 80);
+  t->nbytes = kiln_rd_u64(p + 88);
+  kiln_shape_str(rank, t->dims, shape, sizeof shape);
+  if (kiln_shape_nbytes(t->dtype, rank, t->dims, &expect))
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan tensor %u: shape %.40s exceeds 2^63 bytes; re-export the program",
+                     (unsigned)i, shape);
+  if (t->nbytes != expect)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan tensor %u: nbytes %llu is not the %llu bytes of %.4s %.40s; re-export "
+                     "the program",
+                     (unsigned)i, (unsigned long long)t->nbytes, (unsigned long long)expect,
+                     kiln_dtype_name(t->dtype), shape);
+  if (storage == KILN_STORE_INPUT || storage == KILN_STORE_OUTPUT) {
+    uint32_t count = storage == KILN_STORE_INPUT ? plan->n_inputs : plan->n_outputs;
+    if (t->offset != 0 || t->io_index >= count)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan tensor %u: %.6s index %u is outside the plan's %u (offset %llu must "
+                       "be 0); re-export the program",
+                       (unsigned)i, storage_names[storage], (unsigned)t->io_index, (unsigned)count,
+                       (unsigned long long)t->offset);
+    return KILN_OK;
+  }
+  limit = storage == KILN_STORE_ARENA ? plan->arena_size : weights_size;
+  if (t->io_index != 0 || kiln_add_u64(t->offset, t->nbytes, &end) || end > limit ||
+      t->offset % kiln_dtype_size(t->dtype) != 0)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan tensor %u: %.6s bytes at offset %llu (+%llu) are misaligned or outside "
+                     "its %llu bytes (io index %u must be 0); re-export the program",
+                     (unsigned)i, storage_names[storage], (unsigned long long)t->offset,
+                     (unsigned long long)t->nbytes, (unsigned long long)limit,
+                     (unsigned)t->io_index);
+  return KILN_OK;
+}
+
+/* Decodes op i and checks what needs no other op: kind, counts, indices, unused slots. */
+static kiln_status parse_op(const uint8_t *p, uint32_t i, uint32_t n_tensors, kiln_op *op,
+                            kiln_error *err) {
+  uint32_t kind = kiln_rd_u32(p);
+  const char *name = kiln_op_name((kiln_op_kind)kind);
+  if (kind >= KILN_OP_COUNT)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan op %u: kind %u is unknown; re-export the program", (unsigned)i,
+                     (unsigned)kind);
+  op->kind = (kiln_op_kind)kind;
+  op->n_inputs = kiln_rd_u32(p + 4);
+  op->output = kiln_rd_u32(p + 40);
+  op->n_iattr = kiln_rd_u32(p + 44);
+  if (op->n_inputs > KILN_MAX_OP_INPUTS || op->n_iattr > KILN_MAX_IATTR)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan op %u (%.12s): %u inputs and %u integer attributes exceed 8 and 8; "
+                     "re-export the program",
+                     (unsigned)i, name, (unsigned)op->n_inputs, (unsigned)op->n_iattr);
+  for (uint32_t k = 0; k < KILN_MAX_OP_INPUTS; k++) {
+    op->inputs[k] = kiln_rd_u32(p + 8 + 4 * k);
+    if (k < op->n_inputs ? op->inputs[k] >= n_tensors : op->inputs[k] != 0)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan op %u (%.12s): input slot %u holds tensor %u but the plan has %u "
+                       "tensors and %u inputs; re-export the program",
+                       (unsigned)i, name, (unsigned)k, (unsigned)op->inputs[k],
+                       (unsigned)n_tensors, (unsigned)op->n_inputs);
+  }
+  if (op->output >= n_tensors)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan op %u (%.12s): output tensor %u is outside the plan's %u tensors; "
+                     "re-export the program",
+                     (unsigned)i, name, (unsigned)op->output, (unsigned)n_tensors);
+  for (uint32_t k = 0; k < KILN_MAX_IATTR; k++) {
+    op->iattr[k] = (int64_t)kiln_rd_u64(p + 48 + 8 * k);
+    if (k >= op->n_iattr && op->iattr[k] != 0)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan op %u (%.12s): unused attribute slot iattr%u is %lld, not 0; "
+                       "re-export the program",
+                       (unsigned)i, name, (unsigned)k, (long long)op->iattr[k]);
+  }
+  for (uint32_t k = 0; k < KILN_MAX_FATTR; k++) {
+    uint64_t bits = kiln_rd_u64(p + 112 + 8 * k);
+    memcpy(&op->fattr[k], &bits, sizeof bits);
+  }
+  return KILN_OK;
+}
+
+/* Binding list `list` (inputs or outputs) and each tensor's io_index name each other. */
+static kiln_status check_io_list(const kiln_plan *plan, kiln_storage storage,
+                                 const uint32_t *list, uint32_t count, kiln_error *err) {
+  const char *what = storage_names[storage];
+  for (uint32_t i = 0; i < count; i++) {
+    uint32_t t = list[i];
+    if (t >= plan->n_tensors || plan->tensors[t].storage != storage ||
+        plan->tensors[t].io_index != i)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan %.6s %u names tensor %u, which is not %.6s %u of the plan's %u "
+                       "tensors; re-export the program",
+                       what, (unsigned)i, (unsigned)t, what, (unsigned)i,
+                       (unsigned)plan->n_tensors);
+  }
+  for (uint32_t t = 0; t < plan->n_tensors; t++) {
+    const kiln_tensor_desc *d = &plan->tensors[t];
+    if (d->storage == storage && list[d->io_index] != t)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan tensor %u claims %.6s %u but that binding is tensor %u; re-export "
+                       "the program",
+                       (unsigned)t, what, (unsigned)d->io_index, (unsigned)list[d->io_index]);
+  }
+  return KILN_OK;
+}
+
+/* Op i reads only what exists before it, writes a fresh tensor, and its output's dtype and
+ * shape are what its inputs and attributes give. writer[t] is the op that wrote t, or -1. */
+static kiln_status check_op(const kiln_plan *plan, uint32_t i, int64_t *writer, kiln_error *err) {
+  static const kiln_op_site site_base = {"plan", 0, KILN_ERR_INVALID_PROGRAM,
+                                         "; re-export the program"};
+  const kiln_op *op = &plan->ops[i];
+  const char *name = kiln_op_name(op->kind);
+  const kiln_tensor_desc *in[KILN_MAX_OP_INPUTS];
+  const kiln_tensor_desc *want = &plan->tensors[op->output];
+  kiln_tensor_desc got;
+  kiln_op_site site = site_base;
+  char shape_want[48], shape_got[48];
+  kiln_status s;
+  for (uint32_t k = 0; k < op->n_inputs; k++) {
+    const kiln_tensor_desc *t = &plan->tensors[op->inputs[k]];
+    if (t->storage != KILN_STORE_WEIGHT && t->storage != KILN_STORE_INPUT &&
+        writer[op->inputs[k]] < 0)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan op %u (%.12s): input %u reads tensor %u, which no earlier op writes; "
+                       "re-export the program",
+                       (unsigned)i, name, (unsigned)k, (unsigned)op->inputs[k]);
+    in[k] = t;
+  }
+  if (want->storage != KILN_STORE_ARENA && want->storage != KILN_STORE_OUTPUT)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan op %u (%.12s): writes tensor %u of %.6s storage, but ops write only "
+                     "arena and output tensors; re-export the program",
+                     (unsigned)i, name, (unsigned)op->output, storage_names[want->storage]);
+  if (writer[op->output] >= 0)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan op %u (%.12s): writes tensor %u, which op %lld already wrote; "
+                     "re-export the program",
+                     (unsigned)i, name, (unsigned)op->output, (long long)writer[op->output]);
+  site.index = i;
+  if ((s = kiln_infer_op(op, in, &site, &got, err))) return s;
+  if (got.dtype != want->dtype || got.rank != want->rank ||
+      memcmp(got.dims, want->dims, sizeof got.dims) != 0)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan op %u (%.12s): output tensor %u is %.4s %.40s but its inputs give "
+                     "%.4s %.40s; re-export the program",
+                     (unsigned)i, name, (unsigned)op->output, kiln_dtype_name(want->dtype),
+                     kiln_shape_str(want->rank, want->dims, shape_want, sizeof shape_want),
+                     kiln_dtype_name(got.dtype),
+                     kiln_shape_str(got.rank, got.dims, shape_got, sizeof shape_got));
+  writer[op->output] = i;
+  return KILN_OK;
+}
+
+static kiln_status parse_body(const uint8_t *p, uint64_t weights_size, kiln_plan *plan,
+                              kiln_error *err) {
+  int64_t *writer;
+  kiln_status s = KILN_OK;
+  p += PLAN_HEADER_SIZE;
+  for (uint32_t i = 0; i < plan->n_tensors; i++, p += PLAN_TENSOR_SIZE)
+    if ((s = parse_tensor(p, i, plan, weights_size, &plan->tensors[i], err))) return s;
+  for (uint32_t i = 0; i < plan->n_ops; i++, p += PLAN_OP_SIZE)
+    if ((s = parse_op(p, i, plan->n_tensors, &plan->ops[i], err))) return s;
+  for (uint32_t i = 0; i < plan->n_inputs; i++, p += 4) plan->inputs[i] = kiln_rd_u32(p);
+  for (uint32_t i = 0; i < plan->n_outputs; i++, p += 4) plan->outputs[i] = kiln_rd_u32(p);
+  if ((s = check_io_list(plan, KILN_STORE_INPUT, plan->inputs, plan->n_inputs, err)) ||
+      (s = check_io_list(plan, KILN_STORE_OUTPUT, plan->outputs, plan->n_outputs, err)))
+    return s;
+  if (!(writer = kiln_malloc(sizeof *writer * (plan->n_tensors ? plan->n_tensors : 1))))
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "plan: out of memory for %u tensors; free memory and retry",
+                     (unsigned)plan->n_tensors);
+  for (uint32_t t = 0; t < plan->n_tensors; t++) writer[t] = -1;
+  for (uint32_t i = 0; i < plan->n_ops && s == KILN_OK; i++) s = check_op(plan, i, writer, err);
+  for (uint32_t i = 0; i < plan->n_outputs && s == KILN_OK; i++)
+    if (writer[plan->outputs[i]] < 0)
+      s = kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                    "plan output %u (tensor %u) is written by no op; re-export the program",
+                    (unsigned)i, (unsigned)plan->outputs[i]);
+  free(writer);
+  return s;
+}
+
+kiln_status kiln_plan_parse(const void *data, size_t size, uint64_t weights_size, kiln_plan *out,
+                            kiln_error *err) {
+  const uint8_t *p = data;
+  kiln_plan plan;
+  uint64_t need;
+  kiln_status s;
+  if (!out || (!data && size))
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "plan parse: NULL output or data; pass the plan section and a plan to fill");
+  memset(out, 0, sizeof *out);
+  memset(&plan, 0, sizeof plan);
+  if (size < PLAN_HEADER_SIZE)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan section is %llu bytes, shorter than its 32-byte header; re-export the "
+                     "program",
+                     (unsigned long long)size);
+  if (memcmp(p, PLAN_MAGIC, 4) != 0)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan section does not start with \"KPLN\"; re-export the program");
+  plan.version = kiln_rd_u32(p + 4);
+  if (plan.version > KILN_PLAN_VERSION)
+    return kiln_fail(err, KILN_ERR_INCOMPATIBLE,
+                     "plan version %u is newer than this runtime understands (%u): re-export the "
+                     "program with this Kiln release or upgrade the Kiln runtime",
+                     (unsigned)plan.version, (unsigned)KILN_PLAN_VERSION);
+  if (plan.version == 0)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan version 0 is invalid; re-export the program");
+  plan.n_tensors = kiln_rd_u32(p + 8);
+  plan.n_ops = kiln_rd_u32(p + 12);
+  plan.n_inputs = kiln_rd_u32(p + 16);
+  plan.n_outputs = kiln_rd_u32(p + 20);
+  plan.arena_size = kiln_rd_u64(p + 24);
+  need = plan_bytes(plan.n_tensors, plan.n_ops, plan.n_inputs, plan.n_outputs);
+  if (need != size)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan section is %llu bytes but its counts (%u tensors, %u ops, %u inputs, "
+                     "%u outputs) need %llu; re-export the program",
+                     (unsigned long long)size, (unsigned)plan.n_tensors, (unsigned)plan.n_ops,
+                     (unsigned)plan.n_inputs, (unsigned)plan.n_outputs, (unsigned long long)need);
+  if (plan.n_outputs == 0 || (uint64_t)plan.n_inputs + plan.n_outputs > KILN_MAX_BINDINGS)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan has %u inputs and %u outputs; it needs 1 or more outputs and at most "
+                     "%u bindings; re-export the program",
+                     (unsigned)plan.n_inputs, (unsigned)plan.n_outputs,
+                     (unsigned)KILN_MAX_BINDINGS);
+  plan.tensors = kiln_calloc(plan.n_tensors, sizeof *plan.tensors);
+  plan.ops = kiln_calloc(plan.n_ops, sizeof *plan.ops);
+  plan.inputs = kiln_calloc(plan.n_inputs, sizeof *plan.inputs);
+  plan.outputs = kiln_calloc(plan.n_outputs, sizeof *plan.outputs);
+  if (!plan.tensors || !plan.ops || !plan.inputs || !plan.outputs) {
+    s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                  "plan: out of memory for %u tensors and %u ops; free memory and retry",
+                  (unsigned)plan.n_tensors, (unsigned)plan.n_ops);
+    kiln_plan_release(&plan);
+    return s;
+  }
+  if ((s = parse_body(p, weights_size, &plan, err))) {
+    kiln_plan_release(&plan);
+    return s;
+  }
+  *out = plan;
+  return KILN_OK;
+}

@@ -1,0 +1,35 @@
+/* Shape and dtype inference for every op, shared by the builder and the plan parser so
+ * that a plan an engine loads has exactly the shapes the builder computed. */
+#ifndef KILN_SHAPE_H
+#define KILN_SHAPE_H
+
+#include "kiln/kiln.h"
+
+/* The largest dimension a tensor may have (the metadata bounds shapes the same way). */
+#define KILN_DIM_MAX ((int64_t)1 << 62)
+
+/* Where an op sits, so a refusal reads "builder op 3 (linear): ..." or "plan op 3 ...". */
+typedef struct kiln_op_site {
+  const char *stage;  /* "builder" or "plan" (at most 7 bytes) */
+  uint32_t index;     /* the op's index in that stage */
+  kiln_status status; /* what a refusal returns */
+  const char *remedy; /* appended to each message (at most 24 bytes): "; re-export the program" */
+} kiln_op_site;
+
+/* Writes the byte size of a tensor; returns -1 for an unknown dtype, a rank outside
+ * 0..KILN_MAX_RANK, a dim outside 0..KILN_DIM_MAX, or a size above INT64_MAX. */
+int kiln_shape_nbytes(kiln_dtype dtype, int32_t rank, const int64_t *dims, uint64_t *nbytes);
+
+/* Formats "[2,3,4]" into buf (truncated to size) and returns buf. */
+const char *kiln_shape_str(int32_t rank, const int64_t *dims, char *buf, size_t size);
+
+/* 1 for f32, f16 and bf16. */
+int kiln_dtype_is_float(kiln_dtype dtype);
+
+/* Checks op (kind, input count, attributes) against its inputs, whose dtype, rank and dims
+ * are already valid, and writes the output's dtype, rank, dims and nbytes. Dims in
+ * attributes must already be normalized (non-negative, in range). */
+kiln_status kiln_infer_op(const kiln_op *op, const kiln_tensor_desc *const *inputs,
+                          const kiln_op_site *site, kiln_tensor_desc *out, kiln_error *err);
+
+#endif
