@@ -1,0 +1,321 @@
+/* kiln inspect FILE: prints a Kiln blob (header, metadata, plan) or an ExecuTorch program's
+ * delegates, inspecting each KilnBackend blob inside it. Everything is checked before anything
+ * is printed, so a refused file gives exit status 1 and one line on stderr. */
+#include "commands.h"
+#include "pte_reader.h"
+
+#include "kiln/kiln.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ the file */
+
+typedef struct mapped_file {
+  const uint8_t *data;
+  size_t size;
+  void *map;
+} mapped_file;
+
+/* Copies s into out (cap bytes) with control characters shown as '?'. */
+static const char *clean(const char *s, char *out, size_t cap) {
+  size_t n = 0;
+  for (; *s && n + 1 < cap; s++) out[n++] = (unsigned char)*s < 0x20 || *s == 0x7F ? '?' : *s;
+  out[n] = '\0';
+  return out;
+}
+
+static kiln_status map_file(const char *path, mapped_file *f, kiln_error *err) {
+  char shown[128];
+  memset(f, 0, sizeof *f);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT, "cannot open %.120s: %.64s",
+                     clean(path, shown, sizeof shown), strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "%.120s is not a regular file: pass a blob or a .pte file",
+                     clean(path, shown, sizeof shown));
+  }
+  f->size = (size_t)st.st_size;
+  if (f->size > 0) {
+    f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (f->map == MAP_FAILED) {
+      f->map = NULL;
+      close(fd);
+      return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY, "cannot map %.120s (%llu bytes): %.64s",
+                       clean(path, shown, sizeof shown), (unsigned long long)f->size,
+                       strerror(errno));
+    }
+    f->data = f->map;
+  }
+  close(fd);
+  return KILN_OK;
+}
+
+static void unmap_file(mapped_file *f) {
+  if (f->map) munmap(f->map, f->size);
+}
+
+/* ------------------------------------------------------------------ a Kiln blob */
+
+typedef struct blob_contents {
+  kiln_blob_view view;
+  kiln_metadata *md;
+  kiln_plan plan;
+} blob_contents;
+
+static void release_blob(blob_contents *b) {
+  free(b->md);
+  kiln_plan_release(&b->plan);
+  memset(b, 0, sizeof *b);
+}
+
+/* Reads and checks all three sections. */
+static kiln_status load_blob(const uint8_t *data, size_t size, blob_contents *b, kiln_error *err) {
+  memset(b, 0, sizeof *b);
+  kiln_status st = kiln_blob_parse(data, size, &b->view, err);
+  if (st != KILN_OK) return st;
+  b->md = malloc(sizeof *b->md);
+  if (!b->md)
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of host memory reading blob metadata: free memory and retry");
+  st = kiln_metadata_parse((const char *)b->view.metadata, b->view.metadata_size, b->md, err);
+  if (st == KILN_OK)
+    st = kiln_plan_parse(b->view.plan, b->view.plan_size, b->view.weights_size, &b->plan, err);
+  if (st != KILN_OK) release_blob(b);
+  return st;
+}
+
+static void print_dims(const int64_t *dims, int32_t rank) {
+  if (rank < 0 || rank > KILN_MAX_RANK) rank = 0;
+  printf("[");
+  for (int32_t d = 0; d < rank; d++) printf(d ? ", %lld" : "%lld", (long long)dims[d]);
+  printf("]");
+}
+
+static void print_header(const uint8_t *data, size_t size, const blob_contents *b, const char *in) {
+  const kiln_blob_view *v = &b->view;
+  printf("%sKiln blob: %llu bytes, container version %u, header %u bytes, magic KILNBLOB\n", in,
+         (unsigned long long)size, (unsigned)v->version, (unsigned)KILN_BLOB_HEADER_SIZE);
+  printf("%s  metadata section: offset %llu, size %llu\n", in,
+         (unsigned long long)(v->metadata - data), (unsigned long long)v->metadata_size);
+  printf("%s  plan section:     offset %llu, size %llu\n", in, (unsigned long long)(v->plan - data),
+         (unsigned long long)v->plan_size);
+  printf("%s  weights section:  offset %llu, size %llu\n", in,
+         (unsigned long long)(v->weights - data), (unsigned long long)v->weights_size);
+}
+
+static void print_metadata(const kiln_metadata *md, const char *in) {
+  printf("%smetadata:\n", in);
+  printf("%s  producer: %s\n", in, md->producer);
+  printf("%s  device_id: %d\n", in, (int)md->device_id);
+  printf("%s  min_compute_capability: %d\n", in, (int)md->min_compute_capability);
+  printf("%s  allow_tf32: %s\n", in, md->allow_tf32 ? "true" : "false");
+  printf("%s  io: %u bindings\n", in, (unsigned)md->n_bindings);
+  uint32_t counts[2] = {0, 0};
+  for (uint32_t i = 0; i < md->n_bindings; i++) {
+    const kiln_binding *bd = &md->bindings[i];
+    int is_output = bd->kind == KILN_IO_OUTPUT;
+    printf("%s    %s %u \"%s\": %s ", in, is_output ? "output" : "input", (unsigned)counts[is_output]++,
+           bd->name, kiln_dtype_name(bd->dtype));
+    print_dims(bd->shape, bd->rank);
+    if (memcmp(bd->shape, bd->max_shape, sizeof bd->shape[0] * (size_t)bd->rank) != 0) {
+      printf(" (max ");
+      print_dims(bd->max_shape, bd->rank);
+      printf(")");
+    }
+    printf("\n");
+  }
+  if (md->n_aliases == 0) printf("%s  aliases: none\n", in);
+  else printf("%s  aliases:\n", in);
+  for (uint32_t i = 0; i < md->n_aliases; i++)
+    printf("%s    output %u -> input %u (%s)\n", in, (unsigned)md->aliases[i].output,
+           (unsigned)md->aliases[i].input, md->aliases[i].kind);
+}
+
+static const char *const storage_names[] = {"arena", "weight", "input", "output"};
+
+static void print_tensor_ref(const kiln_plan *plan, uint32_t t) {
+  printf("t%u ", (unsigned)t);
+  if (t < plan->n_tensors) print_dims(plan->tensors[t].dims, plan->tensors[t].rank);
+  else printf("[?]");
+}
+
+static const char *activation_name(int64_t a) {
+  switch (a) {
+  case KILN_ACT_NONE: return "none";
+  case KILN_ACT_RELU: return "relu";
+  case KILN_ACT_GELU_ERF: return "gelu (erf)";
+  case KILN_ACT_GELU_TANH: return "gelu (tanh)";
+  }
+  return "unknown";
+}
+
+static void print_plan(const kiln_plan *plan, const char *in) {
+  printf("%splan: version %u, %u tensors, %u ops, %u inputs, %u outputs, arena %llu bytes\n", in,
+         (unsigned)plan->version, (unsigned)plan->n_tensors, (unsigned)plan->n_ops,
+         (unsigned)plan->n_inputs, (unsigned)plan->n_outputs, (unsigned long long)plan->arena_size);
+  printf("%s  tensors:\n", in);
+  for (uint32_t i = 0; i < plan->n_tensors; i++) {
+    const kiln_tensor_desc *t = &plan->tensors[i];
+    printf("%s    t%u: %s ", in, (unsigned)i, kiln_dtype_name(t->dtype));
+    print_dims(t->dims, t->rank);
+    const char *where = (unsigned)t->storage < 4 ? storage_names[t->storage] : "unknown";
+    if (t->storage == KILN_STORE_INPUT || t->storage == KILN_STORE_OUTPUT)
+      printf(" %s %u, %llu bytes\n", where, (unsigned)t->io_index, (unsigned long long)t->nbytes);
+    else
+      printf(" %s offset %llu, %llu bytes\n", where, (unsigned long long)t->offset,
+             (unsigned long long)t->nbytes);
+  }
+  printf("%s  ops:\n", in);
+  for (uint32_t i = 0; i < plan->n_ops; i++) {
+    const kiln_op *op = &plan->ops[i];
+    printf("%s    op %u: %s(", in, (unsigned)i, kiln_op_name(op->kind));
+    uint32_t n = op->n_inputs < KILN_MAX_OP_INPUTS ? op->n_inputs : KILN_MAX_OP_INPUTS;
+    for (uint32_t k = 0; k < n; k++) {
+      if (k) printf(", ");
+      print_tensor_ref(plan, op->inputs[k]);
+    }
+    printf(") -> ");
+    print_tensor_ref(plan, op->output);
+    if (op->kind == KILN_OP_LINEAR) {
+      printf("; epilogue: %s, %s", n >= 3 ? "bias" : "no bias",
+             activation_name(op->n_iattr ? op->iattr[0] : KILN_ACT_NONE));
+    } else if (op->n_iattr) {
+      uint32_t na = op->n_iattr < KILN_MAX_IATTR ? op->n_iattr : KILN_MAX_IATTR;
+      printf("; iattr [");
+      for (uint32_t k = 0; k < na; k++) printf(k ? ", %lld" : "%lld", (long long)op->iattr[k]);
+      printf("]");
+    }
+    if (op->fattr[0] != 0.0 || op->fattr[1] != 0.0)
+      printf("; fattr [%g, %g]", op->fattr[0], op->fattr[1]);
+    printf("\n");
+  }
+}
+
+static void print_blob(const uint8_t *data, size_t size, const blob_contents *b, const char *in) {
+  print_header(data, size, b, in);
+  print_metadata(b->md, in);
+  print_plan(&b->plan, in);
+}
+
+/* ------------------------------------------------------------------ an ExecuTorch program */
+
+static int is_kiln(const kiln_pte_delegate *d) { return strcmp(d->id, KILN_BACKEND_ID) == 0; }
+
+/* First pass: counts the delegates; every Kiln blob inside the program must load. */
+static kiln_status check_delegate(const kiln_pte_delegate *d, void *ctx, kiln_error *err) {
+  (*(uint32_t *)ctx)++;
+  if (!is_kiln(d)) return KILN_OK;
+  blob_contents b;
+  kiln_status st = load_blob(d->data, (size_t)d->size, &b, err);
+  if (st == KILN_OK) {
+    release_blob(&b);
+    return KILN_OK;
+  }
+  char inner[KILN_ERROR_MAX];
+  snprintf(inner, sizeof inner, "%s", err ? err->message : "");
+  return kiln_fail(err, st, "ExecuTorch program delegate %u of plan %u (KilnBackend): %.180s",
+                   (unsigned)d->index, (unsigned)d->plan, inner);
+}
+
+typedef struct print_state {
+  const uint8_t *file;
+  int64_t last_plan;
+} print_state;
+
+static kiln_status print_delegate(const kiln_pte_delegate *d, void *ctx, kiln_error *err) {
+  print_state *ps = ctx;
+  char name[72], id[72];
+  if (ps->last_plan != d->plan) {
+    printf("  plan %u \"%s\":\n", (unsigned)d->plan, clean(d->plan_name, name, sizeof name));
+    ps->last_plan = d->plan;
+  }
+  printf("    delegate %u: backend %s, %s %u at byte %llu, %llu bytes, %u compile specs\n",
+         (unsigned)d->index, clean(d->id, id, sizeof id),
+         d->location == KILN_PTE_INLINE ? "inline data" : "segment", (unsigned)d->data_index,
+         (unsigned long long)(d->data - ps->file), (unsigned long long)d->size,
+         (unsigned)d->n_compile_specs);
+  if (!is_kiln(d)) return KILN_OK;
+  blob_contents b;
+  kiln_status st = load_blob(d->data, (size_t)d->size, &b, err);
+  if (st != KILN_OK) return st; /* checked by the first pass */
+  print_blob(d->data, (size_t)d->size, &b, "      ");
+  release_blob(&b);
+  return KILN_OK;
+}
+
+static int inspect_pte(const mapped_file *f, kiln_error *err) {
+  kiln_pte_info info;
+  uint32_t n_delegates = 0;
+  if (kiln_pte_read(f->data, f->size, &info, check_delegate, &n_delegates, err) != KILN_OK) {
+    fprintf(stderr, "%s\n", err->message);
+    return 1;
+  }
+  printf("ExecuTorch program: %llu bytes, identifier ET12, schema version %u, %u execution plans, "
+         "%u delegates\n",
+         (unsigned long long)f->size, (unsigned)info.schema_version, (unsigned)info.n_plans,
+         (unsigned)n_delegates);
+  if (info.has_extended_header)
+    printf("  extended header: program %llu bytes, segment base %llu, %u segments\n",
+           (unsigned long long)info.program_size, (unsigned long long)info.segment_base,
+           (unsigned)info.n_segments);
+  print_state ps = {f->data, -1};
+  if (kiln_pte_read(f->data, f->size, &info, print_delegate, &ps, err) != KILN_OK) {
+    fprintf(stderr, "%s\n", err->message);
+    return 1;
+  }
+  return 0;
+}
+
+static int inspect_blob(const mapped_file *f, kiln_error *err) {
+  blob_contents b;
+  if (load_blob(f->data, f->size, &b, err) != KILN_OK) {
+    fprintf(stderr, "%s\n", err->message);
+    return 1;
+  }
+  print_blob(f->data, f->size, &b, "");
+  release_blob(&b);
+  return 0;
+}
+
+int kiln_cmd_inspect(int argc, char **argv) {
+  if (argc != 2 || strcmp(argv[1], "--help") == 0) {
+    fprintf(argc == 2 ? stdout : stderr,
+            "usage: kiln inspect FILE\n"
+            "  FILE is a Kiln blob (prints its header, metadata and plan) or an ExecuTorch .pte\n"
+            "  (lists its delegates and inspects each " KILN_BACKEND_ID " blob)\n");
+    return argc == 2 ? 0 : 2;
+  }
+  kiln_error err = {KILN_OK, ""};
+  mapped_file f;
+  if (map_file(argv[1], &f, &err) != KILN_OK) {
+    fprintf(stderr, "%s\n", err.message);
+    return 1;
+  }
+  int rc;
+  if (f.size >= 8 && memcmp(f.data, KILN_BLOB_MAGIC, 8) == 0) {
+    rc = inspect_blob(&f, &err);
+  } else if (f.size >= 8 && memcmp(f.data + 4, "ET", 2) == 0) {
+    rc = inspect_pte(&f, &err);
+  } else {
+    char shown[128];
+    kiln_fail(&err, KILN_ERR_INVALID_PROGRAM,
+              "%.120s is neither a Kiln blob (magic KILNBLOB) nor an ExecuTorch program "
+              "(identifier ET12): pass a blob or a .pte file",
+              clean(argv[1], shown, sizeof shown));
+    fprintf(stderr, "%s\n", err.message);
+    rc = 1;
+  }
+  unmap_file(&f);
+  return rc;
+}
