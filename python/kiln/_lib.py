@@ -1,0 +1,385 @@
+"""ctypes bindings of libkiln's builder and engine (include/kiln/kiln.h).
+
+The structures and enums below mirror the public header field for field; a test checks
+them against the library (op names, dtype names and sizes).
+"""
+
+import ctypes
+import os
+
+import torch
+
+LIBRARY_ENV = "KILN_LIBRARY"
+LIBRARY_NAME = "libkiln.so"
+
+ERROR_MAX = 256
+NAME_MAX = 64
+MAX_RANK = 8
+MAX_BINDINGS = 256
+MAX_ALIASES = 64
+MAX_OP_INPUTS = 8
+
+# kiln_status
+OK = 0
+ERR_UNSUPPORTED = 7
+
+# kiln_dtype
+F32, F16, BF16, I64, I32, BOOL = range(6)
+DTYPE_NAMES = ("f32", "f16", "bf16", "i64", "i32", "bool")
+_TORCH_TO_KILN = {
+    torch.float32: F32,
+    torch.float16: F16,
+    torch.bfloat16: BF16,
+    torch.int64: I64,
+    torch.int32: I32,
+    torch.bool: BOOL,
+}
+_KILN_TO_TORCH = {v: k for k, v in _TORCH_TO_KILN.items()}
+
+# kiln_op_kind, in the header's order; the names are those kiln_op_name returns.
+OP_NAMES = (
+    "linear", "matmul", "add", "sub", "mul", "div", "relu", "gelu", "silu", "sigmoid",
+    "tanh", "exp", "sqrt", "rsqrt", "neg", "pow", "cast", "softmax", "log_softmax",
+    "layer_norm", "rms_norm", "sum", "mean", "amax", "reshape", "permute", "expand", "cat",
+    "slice", "select", "copy", "embedding", "index_select", "where", "sdpa", "pointwise",
+)
+OP = {name: index for index, name in enumerate(OP_NAMES)}
+
+# kiln_activation
+ACT_NONE = 0
+
+# kiln_io_kind
+IO_INPUT, IO_OUTPUT = 0, 1
+
+# kiln_device_kind
+DEVICES = {"auto": 0, "cpu": 1, "cuda": 2}
+
+
+def kiln_dtype(dtype):
+    """The kiln_dtype of a torch dtype, or None when Kiln has no such dtype."""
+    return _TORCH_TO_KILN.get(dtype)
+
+
+def torch_dtype(dtype):
+    return _KILN_TO_TORCH[dtype]
+
+
+class KilnError(RuntimeError):
+    """A refusal: status is the kiln_status code, message the C message (or the exporter's)."""
+
+    def __init__(self, status, message):
+        self.status = status
+        self.message = message
+        super().__init__(f"kiln: {lib.kiln_status_name(status).decode()}: {message}")
+
+
+class Error(ctypes.Structure):
+    _fields_ = [("status", ctypes.c_int), ("message", ctypes.c_char * ERROR_MAX)]
+
+
+class TensorView(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_size_t),
+        ("dtype", ctypes.c_int),
+        ("rank", ctypes.c_int32),
+        ("sizes", ctypes.c_int64 * MAX_RANK),
+        ("strides", ctypes.c_int64 * MAX_RANK),
+    ]
+
+
+class Binding(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char * NAME_MAX),
+        ("kind", ctypes.c_int),
+        ("dtype", ctypes.c_int),
+        ("rank", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_RANK),
+        ("max_shape", ctypes.c_int64 * MAX_RANK),
+    ]
+
+
+class Alias(ctypes.Structure):
+    _fields_ = [("output", ctypes.c_uint32), ("input", ctypes.c_uint32), ("kind", ctypes.c_char * 16)]
+
+
+class Metadata(ctypes.Structure):
+    _fields_ = [
+        ("producer", ctypes.c_char * NAME_MAX),
+        ("device_id", ctypes.c_int32),
+        ("min_compute_capability", ctypes.c_int32),
+        ("allow_tf32", ctypes.c_int),
+        ("n_bindings", ctypes.c_uint32),
+        ("bindings", Binding * MAX_BINDINGS),
+        ("n_aliases", ctypes.c_uint32),
+        ("aliases", Alias * MAX_ALIASES),
+    ]
+
+
+class BuildOptions(ctypes.Structure):
+    _fields_ = [
+        ("device_id", ctypes.c_int32),
+        ("min_compute_capability", ctypes.c_int32),
+        ("allow_tf32", ctypes.c_int),
+        ("fuse", ctypes.c_int),
+    ]
+
+
+class EngineOptions(ctypes.Structure):
+    _fields_ = [("device", ctypes.c_int), ("device_id", ctypes.c_int32)]
+
+
+def _library_path():
+    path = os.environ.get(LIBRARY_ENV)
+    if path:
+        return path
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME)
+
+
+def _load():
+    path = _library_path()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as exc:
+        raise ImportError(
+            f"kiln: cannot load the Kiln library {path} ({exc}); build it with "
+            f"`make build` (CMake copies build/{LIBRARY_NAME} into the kiln package) "
+            f"or set {LIBRARY_ENV} to the path of a built {LIBRARY_NAME}"
+        ) from exc
+    p = ctypes.POINTER
+    i32, i64, u32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
+    vp, sz, err = ctypes.c_void_p, ctypes.c_size_t, p(Error)
+    signatures = {
+        "kiln_op_name": (ctypes.c_char_p, [ctypes.c_int]),
+        "kiln_dtype_name": (ctypes.c_char_p, [ctypes.c_int]),
+        "kiln_dtype_size": (sz, [ctypes.c_int]),
+        "kiln_status_name": (ctypes.c_char_p, [ctypes.c_int]),
+        "kiln_free": (None, [vp]),
+        "kiln_builder_create": (vp, []),
+        "kiln_builder_destroy": (None, [vp]),
+        "kiln_builder_add_input": (i32, [vp, ctypes.c_char_p, ctypes.c_int, i32, p(i64), err]),
+        "kiln_builder_add_constant": (i32, [vp, ctypes.c_int, i32, p(i64), vp, sz, err]),
+        "kiln_builder_add_op": (
+            i32,
+            [vp, ctypes.c_int, p(i32), u32, p(i64), u32, p(ctypes.c_double), u32, err],
+        ),
+        "kiln_builder_get_shape": (ctypes.c_int, [vp, i32, p(ctypes.c_int), p(i32), p(i64), err]),
+        "kiln_builder_mark_output": (ctypes.c_int, [vp, i32, ctypes.c_char_p, err]),
+        "kiln_build_options_default": (None, [p(BuildOptions)]),
+        "kiln_builder_build": (ctypes.c_int, [vp, p(BuildOptions), p(vp), p(sz), err]),
+        "kiln_engine_options_default": (None, [p(EngineOptions)]),
+        "kiln_engine_load": (ctypes.c_int, [ctypes.c_char_p, sz, p(EngineOptions), p(vp), err]),
+        "kiln_engine_execute": (ctypes.c_int, [vp, p(TensorView), u32, p(TensorView), u32, err]),
+        "kiln_engine_destroy": (None, [vp]),
+        "kiln_engine_metadata": (p(Metadata), [vp]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError as exc:
+            raise ImportError(
+                f"kiln: {path} lacks the symbol {name}; rebuild it with `make build`"
+            ) from exc
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+lib = _load()
+
+
+def check_int32(name, value):
+    # ctypes would silently wrap a larger value into another device number.
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
+        raise ValueError(f"kiln: {name} must be an int in [0, 2**31), got {value!r}")
+
+
+def _raise(error):
+    raise KilnError(error.status, error.message.decode("utf-8", "replace"))
+
+
+def _dims(shape):
+    return (ctypes.c_int64 * max(len(shape), 1))(*shape)
+
+
+class Builder:
+    """One kiln_builder; every refusal raises KilnError with the builder's message."""
+
+    def __init__(self):
+        self._handle = lib.kiln_builder_create()
+        if not self._handle:
+            raise MemoryError("kiln: out of memory creating a builder")
+
+    def close(self):
+        if self._handle:
+            lib.kiln_builder_destroy(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def add_input(self, name, dtype, shape):
+        error = Error()
+        tensor = lib.kiln_builder_add_input(
+            self._handle, name.encode("utf-8"), dtype, len(shape), _dims(shape), ctypes.byref(error)
+        )
+        if tensor < 0:
+            _raise(error)
+        return tensor
+
+    def add_constant(self, tensor):
+        """Adds a torch tensor's values as a constant (the builder copies them)."""
+        dtype = kiln_dtype(tensor.dtype)
+        if dtype is None:
+            raise KilnError(ERR_UNSUPPORTED, f"constant of dtype {tensor.dtype} has no Kiln dtype")
+        data = tensor.detach().to("cpu").contiguous()
+        shape = tuple(data.shape)
+        error = Error()
+        # The builder copies the bytes before returning, so the tensor need only live until then.
+        out = lib.kiln_builder_add_constant(
+            self._handle, dtype, len(shape), _dims(shape), data.data_ptr() or None,
+            data.numel() * data.element_size(), ctypes.byref(error),
+        )
+        if out < 0:
+            _raise(error)
+        return out
+
+    def add_op(self, op, inputs, iattr=(), fattr=()):
+        error = Error()
+        ins = (ctypes.c_int32 * max(len(inputs), 1))(*inputs)
+        ia = (ctypes.c_int64 * max(len(iattr), 1))(*iattr)
+        fa = (ctypes.c_double * max(len(fattr), 1))(*fattr)
+        out = lib.kiln_builder_add_op(
+            self._handle, OP[op], ins, len(inputs), ia, len(iattr), fa, len(fattr),
+            ctypes.byref(error),
+        )
+        if out < 0:
+            _raise(error)
+        return out
+
+    def get_shape(self, tensor):
+        """(kiln dtype, shape tuple) the builder inferred for a tensor."""
+        error = Error()
+        dtype, rank, dims = ctypes.c_int(), ctypes.c_int32(), (ctypes.c_int64 * MAX_RANK)()
+        status = lib.kiln_builder_get_shape(
+            self._handle, tensor, ctypes.byref(dtype), ctypes.byref(rank), dims, ctypes.byref(error)
+        )
+        if status != OK:
+            _raise(error)
+        return dtype.value, tuple(dims[: rank.value])
+
+    def mark_output(self, tensor, name):
+        error = Error()
+        if lib.kiln_builder_mark_output(self._handle, tensor, name.encode("utf-8"), ctypes.byref(error)) != OK:
+            _raise(error)
+
+    def build(self, device_id=0, allow_tf32=False, fuse=True, min_compute_capability=0):
+        check_int32("device_id", device_id)
+        check_int32("min_compute_capability", min_compute_capability)
+        options = BuildOptions()
+        lib.kiln_build_options_default(ctypes.byref(options))
+        options.device_id = device_id
+        options.allow_tf32 = int(bool(allow_tf32))
+        options.fuse = int(bool(fuse))
+        options.min_compute_capability = min_compute_capability
+        error = Error()
+        blob, size = ctypes.c_void_p(), ctypes.c_size_t()
+        status = lib.kiln_builder_build(
+            self._handle, ctypes.byref(options), ctypes.byref(blob), ctypes.byref(size),
+            ctypes.byref(error),
+        )
+        if status != OK:
+            _raise(error)
+        try:
+            return ctypes.string_at(blob, size.value)
+        finally:
+            lib.kiln_free(blob)
+
+
+class Engine:
+    """A loaded blob; execute takes contiguous torch tensors in binding order."""
+
+    def __init__(self, blob, device="cpu", device_id=-1):
+        self._handle = None
+        if device not in DEVICES:
+            raise ValueError(f"kiln: unknown device {device!r}; use one of {sorted(DEVICES)}")
+        if device_id != -1:
+            check_int32("device_id", device_id)
+        blob = bytes(blob)
+        options = EngineOptions()
+        lib.kiln_engine_options_default(ctypes.byref(options))
+        options.device = DEVICES[device]
+        options.device_id = device_id
+        error = Error()
+        handle = ctypes.c_void_p()
+        status = lib.kiln_engine_load(
+            blob, len(blob), ctypes.byref(options), ctypes.byref(handle), ctypes.byref(error)
+        )
+        if status != OK:
+            _raise(error)
+        self._handle = handle
+
+    def close(self):
+        if self._handle:
+            lib.kiln_engine_destroy(self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def metadata(self):
+        """The blob metadata's scalar fields."""
+        md = lib.kiln_engine_metadata(self._handle).contents
+        return {
+            "producer": md.producer.decode("utf-8", "replace"),
+            "device_id": md.device_id,
+            "min_compute_capability": md.min_compute_capability,
+            "allow_tf32": bool(md.allow_tf32),
+        }
+
+    def bindings(self):
+        """[(name, kind, kiln dtype, shape)] of the metadata's I/O, in order."""
+        md = lib.kiln_engine_metadata(self._handle).contents
+        return [
+            (b.name.decode("utf-8", "replace"), b.kind, b.dtype, tuple(b.shape[: b.rank]))
+            for b in md.bindings[: md.n_bindings]
+        ]
+
+    def execute(self, inputs, outputs):
+        error = Error()
+        ins = (TensorView * max(len(inputs), 1))(*[_view(t) for t in inputs])
+        outs = (TensorView * max(len(outputs), 1))(*[_view(t) for t in outputs])
+        status = lib.kiln_engine_execute(
+            self._handle, ins, len(inputs), outs, len(outputs), ctypes.byref(error)
+        )
+        if status != OK:
+            _raise(error)
+
+
+def _view(tensor):
+    dtype = kiln_dtype(tensor.dtype)
+    if dtype is None:
+        raise TypeError(f"kiln: tensor of dtype {tensor.dtype} has no Kiln dtype")
+    if tensor.dim() > MAX_RANK:
+        raise ValueError(f"kiln: tensor of rank {tensor.dim()} exceeds the Kiln limit {MAX_RANK}")
+    view = TensorView()
+    view.data = tensor.data_ptr() or None
+    view.nbytes = tensor.numel() * tensor.element_size()
+    view.dtype = dtype
+    view.rank = tensor.dim()
+    for i, (size, stride) in enumerate(zip(tensor.shape, tensor.stride())):
+        view.sizes[i] = size
+        view.strides[i] = stride
+    return view

@@ -1,0 +1,556 @@
+"""Edge-dialect ops to Kiln builder calls: the one table of what Kiln supports.
+
+Each entry maps an ATen op to the builder op it becomes and passes its attributes. Shape
+and dtype rules live in the C builder: the partitioner asks it about each node by
+building that node alone (probe), and preprocess checks that every tensor the builder
+infers matches the shape and dtype PyTorch recorded. Only conditions the builder cannot
+see (a dropout probability, a memory format, the users of a multi-output op) are
+written here.
+"""
+
+import operator
+from typing import Callable, Dict, NamedTuple, Optional
+
+import torch
+from executorch.exir.dialects.edge._ops import EdgeOpOverload
+from torch._export.utils import (
+    get_buffer,
+    get_lifted_tensor_constant,
+    get_param,
+    is_buffer,
+    is_lifted_tensor_constant,
+    is_param,
+)
+
+from . import _lib
+from ._lib import Builder, KilnError
+
+
+class Lowering(NamedTuple):
+    """How one op becomes builder calls.
+
+    lower(ctx, node) adds the node's builder op(s) and returns the output tensor id;
+    check(node) returns why the node cannot be lowered, or None; compute is False for
+    ops that only move or create data, which are not worth a delegate call on their own.
+    """
+
+    lower: Callable
+    check: Optional[Callable] = None
+    compute: bool = True
+
+
+def aten_op(node):
+    """The ATen (or dim-order) OpOverload behind an edge or ATen node's target."""
+    return node.target._op if isinstance(node.target, EdgeOpOverload) else node.target
+
+
+def node_args(node):
+    """The node's arguments by schema name, with the schema's defaults filled in."""
+    values = {}
+    positional = 0
+    for argument in aten_op(node)._schema.arguments:
+        if not argument.kwarg_only and positional < len(node.args):
+            values[argument.name] = node.args[positional]
+            positional += 1
+        elif argument.name in node.kwargs:
+            values[argument.name] = node.kwargs[argument.name]
+        elif argument.has_default_value():
+            values[argument.name] = argument.default_value
+        else:
+            values[argument.name] = None
+    return values
+
+
+def _val(node):
+    return node.meta["val"]
+
+
+def _dims_mask(dims, rank):
+    """The reduced dims as the builder's bitmask; none listed means all."""
+    if dims is None or len(dims) == 0:
+        dims = range(rank)
+    mask = 0
+    for dim in dims:
+        mask |= 1 << (dim + rank if dim < 0 else dim)
+    return mask
+
+
+class Context:
+    """Builder state while lowering one graph: the tensor id of each lowered node."""
+
+    def __init__(self, builder):
+        self.builder = builder
+        self.values: Dict[torch.fx.Node, int] = {}
+
+    def input(self, node, name):
+        """A builder input shaped like node's value."""
+        val = _val(node)
+        return self.builder.add_input(name, _lib.kiln_dtype(val.dtype), tuple(val.shape))
+
+    def tensor(self, node):
+        return self.values[node]
+
+    def operand(self, value, dtype):
+        """A tensor id for a node, or a rank-0 constant of dtype for a Python number."""
+        if isinstance(value, torch.fx.Node):
+            return self.values[value]
+        return self.builder.add_constant(torch.tensor(value, dtype=dtype))
+
+    def promoted(self, value, dtype):
+        """An operand in the op's result dtype: PyTorch's type promotion made explicit."""
+        tensor = self.operand(value, dtype)
+        if isinstance(value, torch.fx.Node) and _val(value).dtype != dtype:
+            tensor = self.op("cast", [tensor], [_lib.kiln_dtype(dtype)])
+        return tensor
+
+    def op(self, name, inputs, iattr=(), fattr=()):
+        return self.builder.add_op(name, inputs, iattr, fattr)
+
+
+# ------------------------------------------------------------------ lowerings
+
+
+def _unary(name):
+    return lambda ctx, node: ctx.op(name, [ctx.tensor(node.args[0])])
+
+
+def _binary(name, has_alpha):
+    def lower(ctx, node):
+        args = node_args(node)
+        dtype = _val(node).dtype
+        inputs = [ctx.promoted(args["self"], dtype), ctx.promoted(args["other"], dtype)]
+        fattr = [float(args["alpha"])] if has_alpha else []
+        return ctx.op(name, inputs, (), fattr)
+
+    return lower
+
+
+def _lower_linear(ctx, node):
+    args = node_args(node)
+    inputs = [ctx.tensor(args["input"]), ctx.tensor(args["weight"])]
+    if args["bias"] is not None:
+        inputs.append(ctx.tensor(args["bias"]))
+    return ctx.op("linear", inputs, [_lib.ACT_NONE])
+
+
+def _check_addmm(node):
+    args = node_args(node)
+    if args["beta"] != 1 or args["alpha"] != 1:
+        return f"addmm with beta={args['beta']} alpha={args['alpha']} (Kiln needs 1 and 1)"
+    return None
+
+
+def _lower_addmm(ctx, node):
+    args = node_args(node)
+    product = ctx.op("matmul", [ctx.tensor(args["mat1"]), ctx.tensor(args["mat2"])])
+    return ctx.op("add", [product, ctx.tensor(args["self"])], (), [1.0])
+
+
+def _lower_matmul(ctx, node):
+    return ctx.op("matmul", [ctx.tensor(node.args[0]), ctx.tensor(node.args[1])])
+
+
+_GELU_APPROXIMATIONS = {"none": 0, "tanh": 1}
+
+
+def _lower_gelu(ctx, node):
+    approximate = _GELU_APPROXIMATIONS[node_args(node)["approximate"]]
+    return ctx.op("gelu", [ctx.tensor(node.args[0])], [approximate])
+
+
+def _lower_pow(ctx, node):
+    args = node_args(node)
+    return ctx.op("pow", [ctx.tensor(args["self"])], (), [float(args["exponent"])])
+
+
+def _softmax(name):
+    def lower(ctx, node):
+        args = node_args(node)
+        return ctx.op(name, [ctx.tensor(args["self"])], [args["dim"]])
+
+    return lower
+
+
+def _lower_layer_norm(ctx, node):
+    args = node_args(node)
+    inputs = [ctx.tensor(args["input"])]
+    flags = 0
+    if args["weight"] is not None:
+        inputs.append(ctx.tensor(args["weight"]))
+        flags |= 1
+    if args["bias"] is not None:
+        inputs.append(ctx.tensor(args["bias"]))
+        flags |= 2
+    return ctx.op("layer_norm", inputs, [len(args["normalized_shape"]), flags], [float(args["eps"])])
+
+
+def _check_native_layer_norm(node):
+    for user in node.users:
+        if user.target is not operator.getitem or user.args[1] != 0:
+            return "native_layer_norm whose mean or rstd output is used (Kiln computes only the output)"
+    return None
+
+
+def _lower_getitem(ctx, node):
+    return ctx.tensor(node.args[0])
+
+
+def _lower_rms_norm(ctx, node):
+    args = node_args(node)
+    x = args["input"]
+    inputs = [ctx.tensor(x)]
+    if args["weight"] is not None:
+        inputs.append(ctx.tensor(args["weight"]))
+    eps = args["eps"]
+    if eps is None:  # PyTorch's default: the machine epsilon of the input dtype
+        eps = torch.finfo(_val(x).dtype).eps
+    flags = 1 if args["weight"] is not None else 0
+    return ctx.op("rms_norm", inputs, [len(args["normalized_shape"]), flags], [float(eps)])
+
+
+def _reduce(name):
+    def lower(ctx, node):
+        args = node_args(node)
+        x = args["self"]
+        mask = _dims_mask(args["dim"], _val(x).dim())
+        return ctx.op(name, [ctx.tensor(x)], [mask, int(bool(args["keepdim"]))])
+
+    return lower
+
+
+def _lower_reshape(ctx, node):
+    return ctx.op("reshape", [ctx.tensor(node.args[0])], list(_val(node).shape))
+
+
+def _lower_permute(ctx, node):
+    args = node_args(node)
+    return ctx.op("permute", [ctx.tensor(args["self"])], list(args["dims"]))
+
+
+def _lower_transpose(ctx, node):
+    args = node_args(node)
+    rank = _val(args["self"]).dim()
+    perm = list(range(rank))
+    a, b = args["dim0"], args["dim1"]
+    perm[a], perm[b] = perm[b], perm[a]
+    return ctx.op("permute", [ctx.tensor(args["self"])], perm)
+
+
+def _lower_t(ctx, node):
+    rank = _val(node.args[0]).dim()
+    return ctx.op("permute", [ctx.tensor(node.args[0])], list(reversed(range(rank))))
+
+
+def _lower_expand(ctx, node):
+    return ctx.op("expand", [ctx.tensor(node.args[0])], list(_val(node).shape))
+
+
+def _lower_cat(ctx, node):
+    args = node_args(node)
+    return ctx.op("cat", [ctx.tensor(t) for t in args["tensors"]], [args["dim"]])
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _lower_slice(ctx, node):
+    args = node_args(node)
+    start = 0 if args["start"] is None else args["start"]
+    end = _INT64_MAX if args["end"] is None else args["end"]
+    return ctx.op("slice", [ctx.tensor(args["self"])], [args["dim"], start, end, args["step"]])
+
+
+def _lower_select(ctx, node):
+    args = node_args(node)
+    return ctx.op("select", [ctx.tensor(args["self"])], [args["dim"], args["index"]])
+
+
+def _lower_copy(ctx, node):
+    """clone, _to_copy and their dim-order forms: a cast when the dtype changes."""
+    x = node.args[0]
+    out_dtype = _val(node).dtype
+    if _val(x).dtype != out_dtype:
+        return ctx.op("cast", [ctx.tensor(x)], [_lib.kiln_dtype(out_dtype)])
+    return ctx.op("copy", [ctx.tensor(x)])
+
+
+_CONTIGUOUS_FORMATS = (None, torch.contiguous_format, torch.preserve_format)
+
+
+def _check_copy(node):
+    args = node_args(node)
+    if args.get("memory_format") not in _CONTIGUOUS_FORMATS:
+        return f"copy to memory format {args['memory_format']} (Kiln tensors are contiguous)"
+    dim_order = args.get("dim_order")
+    if dim_order is not None and list(dim_order) != list(range(_val(node).dim())):
+        return f"copy to dim order {list(dim_order)} (Kiln tensors are contiguous)"
+    return None
+
+
+def _lower_embedding(ctx, node):
+    args = node_args(node)
+    return ctx.op("embedding", [ctx.tensor(args["weight"]), ctx.tensor(args["indices"])])
+
+
+def _lower_index_select(ctx, node):
+    args = node_args(node)
+    return ctx.op("index_select", [ctx.tensor(args["self"]), ctx.tensor(args["index"])], [args["dim"]])
+
+
+def _lower_where(ctx, node):
+    args = node_args(node)
+    dtype = _val(node).dtype
+    inputs = [ctx.tensor(args["condition"]), ctx.promoted(args["self"], dtype),
+              ctx.promoted(args["other"], dtype)]
+    return ctx.op("where", inputs)
+
+
+def _lower_masked_fill(ctx, node):
+    args = node_args(node)
+    dtype = _val(node).dtype
+    inputs = [ctx.tensor(args["mask"]), ctx.operand(args["value"], dtype), ctx.tensor(args["self"])]
+    return ctx.op("where", inputs)
+
+
+def _check_sdpa(node):
+    args = node_args(node)
+    if args["dropout_p"] != 0:
+        return f"scaled_dot_product_attention with dropout_p={args['dropout_p']} (inference only)"
+    if args["enable_gqa"]:
+        return "scaled_dot_product_attention with enable_gqa=True"
+    return None
+
+
+def _lower_sdpa(ctx, node):
+    args = node_args(node)
+    inputs = [ctx.tensor(args["query"]), ctx.tensor(args["key"]), ctx.tensor(args["value"])]
+    if args["attn_mask"] is not None:
+        inputs.append(ctx.tensor(args["attn_mask"]))
+    scale = 0.0 if args["scale"] is None else float(args["scale"])
+    iattr = [int(bool(args["is_causal"])), int(args["attn_mask"] is not None)]
+    return ctx.op("sdpa", inputs, iattr, [scale])
+
+
+def _lower_full(ctx, node):
+    val = _val(node)
+    value = node_args(node)["fill_value"]
+    return ctx.builder.add_constant(torch.full(tuple(val.shape), value, dtype=val.dtype))
+
+
+def _lower_scalar_tensor(ctx, node):
+    return ctx.builder.add_constant(torch.tensor(node_args(node)["s"], dtype=_val(node).dtype))
+
+
+def _ops(*names):
+    """The OpOverloads named "namespace::op.overload"."""
+    found = []
+    for name in names:
+        packet, _, overload = name.rpartition(".")
+        namespace, _, op = packet.partition("::")
+        found.append(getattr(getattr(getattr(torch.ops, namespace), op), overload))
+    return found
+
+
+def _table():
+    table = {}
+
+    def add(names, lowering):
+        for op in _ops(*names):
+            table[op] = lowering
+
+    add(["aten::linear.default"], Lowering(_lower_linear))
+    add(["aten::addmm.default"], Lowering(_lower_addmm, _check_addmm))
+    add(["aten::mm.default", "aten::bmm.default", "aten::matmul.default"], Lowering(_lower_matmul))
+    add(["aten::add.Tensor", "aten::add.Scalar"], Lowering(_binary("add", True)))
+    add(["aten::sub.Tensor", "aten::sub.Scalar"], Lowering(_binary("sub", True)))
+    add(["aten::mul.Tensor", "aten::mul.Scalar"], Lowering(_binary("mul", False)))
+    add(["aten::div.Tensor", "aten::div.Scalar"], Lowering(_binary("div", False)))
+    for name in ("relu", "silu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "neg"):
+        add([f"aten::{name}.default"], Lowering(_unary(name)))
+    add(["aten::gelu.default"], Lowering(_lower_gelu))
+    add(["aten::pow.Tensor_Scalar"], Lowering(_lower_pow))
+    add(["aten::_softmax.default", "aten::softmax.int"], Lowering(_softmax("softmax")))
+    add(["aten::_log_softmax.default", "aten::log_softmax.int"], Lowering(_softmax("log_softmax")))
+    add(["aten::layer_norm.default"], Lowering(_lower_layer_norm))
+    add(["aten::native_layer_norm.default"], Lowering(_lower_layer_norm, _check_native_layer_norm))
+    add(["aten::rms_norm.default"], Lowering(_lower_rms_norm))
+    add(["aten::mean.dim"], Lowering(_reduce("mean")))
+    add(["aten::sum.dim_IntList"], Lowering(_reduce("sum")))
+    add(["aten::amax.default"], Lowering(_reduce("amax")))
+    add(["aten::view_copy.default", "aten::view.default", "aten::reshape.default",
+         "aten::_unsafe_view.default", "aten::squeeze_copy.dims", "aten::squeeze_copy.dim",
+         "aten::squeeze_copy.default", "aten::squeeze.dims", "aten::squeeze.dim",
+         "aten::squeeze.default", "aten::unsqueeze_copy.default", "aten::unsqueeze.default"],
+        Lowering(_lower_reshape, compute=False))
+    add(["aten::permute_copy.default", "aten::permute.default"], Lowering(_lower_permute, compute=False))
+    add(["aten::transpose_copy.int", "aten::transpose.int"], Lowering(_lower_transpose, compute=False))
+    add(["aten::t_copy.default", "aten::t.default"], Lowering(_lower_t, compute=False))
+    add(["aten::expand_copy.default", "aten::expand.default"], Lowering(_lower_expand, compute=False))
+    add(["aten::cat.default"], Lowering(_lower_cat, compute=False))
+    add(["aten::slice_copy.Tensor", "aten::slice.Tensor"], Lowering(_lower_slice, compute=False))
+    add(["aten::select_copy.int", "aten::select.int"], Lowering(_lower_select, compute=False))
+    add(["aten::clone.default", "aten::_to_copy.default", "dim_order_ops::_clone_dim_order.default",
+         "dim_order_ops::_to_dim_order_copy.default"], Lowering(_lower_copy, _check_copy, compute=False))
+    add(["aten::embedding.default"], Lowering(_lower_embedding))
+    add(["aten::index_select.default"], Lowering(_lower_index_select))
+    add(["aten::where.self"], Lowering(_lower_where))
+    add(["aten::masked_fill.Scalar"], Lowering(_lower_masked_fill))
+    add(["aten::scaled_dot_product_attention.default"], Lowering(_lower_sdpa, _check_sdpa))
+    add(["aten::full.default"], Lowering(_lower_full, compute=False))
+    add(["aten::scalar_tensor.default"], Lowering(_lower_scalar_tensor, compute=False))
+    table[operator.getitem] = Lowering(_lower_getitem, compute=False)
+    return table
+
+
+LOWERINGS = _table()
+
+# Kept whole by to_edge_transform_and_lower, when Kiln takes the node, instead of being
+# decomposed into many small ops.
+OPS_TO_NOT_DECOMPOSE = _ops(
+    "aten::linear.default",
+    "aten::scaled_dot_product_attention.default",
+    "aten::layer_norm.default",
+    "aten::rms_norm.default",
+    "aten::silu.default",
+)
+
+
+# ------------------------------------------------------------------ support
+
+
+def _tensor_refusal(value, what):
+    if not isinstance(value, torch.Tensor):
+        return f"{what} is not a tensor"
+    if _lib.kiln_dtype(value.dtype) is None:
+        return f"{what} has dtype {value.dtype}, which Kiln does not support"
+    if not all(isinstance(d, int) for d in value.shape):
+        return f"{what} has a dynamic shape {tuple(value.shape)} (Kiln plans are static)"
+    return None
+
+
+def _probe(node, lowering):
+    """Builds the node alone, its tensor inputs as builder inputs; the builder's refusal or None."""
+    with Builder() as builder:
+        ctx = Context(builder)
+        try:
+            for index, arg in enumerate(node.all_input_nodes):
+                ctx.values[arg] = ctx.input(arg, f"probe_{index}")
+            check_inferred(ctx, node, lowering.lower(ctx, node))
+        except KilnError as exc:
+            return exc.message
+    return None
+
+
+def refusal(node):
+    """Why Kiln cannot take this node, or None when it can."""
+    if node.op != "call_function":
+        return f"{node.op} node"
+    lowering = LOWERINGS.get(aten_op(node))
+    if lowering is None:
+        return f"{_op_name(node)} is not a Kiln op"
+    if node.target is operator.getitem:  # of native_layer_norm: supported with its source
+        return refusal(node.args[0])
+    values = node.meta.get("val")
+    outputs = values if isinstance(values, (tuple, list)) else [values]
+    for index, value in enumerate(outputs):
+        reason = _tensor_refusal(value, f"output {index}")
+        if reason:
+            return reason
+    for arg in node.all_input_nodes:
+        reason = _tensor_refusal(arg.meta.get("val"), f"input {arg.name}")
+        if reason:
+            return reason
+    if lowering.check is not None:
+        reason = lowering.check(node)
+        if reason:
+            return reason
+    return _probe(node, lowering)
+
+
+def _op_name(node):
+    op = aten_op(node)
+    schema = getattr(op, "_schema", None)
+    return f"{schema.name}.{schema.overload_name or 'default'}" if schema is not None else str(op)
+
+
+def check_inferred(ctx, node, tensor):
+    """Refuses a tensor whose builder-inferred dtype or shape differs from PyTorch's."""
+    val = _val(node)
+    if isinstance(val, (tuple, list)):
+        val = val[0]
+    dtype, shape = ctx.builder.get_shape(tensor)
+    expected = (_lib.kiln_dtype(val.dtype), tuple(val.shape))
+    if (dtype, shape) != expected:
+        raise KilnError(
+            _lib.ERR_UNSUPPORTED,
+            f"{node.name}: the builder inferred {_lib.DTYPE_NAMES[dtype]}{list(shape)} but "
+            f"PyTorch computed {_lib.DTYPE_NAMES[expected[0]]}{list(expected[1])}",
+        )
+
+
+# ------------------------------------------------------------------ programs
+
+
+def _constant(program, node):
+    """The tensor behind a parameter, buffer or lifted constant placeholder, else None."""
+    if is_param(program, node):
+        return get_param(program, node)
+    if is_buffer(program, node):
+        return get_buffer(program, node)
+    if is_lifted_tensor_constant(program, node):
+        return get_lifted_tensor_constant(program, node)
+    return None
+
+
+def build_blob(program, device_id=0, allow_tf32=False, fuse=True):
+    """Lowers a delegated edge subprogram into blob bytes.
+
+    Its parameters, buffers and lifted constants become builder constants.
+    """
+    return build_graph(
+        program.graph, lambda node: _constant(program, node),
+        device_id=device_id, allow_tf32=allow_tf32, fuse=fuse,
+    )
+
+
+def _binding_name(name, index):
+    """The node's name, or when longer than a binding name may be, a prefix made unique by
+    the binding's index."""
+    if len(name.encode("utf-8")) < _lib.NAME_MAX:
+        return name
+    return f"{name.encode('utf-8')[:48].decode('utf-8', 'ignore')}~{index}"
+
+
+def build_graph(graph, constant_of, device_id=0, allow_tf32=False, fuse=True):
+    """Lowers a graph into blob bytes: each placeholder is a constant when constant_of(node)
+    returns its tensor, else a builder input (in graph order); the outputs in order are
+    the marked outputs."""
+    with Builder() as builder:
+        ctx = Context(builder)
+        index = 0  # of the next binding
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                constant = constant_of(node)
+                if constant is not None:
+                    ctx.values[node] = ctx.builder.add_constant(constant)
+                    continue
+                reason = _tensor_refusal(_val(node), f"input {node.name}")
+                if reason:
+                    raise KilnError(_lib.ERR_UNSUPPORTED, reason)
+                ctx.values[node] = ctx.input(node, _binding_name(node.name, index))
+                index += 1
+            elif node.op == "call_function":
+                lowering = LOWERINGS.get(aten_op(node))
+                if lowering is None:
+                    raise KilnError(_lib.ERR_UNSUPPORTED, f"{node.name}: {_op_name(node)} is not a Kiln op")
+                tensor = lowering.lower(ctx, node)
+                check_inferred(ctx, node, tensor)
+                ctx.values[node] = tensor
+            elif node.op == "output":
+                for out in node.args[0]:
+                    builder.mark_output(ctx.tensor(out), _binding_name(out.name, index))
+                    index += 1
+            else:
+                raise KilnError(_lib.ERR_UNSUPPORTED, f"{node.name}: {node.op} nodes are not supported")
+        return builder.build(device_id=device_id, allow_tf32=allow_tf32, fuse=fuse)
+

@@ -1,0 +1,80 @@
+"""KilnPartitioner: tags the largest subgraphs of supported nodes for the Kiln backend."""
+
+import logging
+
+from executorch.exir.backend.canonical_partitioners.pattern_op_partitioner import (
+    generate_pattern_op_partitions,
+)
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from executorch.exir.backend.utils import tag_constant_data
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from . import _lib, lowering
+from .backend import KilnBackend
+
+log = logging.getLogger(__name__)
+
+
+class _KilnSupport(OperatorSupportBase):
+    """Asks the lowering table (and through it the C builder) about each node."""
+
+    def __init__(self):
+        self.refusals = {}
+
+    def is_node_supported(self, submodules, node):
+        if node.op != "call_function":
+            return False
+        reason = lowering.refusal(node)
+        if reason is not None:
+            self.refusals[node.name] = reason
+            log.debug("kiln: %s stays on ExecuTorch: %s", node.name, reason)
+        return reason is None
+
+
+def _is_layout_only(partition):
+    return all(not lowering.LOWERINGS[lowering.aten_op(n)].compute for n in partition.nodes)
+
+
+class KilnPartitioner(Partitioner):
+    """Delegates every supported node to KilnBackend; the rest stays on ExecuTorch's kernels.
+
+    A partition that only reshapes, copies or creates constants is left to ExecuTorch:
+    a delegate call would cost more than it saves. After partition(), refusals maps the
+    name of each node left to ExecuTorch to the reason.
+    """
+
+    def __init__(self, device_id=0, allow_tf32=False, fuse=True):
+        super().__init__()
+        _lib.check_int32("device_id", device_id)
+        self.compile_specs = [
+            CompileSpec("device_id", str(device_id).encode()),
+            CompileSpec("allow_tf32", b"1" if allow_tf32 else b"0"),
+            CompileSpec("fuse", b"1" if fuse else b"0"),
+        ]
+        self.delegation_spec = DelegationSpec(KilnBackend.__name__, self.compile_specs)
+        self.refusals = {}
+
+    def ops_to_not_decompose(self, ep):
+        # An op is kept whole only when Kiln takes every node of it; a per-node filter would
+        # push ExecuTorch onto a path that loses the strides of kept ops (SDPA then view).
+        ops = {}
+        for node in ep.graph.nodes:
+            if node.op == "call_function" and node.target in lowering.OPS_TO_NOT_DECOMPOSE:
+                ops[node.target] = ops.get(node.target, True) and lowering.refusal(node) is None
+        return [op for op, supported in ops.items() if supported], None
+
+    def partition(self, exported_program):
+        support = _KilnSupport()
+        partitions = generate_pattern_op_partitions(exported_program.graph_module, op_support=support)
+        tags = {}
+        for partition in partitions:
+            if _is_layout_only(partition):
+                continue
+            tag = f"kiln_{partition.id}"
+            for node in partition.nodes:
+                node.meta["delegation_tag"] = tag
+            tags[tag] = self.delegation_spec
+        tag_constant_data(exported_program)
+        self.refusals = support.refusals
+        return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)

@@ -1,0 +1,733 @@
+"""The exporter: partitioning, preprocess through the C builder, blobs on the CPU engine,
+atomic writes, and what stays on ExecuTorch's CPU kernels."""
+
+import operator
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from executorch.exir import to_edge_transform_and_lower
+from executorch.exir.dialects.edge._ops import EdgeOpOverload
+
+import kiln
+import models
+from kiln import _lib, lowering
+from kiln.backend import parse_compile_specs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KILN_CLI = os.environ.get("KILN_CLI") or os.path.join(ROOT, "build", "kiln")
+DELEGATE_CALL = torch.ops.higher_order.executorch_call_delegate
+
+# Ops each model must hand to Kiln (ATen names of the nodes inside its blobs).
+KILN_OPS = {
+    "mlp": {"aten.linear", "aten.relu", "aten.gelu"},
+    "encoder": {"aten.linear", "aten.scaled_dot_product_attention", "aten.layer_norm", "aten.gelu"},
+    "gpt_block": {"aten.linear", "aten.scaled_dot_product_attention", "aten.layer_norm",
+                  "aten.select_copy", "aten.permute_copy", "aten.gelu"},
+    "masked_attention": {"aten.bmm", "aten.where", "aten._softmax", "aten.div"},
+    "token_head": {"aten.embedding", "aten.layer_norm", "aten.linear"},
+    "residual_stack": {"aten.pow", "aten.mean", "aten.rsqrt", "aten.silu", "aten.rms_norm"},
+    "norm_chain": {"aten.layer_norm", "aten.gelu", "aten.sigmoid", "aten.tanh", "aten.exp",
+                   "aten.sqrt", "aten.neg", "aten._log_softmax", "aten._softmax"},
+    "op_mix": {"aten.addmm", "aten.cat", "aten.expand_copy", "aten.slice_copy", "aten.where",
+               "aten.index_select", "aten.bmm", "aten.amax", "aten.sum", "aten.mean",
+               "aten.select_copy", "aten.permute_copy", "dim_order_ops._to_dim_order_copy"},
+    "mixed": {"aten.linear", "aten.relu"},
+    "half_mlp": {"aten.linear", "aten.layer_norm", "aten.gelu"},
+}
+
+
+def op_name(target):
+    if isinstance(target, EdgeOpOverload):
+        target = target._op
+    schema = getattr(target, "_schema", None)
+    return schema.name.replace("::", ".") if schema is not None else None
+
+
+def flat(values):
+    if isinstance(values, torch.Tensor):
+        return [values]
+    out = []
+    for value in values:
+        out.extend(flat(value))
+    return out
+
+
+def assert_close(actual, expected, tolerance, what):
+    assert len(actual) == len(expected), f"{what}: {len(actual)} outputs, expected {len(expected)}"
+    for index, (a, e) in enumerate(zip(actual, expected)):
+        assert a.dtype == e.dtype and a.shape == e.shape, (
+            f"{what} output {index}: {a.dtype}{list(a.shape)} vs {e.dtype}{list(e.shape)}"
+        )
+        if e.dtype.is_floating_point:
+            scale = max(e.abs().max().item(), 1e-6) if e.numel() else 1.0
+            diff = (a.float() - e.float()).abs().max().item() if e.numel() else 0.0
+            assert diff <= tolerance * scale, f"{what} output {index}: max diff {diff:g} > {tolerance:g} * {scale:g}"
+        else:
+            assert torch.equal(a, e), f"{what} output {index} differs"
+
+
+class KilnInterpreter(torch.fx.Interpreter):
+    """Runs a lowered program in Python with every Kiln delegate call served by run_blob
+    on the CPU engine, and records, for each call, Kiln's outputs and those of the
+    subgraph the blob was built from, on the same inputs."""
+
+    def __init__(self, program):
+        super().__init__(program.exported_program().module())
+        self.calls = []
+
+    def call_function(self, target, args, kwargs):
+        if target is DELEGATE_CALL and args[0].backend_id == "KilnBackend":
+            lowered, inputs = args[0], list(args[1:])
+            outputs = kiln.run_blob(lowered.processed_bytes, inputs)
+            reference = flat(lowered.original_module.module()(*inputs))
+            self.calls.append((lowered, outputs, reference))
+            return tuple(outputs)
+        return super().call_function(target, args, kwargs)
+
+
+def cpu_ops(program):
+    """ATen names of the ops ExecuTorch runs itself (outside every delegate)."""
+    names = set()
+    for node in program.exported_program().graph.nodes:
+        name = op_name(node.target) if node.op == "call_function" else None
+        if name is not None:
+            names.add(name)
+    return names
+
+
+def delegated_ops(lowered):
+    return {
+        op_name(node.target)
+        for node in lowered.original_module.graph.nodes
+        if node.op == "call_function" and op_name(node.target) is not None
+    }
+
+
+def inspect(path):
+    if not os.path.isfile(KILN_CLI):
+        pytest.fail(f"{KILN_CLI} is missing: build it with `make build` or set KILN_CLI to a built kiln tool")
+    return subprocess.run([KILN_CLI, "inspect", str(path)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("entry", models.ZOO, ids=[m.name for m in models.ZOO])
+def test_zoo_model_exports_and_matches_eager(entry, tmp_path):
+    model, inputs = entry.make(), entry.inputs()
+    with torch.no_grad():
+        expected = flat(model(*inputs))
+    path = tmp_path / f"{entry.name}.pte"
+    program = kiln.export(model, inputs, path)
+    assert path.read_bytes() == program.buffer
+
+    lowered = kiln.lowered_modules(program)
+    assert len(lowered) == entry.kiln_blobs
+    assert kiln.blobs(program) == [bytes(m.processed_bytes) for m in lowered]
+    in_kiln = set().union(*(delegated_ops(m) for m in lowered))
+    assert KILN_OPS[entry.name] <= in_kiln, f"missing from Kiln: {KILN_OPS[entry.name] - in_kiln}"
+    assert cpu_ops(program) == set(entry.cpu_ops)
+
+    if entry.kiln_blobs == 1:  # the weights live in the blob: its inputs are the model's
+        with _lib.Engine(lowered[0].processed_bytes, "cpu") as engine:
+            kinds = [kind for _, kind, _, _ in engine.bindings()]
+        assert kinds.count(_lib.IO_INPUT) == len(inputs)
+
+    interpreter = KilnInterpreter(program)
+    with torch.no_grad():
+        actual = flat(interpreter.run(*inputs))
+    assert len(interpreter.calls) == entry.kiln_blobs
+    for index, (_, outputs, reference) in enumerate(interpreter.calls):
+        assert_close(outputs, reference, entry.tolerance, f"{entry.name} blob {index}")
+    assert_close(actual, expected, entry.tolerance, entry.name)
+
+    result = inspect(path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("backend KilnBackend") == entry.kiln_blobs, result.stdout
+
+
+@pytest.fixture(scope="module")
+def mlp_blob():
+    entry = models.BY_NAME["mlp"]
+    (blob,) = kiln.blobs(kiln.to_executorch(entry.make(), entry.inputs()))
+    return blob
+
+
+def test_fully_lowered_model_runs_as_one_blob(mlp_blob):
+    entry = models.BY_NAME["mlp"]
+    model, inputs = entry.make(), entry.inputs()
+    with torch.no_grad():
+        expected = [model(*inputs)]
+    assert_close(kiln.run_blob(mlp_blob, inputs), expected, entry.tolerance, "mlp blob")
+
+
+# ------------------------------------------------------------------ atomic writes
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # torch.export cannot trace a branch on a tensor's value
+            return x * 2
+        return x
+
+
+def test_refused_export_keeps_previous_file(tmp_path):
+    path = tmp_path / "model.pte"
+    path.write_bytes(b"previous program")
+    with pytest.raises(Exception):
+        kiln.export(DataDependent(), (torch.randn(3),), path)
+    assert path.read_bytes() == b"previous program"
+    assert os.listdir(tmp_path) == ["model.pte"]
+
+
+def test_refusal_in_preprocess_keeps_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "model.pte"
+    path.write_bytes(b"previous program")
+
+    def refuse(ctx, node):  # a builder op the C builder refuses: relu of two inputs
+        return ctx.op("relu", [ctx.tensor(node.args[0])] * 2)
+
+    # The partitioner takes every op; preprocess then meets the C builder's refusal.
+    monkeypatch.setattr(lowering, "refusal", lambda node: None)
+    monkeypatch.setitem(lowering.LOWERINGS, torch.ops.aten.relu.default, lowering.Lowering(refuse))
+    with pytest.raises(kiln.KilnError, match="relu"):
+        kiln.export(Rank9(), (torch.randn(2, 3),), path)
+    assert path.read_bytes() == b"previous program"
+    assert os.listdir(tmp_path) == ["model.pte"]
+
+
+def test_failed_write_keeps_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "model.pte"
+    path.write_bytes(b"previous program")
+
+    def refuse(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    entry = models.BY_NAME["mlp"]
+    with pytest.raises(OSError, match="disk full"):
+        kiln.export(entry.make(), entry.inputs(), path)
+    assert path.read_bytes() == b"previous program"
+    assert os.listdir(tmp_path) == ["model.pte"]
+
+
+def test_export_into_missing_directory_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        kiln.export(models.MLP(), (torch.randn(2, 16),), tmp_path / "missing" / "model.pte")
+
+
+def test_lone_tensor_input_and_training_mode_warning():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 4), nn.ReLU())  # still in training mode
+    with pytest.warns(UserWarning, match="model.eval"):
+        program = kiln.to_executorch(model, torch.randn(3, 16))
+    (blob,) = kiln.blobs(program)
+    with _lib.Engine(blob, "cpu") as engine:
+        assert [shape for _, kind, _, shape in engine.bindings() if kind == _lib.IO_INPUT] == [(3, 16)]
+
+
+# ------------------------------------------------------------------ what stays on the CPU
+
+
+def lower(model, inputs, partitioner=None, dynamic_shapes=None):
+    partitioner = partitioner or kiln.KilnPartitioner()
+    exported = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
+    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner])
+    return edge, partitioner
+
+
+def edge_blobs(edge):
+    return kiln.lowered_modules(edge.exported_program())
+
+
+def refusals_of(partitioner, op):
+    return [reason for name, reason in partitioner.refusals.items() if name.startswith(op)]
+
+
+class Float64Middle(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.fc(x).double() * 3.0
+        return h.float().relu()
+
+
+def test_float64_stays_on_cpu():
+    torch.manual_seed(0)
+    model, x = Float64Middle().eval(), torch.randn(2, 8)
+    edge, partitioner = lower(model, (x,))
+    blobs = edge_blobs(edge)
+    assert len(blobs) == 2
+    for blob in blobs:
+        for node in blob.original_module.graph.nodes:
+            if node.op == "call_function":
+                assert node.meta["val"].dtype != torch.float64, node.name
+    assert any("float64" in reason for reason in partitioner.refusals.values())
+
+
+def test_float64_linear_is_decomposed_not_preserved():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4).double().eval()
+    edge, _ = lower(model, (torch.randn(2, 4, dtype=torch.float64),))
+    assert edge_blobs(edge) == []
+
+
+def test_dynamic_shape_stays_on_cpu():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    batch = torch.export.Dim("batch", min=2, max=16)
+    edge, partitioner = lower(model, (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
+    assert edge_blobs(edge) == []
+    assert any("dynamic shape" in reason for reason in partitioner.refusals.values())
+
+
+class Rank9(nn.Module):
+    def forward(self, x):
+        return (x * 2.0).relu()
+
+
+def test_rank_above_limit_stays_on_cpu():
+    edge, partitioner = lower(Rank9(), (torch.randn(*([2] * 9)),))
+    assert edge_blobs(edge) == []
+    assert any("rank 9" in reason for reason in partitioner.refusals.values())
+
+
+class WideCat(nn.Module):
+    def forward(self, x):
+        return torch.cat([x * float(k) for k in range(_lib.MAX_OP_INPUTS + 1)], dim=0)
+
+
+def test_builder_refusal_keeps_node_on_cpu_with_its_message():
+    edge, partitioner = lower(WideCat(), (torch.randn(2, 3),))
+    reasons = refusals_of(partitioner, "aten_cat")
+    assert reasons, partitioner.refusals
+    # The message is the C builder's own, which names the op.
+    assert "cat" in reasons[0]
+    assert "aten.cat" in cpu_ops_of_edge(edge)
+
+
+def cpu_ops_of_edge(edge):
+    return {
+        op_name(node.target)
+        for node in edge.exported_program().graph.nodes
+        if node.op == "call_function" and op_name(node.target) is not None
+    }
+
+
+class LayoutBetweenCpuOps(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(torch.cumsum(x, 0).view(4, 3), 1)
+
+
+def test_partition_that_only_moves_data_is_not_delegated():
+    edge, _ = lower(LayoutBetweenCpuOps(), (torch.randn(3, 4),))
+    assert edge_blobs(edge) == []
+
+
+class AddmmScaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.b = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.addmm(self.b, x, self.w, beta=0.5).relu()
+
+
+def test_addmm_with_beta_stays_on_cpu():
+    torch.manual_seed(0)
+    edge, partitioner = lower(AddmmScaled(), (torch.randn(2, 4),))
+    assert "aten.addmm" in cpu_ops_of_edge(edge)
+    assert any("beta=0.5" in r for r in refusals_of(partitioner, "aten_addmm"))
+
+
+class ChannelsLast(nn.Module):
+    def forward(self, x):
+        return (x * 2.0).contiguous(memory_format=torch.channels_last)
+
+
+def test_copy_to_other_dim_order_stays_on_cpu():
+    edge, partitioner = lower(ChannelsLast(), (torch.randn(1, 2, 3, 4),))
+    assert any("dim order" in reason for reason in partitioner.refusals.values())
+    for blob in edge_blobs(edge):
+        assert "dim_order_ops._clone_dim_order" not in delegated_ops(blob)
+
+
+def test_clone_to_another_memory_format_is_refused():
+    graph = torch.fx.Graph()
+    x = _placeholder(graph, "x", torch.randn(1, 2, 3, 4))
+    node = _node(graph, torch.ops.aten.clone.default, (x,), torch.randn(1, 2, 3, 4),
+                 {"memory_format": torch.channels_last})
+    assert "memory format" in lowering.refusal(node)
+
+
+class LayerNormStatistics(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(8))
+        self.b = nn.Parameter(torch.zeros(8))
+
+    def forward(self, x):
+        out, mean, _ = torch.native_layer_norm(x, [8], self.w, self.b, 1e-5)
+        return out * 2.0, mean
+
+
+def test_native_layer_norm_with_used_statistics_stays_on_cpu():
+    edge, partitioner = lower(LayerNormStatistics(), (torch.randn(3, 8),))
+    assert "aten.native_layer_norm" in cpu_ops_of_edge(edge)
+    assert any("mean or rstd" in r for r in refusals_of(partitioner, "aten_native_layer_norm"))
+
+
+class LayerNormOutput(nn.Module):
+    def forward(self, x):
+        out, _, _ = torch.native_layer_norm(x, [8], None, None, 1e-5)
+        return out * 2.0
+
+
+def test_native_layer_norm_output_is_delegated():
+    x = torch.randn(3, 8)
+    edge, _ = lower(LayerNormOutput(), (x,))
+    (blob,) = edge_blobs(edge)
+    assert "aten.native_layer_norm" in delegated_ops(blob)
+    expected = [LayerNormOutput()(x)]
+    assert_close(kiln.run_blob(blob.processed_bytes, [x]), expected, models.F32_TOLERANCE, "layer norm")
+
+
+class ConstantOutput(nn.Module):
+    def forward(self, x):
+        s = torch.full((4,), 2.0)
+        return x * s, torch.cumsum(s, 0)
+
+
+def test_constant_handed_out_by_a_blob_is_copied():
+    x = torch.randn(3, 4)
+    edge, _ = lower(ConstantOutput(), (x,))
+    (blob,) = edge_blobs(edge)
+    outputs = kiln.run_blob(blob.processed_bytes, [x])
+    reference = flat(blob.original_module.module()(x))
+    assert_close(outputs, reference, models.F32_TOLERANCE, "constant output")
+
+
+def _node(graph, target, args, val, kwargs=None):
+    node = graph.call_function(target, args, kwargs or {})
+    node.meta["val"] = val
+    return node
+
+
+def _placeholder(graph, name, val):
+    node = graph.placeholder(name)
+    node.meta["val"] = val
+    return node
+
+
+def test_sdpa_refusals():
+    graph = torch.fx.Graph()
+    q = _placeholder(graph, "q", torch.randn(1, 2, 4, 8))
+    kv = _placeholder(graph, "kv", torch.randn(1, 1, 4, 8))
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    val = torch.randn(1, 2, 4, 8)
+    plain = _node(graph, sdpa, (q, q, q), val)
+    dropout = _node(graph, sdpa, (q, q, q, None, 0.1), val)
+    gqa = _node(graph, sdpa, (q, kv, kv), val, {"enable_gqa": True})
+    assert lowering.refusal(plain) is None
+    assert "dropout_p=0.1" in lowering.refusal(dropout)
+    assert "enable_gqa" in lowering.refusal(gqa)
+
+
+def test_softmax_to_another_dtype_is_refused_by_the_inferred_dtype():
+    graph = torch.fx.Graph()
+    x = _placeholder(graph, "x", torch.randn(2, 4).half())
+    node = _node(graph, torch.ops.aten._softmax.default, (x, -1, True), torch.randn(2, 4))
+    assert "PyTorch computed f32" in lowering.refusal(node)
+
+
+def test_preprocess_refuses_a_lowering_that_disagrees_with_pytorch(monkeypatch):
+    # A lowering that loses the output's shape must fail loudly, not build a wrong plan.
+    wrong = lowering.Lowering(lambda ctx, node: ctx.tensor(node.args[0]))
+    monkeypatch.setitem(lowering.LOWERINGS, torch.ops.aten.sum.dim_IntList, wrong)
+    graph = torch.fx.Graph()
+    x = _placeholder(graph, "x", torch.randn(2, 4))
+    node = _node(graph, torch.ops.aten.sum.dim_IntList, (x, [1]), torch.randn(2))
+    assert "PyTorch computed f32[2]" in lowering.refusal(node)
+
+
+# ------------------------------------------------------------------ every op, alone
+
+aten = torch.ops.aten
+dim_order_ops = torch.ops.dim_order_ops
+INT64_MAX = 2**63 - 1
+
+
+def rand(*shape, seed=0, dtype=torch.float32, positive=False):
+    values = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    return (values.abs() + 0.1 if positive else values).to(dtype)
+
+
+def ids(*shape, high, seed=0):
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def causal_mask(length):
+    return torch.ones(length, length, dtype=torch.bool).tril()
+
+
+# (id, op, args, kwargs): each tensor argument becomes a blob input.
+OP_CASES = [
+    ("linear", aten.linear.default, (rand(2, 3, 4), rand(5, 4, seed=1), rand(5, seed=2)), {}),
+    ("linear_no_bias", aten.linear.default, (rand(3, 4), rand(5, 4, seed=1)), {}),
+    ("addmm", aten.addmm.default, (rand(5), rand(3, 4, seed=1), rand(4, 5, seed=2)), {}),
+    ("mm", aten.mm.default, (rand(3, 4), rand(4, 5, seed=1)), {}),
+    ("bmm", aten.bmm.default, (rand(2, 3, 4), rand(2, 4, 5, seed=1)), {}),
+    ("matmul", aten.matmul.default, (rand(2, 3, 4), rand(2, 4, 5, seed=1)), {}),
+    ("add", aten.add.Tensor, (rand(2, 3), rand(3, seed=1)), {"alpha": 2}),
+    ("add_number", aten.add.Tensor, (rand(2, 3), 2), {}),
+    ("add_scalar", aten.add.Scalar, (rand(2, 3), 2.5, 3), {}),
+    ("sub", aten.sub.Tensor, (rand(2, 3), rand(2, 1, seed=1)), {"alpha": 0.5}),
+    ("sub_scalar", aten.sub.Scalar, (rand(2, 3), 1.5), {}),
+    ("mul", aten.mul.Tensor, (rand(2, 3), rand(2, 3, seed=1)), {}),
+    ("mul_scalar", aten.mul.Scalar, (rand(2, 3), -3.0), {}),
+    ("div", aten.div.Tensor, (rand(2, 3), rand(2, 3, seed=1, positive=True)), {}),
+    ("div_scalar", aten.div.Scalar, (rand(2, 3), 4.0), {}),
+    ("promoted", aten.mul.Tensor, (rand(2, 3, dtype=torch.float16), rand(seed=1)), {}),
+    ("relu", aten.relu.default, (rand(2, 3),), {}),
+    ("gelu", aten.gelu.default, (rand(2, 3),), {}),
+    ("gelu_tanh", aten.gelu.default, (rand(2, 3),), {"approximate": "tanh"}),
+    ("silu", aten.silu.default, (rand(2, 3),), {}),
+    ("sigmoid", aten.sigmoid.default, (rand(2, 3),), {}),
+    ("tanh", aten.tanh.default, (rand(2, 3),), {}),
+    ("exp", aten.exp.default, (rand(2, 3),), {}),
+    ("sqrt", aten.sqrt.default, (rand(2, 3, positive=True),), {}),
+    ("rsqrt", aten.rsqrt.default, (rand(2, 3, positive=True),), {}),
+    ("neg", aten.neg.default, (rand(2, 3),), {}),
+    ("pow", aten.pow.Tensor_Scalar, (rand(2, 3, positive=True), 1.5), {}),
+    ("_softmax", aten._softmax.default, (rand(2, 3, 4), -1, False), {}),
+    ("softmax", aten.softmax.int, (rand(2, 3, 4), 1), {}),
+    ("_log_softmax", aten._log_softmax.default, (rand(2, 5), 1, False), {}),
+    ("log_softmax", aten.log_softmax.int, (rand(2, 5), -1), {}),
+    ("layer_norm", aten.layer_norm.default, (rand(2, 3, 4), [3, 4], rand(3, 4, seed=1), rand(3, 4, seed=2), 1e-5), {}),
+    ("layer_norm_bare", aten.layer_norm.default, (rand(2, 4), [4]), {}),
+    ("native_layer_norm", aten.native_layer_norm.default, (rand(2, 4), [4], None, rand(4, seed=1), 1e-3), {}),
+    ("rms_norm", aten.rms_norm.default, (rand(2, 4), [4], rand(4, seed=1)), {}),
+    ("rms_norm_eps", aten.rms_norm.default, (rand(2, 3, 4), [3, 4], None, 1e-2), {}),
+    ("mean", aten.mean.dim, (rand(2, 3, 4), [-1], True), {}),
+    ("mean_all", aten.mean.dim, (rand(2, 3), None), {}),
+    ("sum", aten.sum.dim_IntList, (rand(2, 3, 4), [0, 2]), {}),
+    ("sum_all", aten.sum.dim_IntList, (rand(2, 3), []), {}),
+    ("amax", aten.amax.default, (rand(2, 3, 4), [1]), {}),
+    ("view_copy", aten.view_copy.default, (rand(2, 3, 4), [6, -1]), {}),
+    ("view", aten.view.default, (rand(2, 3, 4), [4, 6]), {}),
+    ("reshape", aten.reshape.default, (rand(2, 3, 4), [24]), {}),
+    ("_unsafe_view", aten._unsafe_view.default, (rand(2, 3, 4), [2, 12]), {}),
+    ("squeeze_copy_dims", aten.squeeze_copy.dims, (rand(2, 1, 3, 1), [1, -1]), {}),
+    ("squeeze_copy_dim", aten.squeeze_copy.dim, (rand(2, 1, 3), 1), {}),
+    ("squeeze_copy", aten.squeeze_copy.default, (rand(1, 3, 1),), {}),
+    ("squeeze_dims", aten.squeeze.dims, (rand(2, 1, 3, 1), [3]), {}),
+    ("squeeze_dim", aten.squeeze.dim, (rand(1, 3), 0), {}),
+    ("squeeze", aten.squeeze.default, (rand(1, 3, 1),), {}),
+    ("unsqueeze_copy", aten.unsqueeze_copy.default, (rand(2, 3), -1), {}),
+    ("unsqueeze", aten.unsqueeze.default, (rand(2, 3), 0), {}),
+    ("permute_copy", aten.permute_copy.default, (rand(2, 3, 4), [2, 0, -2]), {}),
+    ("permute", aten.permute.default, (rand(2, 3, 4), [1, 2, 0]), {}),
+    ("transpose_copy", aten.transpose_copy.int, (rand(2, 3, 4), 0, -1), {}),
+    ("transpose", aten.transpose.int, (rand(2, 3, 4), 1, 2), {}),
+    ("t_copy", aten.t_copy.default, (rand(3, 4),), {}),
+    ("t", aten.t.default, (rand(4, 3),), {}),
+    ("expand_copy", aten.expand_copy.default, (rand(1, 4), [3, -1]), {}),
+    ("expand", aten.expand.default, (rand(3, 1), [2, 3, 5]), {}),
+    ("cat", aten.cat.default, ([rand(2, 3), rand(2, 1, seed=1), rand(2, 2, seed=2)], -1), {}),
+    ("slice_copy", aten.slice_copy.Tensor, (rand(3, 8), 1, -3, INT64_MAX), {}),
+    ("slice_copy_step", aten.slice_copy.Tensor, (rand(3, 8), 1, 1, 7, 2), {}),
+    ("slice", aten.slice.Tensor, (rand(6, 2), 0, None, 4), {}),
+    ("select_copy", aten.select_copy.int, (rand(2, 3, 4), 1, -1), {}),
+    ("select", aten.select.int, (rand(2, 3, 4), -1, 2), {}),
+    ("clone", aten.clone.default, (rand(2, 3),), {}),
+    ("_to_copy", aten._to_copy.default, (rand(2, 3),), {"dtype": torch.float16}),
+    ("_to_copy_int", aten._to_copy.default, (ids(2, 3, high=9),), {"dtype": torch.float32}),
+    ("_clone_dim_order", dim_order_ops._clone_dim_order.default, (rand(2, 3),), {"dim_order": [0, 1]}),
+    ("_to_dim_order_copy", dim_order_ops._to_dim_order_copy.default, (rand(2, 3),), {"dtype": torch.bfloat16}),
+    ("embedding", aten.embedding.default, (rand(10, 4), ids(2, 3, high=10)), {}),
+    ("embedding_i32", aten.embedding.default, (rand(10, 4), ids(5, high=10).int()), {}),
+    ("index_select", aten.index_select.default, (rand(2, 5), -1, ids(3, high=5)), {}),
+    ("where", aten.where.self, (rand(2, 3) > 0, rand(2, 3, seed=1), rand(3, seed=2)), {}),
+    ("masked_fill", aten.masked_fill.Scalar, (rand(2, 3), rand(2, 3, seed=1) > 0, -1.5), {}),
+    ("sdpa", aten.scaled_dot_product_attention.default,
+     (rand(1, 2, 4, 8), rand(1, 2, 4, 8, seed=1), rand(1, 2, 4, 8, seed=2)), {}),
+    ("sdpa_causal", aten.scaled_dot_product_attention.default,
+     (rand(2, 5, 8), rand(2, 5, 8, seed=1), rand(2, 5, 8, seed=2)), {"is_causal": True}),
+    ("sdpa_bool_mask", aten.scaled_dot_product_attention.default,
+     (rand(2, 4, 8), rand(2, 4, 8, seed=1), rand(2, 4, 8, seed=2), causal_mask(4)), {"scale": 0.3}),
+    ("sdpa_float_mask", aten.scaled_dot_product_attention.default,
+     (rand(2, 4, 8), rand(2, 6, 8, seed=1), rand(2, 6, 4, seed=2), rand(4, 6, seed=3)), {}),
+    ("full", aten.full.default, ([2, 3], 1.5), {"dtype": torch.float32}),
+    ("scalar_tensor", aten.scalar_tensor.default, (-2.0,), {"dtype": torch.float32}),
+]
+
+
+def _graph_of(op, args, kwargs):
+    """A graph holding op alone, its tensor arguments as placeholders (real tensors as meta)."""
+    graph, inputs = torch.fx.Graph(), []
+
+    def place(value):
+        if isinstance(value, torch.Tensor):
+            inputs.append(value)
+            return _placeholder(graph, f"in{len(inputs)}", value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(place(v) for v in value)
+        return value
+
+    fx_args, fx_kwargs = place(args), {k: place(v) for k, v in kwargs.items()}
+    expected = op(*args, **kwargs)
+    node = _node(graph, op, fx_args, expected, fx_kwargs)
+    if isinstance(expected, tuple):  # native_layer_norm: only its first output is read
+        expected = expected[0]
+        node = _node(graph, operator.getitem, (node, 0), expected)
+    graph.output((node,))
+    return graph, node, inputs, expected
+
+
+@pytest.mark.parametrize("name, op, args, kwargs", OP_CASES, ids=[c[0] for c in OP_CASES])
+def test_each_op_alone_matches_pytorch(name, op, args, kwargs):
+    graph, node, inputs, expected = _graph_of(op, args, kwargs)
+    assert lowering.refusal(node) is None
+    blob = lowering.build_graph(graph, lambda n: None)
+    tolerance = models.F16_TOLERANCE if expected.dtype == torch.float16 else models.F32_TOLERANCE
+    assert_close(kiln.run_blob(blob, inputs), [expected], tolerance, name)
+
+
+def test_every_lowering_has_a_case():
+    covered = {op for _, op, _, _ in OP_CASES}
+    lowered = set(lowering.LOWERINGS) - {operator.getitem}
+    assert lowered, "the lowering table is empty"
+    assert lowered - covered == set()
+
+
+# ------------------------------------------------------------------ options and bindings
+
+
+def test_compile_specs_reach_the_blob_metadata():
+    torch.manual_seed(0)
+    model, x = nn.Linear(4, 4).eval(), torch.randn(2, 4)
+    partitioner = kiln.KilnPartitioner(device_id=1, allow_tf32=True, fuse=False)
+    assert parse_compile_specs(partitioner.compile_specs) == {
+        "device_id": 1, "allow_tf32": True, "fuse": False,
+    }
+    edge, _ = lower(model, (x,), partitioner)
+    (blob,) = edge_blobs(edge)
+    with _lib.Engine(blob.processed_bytes, "cpu") as engine:
+        metadata = engine.metadata()
+    assert metadata["device_id"] == 1 and metadata["allow_tf32"] is True
+
+
+class FusableChain(nn.Module):
+    def forward(self, x):
+        return torch.sigmoid(torch.exp(-x) * 0.5 + 1.0).relu()
+
+
+def test_fuse_option_reaches_the_builder():
+    x = torch.randn(4, 8)
+    blobs = {}
+    for fuse in (True, False):
+        edge, _ = lower(FusableChain(), (x,), kiln.KilnPartitioner(fuse=fuse))
+        (blob,) = edge_blobs(edge)
+        blobs[fuse] = blob.processed_bytes
+        assert_close(kiln.run_blob(blobs[fuse], [x]), [FusableChain()(x)], models.F32_TOLERANCE, f"fuse={fuse}")
+    assert blobs[True] != blobs[False]
+
+
+LONG = "an_input_whose_name_is_longer_than_the_sixty_three_bytes_of_a_binding"
+
+
+class LongNames(nn.Module):
+    def forward(self, an_input_whose_name_is_longer_than_the_sixty_three_bytes_of_a_binding_a,
+                an_input_whose_name_is_longer_than_the_sixty_three_bytes_of_a_binding_b):
+        return (an_input_whose_name_is_longer_than_the_sixty_three_bytes_of_a_binding_a
+                - an_input_whose_name_is_longer_than_the_sixty_three_bytes_of_a_binding_b).relu()
+
+
+def test_long_names_become_unique_binding_names():
+    a, b = torch.randn(3), torch.randn(3)
+    edge, _ = lower(LongNames(), (a, b))
+    (blob,) = edge_blobs(edge)
+    with _lib.Engine(blob.processed_bytes, "cpu") as engine:
+        names = [name for name, kind, _, _ in engine.bindings() if kind == _lib.IO_INPUT]
+    assert len(set(names)) == 2 and all(n.startswith(LONG[:40]) and len(n) < _lib.NAME_MAX for n in names)
+    assert_close(kiln.run_blob(blob.processed_bytes, [a, b]), [(a - b).relu()], models.F32_TOLERANCE, "long")
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="device_id"):
+        kiln.KilnPartitioner(device_id=4294967299)
+    with pytest.raises(ValueError, match="device_id"):
+        kiln.KilnPartitioner(device_id=-1)
+    with pytest.raises(ValueError, match="device_id"):
+        _lib.Builder().build(device_id=4294967299)
+    CompileSpec = kiln.KilnPartitioner().compile_specs[0].__class__
+    with pytest.raises(ValueError, match="unknown compile spec"):
+        parse_compile_specs([CompileSpec("tf32", b"1")])
+    with pytest.raises(ValueError, match="not a non-negative integer"):
+        parse_compile_specs([CompileSpec("device_id", b"3.5")])
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        parse_compile_specs([CompileSpec("fuse", b"2")])
+
+
+def test_run_blob_refusals(mlp_blob):
+    (x,) = models.BY_NAME["mlp"].inputs()
+    with pytest.raises(kiln.KilnError, match="got 0 inputs .* program has 1"):
+        kiln.run_blob(mlp_blob, [])
+    with pytest.raises(kiln.KilnError, match=r"shape \[3,16\]"):
+        kiln.run_blob(mlp_blob, [x[:3]])
+    with pytest.raises(TypeError, match="not a torch.Tensor"):
+        kiln.run_blob(mlp_blob, [[1.0] * 16])
+    with pytest.raises(TypeError, match="float64 has no Kiln dtype"):
+        kiln.run_blob(mlp_blob, [x.double()])
+    with pytest.raises(ValueError, match="CPU engine cannot read"):
+        kiln.run_blob(mlp_blob, [torch.empty(4, 16, device="meta")])
+    with pytest.raises(ValueError, match="unknown device"):
+        kiln.run_blob(mlp_blob, [x], device="tpu")
+    with pytest.raises(kiln.KilnError, match="truncated"):
+        kiln.run_blob(b"not a blob", [x])
+
+
+def test_bindings_match_the_header():
+    for index, name in enumerate(_lib.OP_NAMES):
+        assert _lib.lib.kiln_op_name(index).decode() == name
+    assert _lib.lib.kiln_op_name(len(_lib.OP_NAMES)).decode() == "unknown"
+    for index, name in enumerate(_lib.DTYPE_NAMES):
+        assert _lib.lib.kiln_dtype_name(index).decode() == name
+        size = torch.empty(0, dtype=_lib.torch_dtype(index)).element_size()
+        assert _lib.lib.kiln_dtype_size(index) == size
+    assert _lib.lib.kiln_dtype_size(len(_lib.DTYPE_NAMES)) == 0
+
+
+def test_backend_id_matches_the_header():
+    with open(os.path.join(ROOT, "include", "kiln", "kiln.h")) as header:
+        defines = [line.split() for line in header if line.startswith("#define KILN_BACKEND_ID")]
+    assert len(defines) == 1
+    assert defines[0][2] == f'"{kiln.KilnBackend.__name__}"' == '"KilnBackend"'
+
+
+def _import_kiln_with(library):
+    env = dict(os.environ, KILN_LIBRARY=str(library))
+    return subprocess.run(
+        [sys.executable, "-c", "import kiln"], env=env, capture_output=True, text=True,
+        cwd=os.path.join(ROOT, "python"), timeout=120,
+    )
+
+
+def test_missing_library_names_the_file_and_the_remedy(tmp_path):
+    missing = tmp_path / "libkiln.so"
+    result = _import_kiln_with(missing)
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr
+    assert str(missing) in result.stderr and "make build" in result.stderr
+
+
+def test_library_without_the_api_is_refused():
+    # Any loadable library that is not libkiln: the C math library.
+    result = _import_kiln_with("libm.so.6")
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr and "lacks the symbol kiln_" in result.stderr
