@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "pte_reader.h"
 
+#include "core/pointwise_steps.h"
 #include "kiln/kiln.h"
 
 #include <errno.h>
@@ -160,6 +161,17 @@ static const char *activation_name(int64_t a) {
   return "unknown";
 }
 
+/* A fused chain as "; fused [mul(in1) -> add(in2) -> gelu_tanh]". */
+static void print_pointwise_steps(const kiln_op *op) {
+  char step[48];
+  uint32_t n = op->n_iattr < KILN_MAX_IATTR ? op->n_iattr : KILN_MAX_IATTR;
+  printf("; fused [");
+  for (uint32_t k = 0; k < n; k++)
+    printf("%s%s", k ? " -> " : "", kiln_pointwise_step_str(op->iattr[k], op->fattr[0], step,
+                                                             sizeof step));
+  printf("]");
+}
+
 static void print_plan(const kiln_plan *plan, const char *in) {
   printf("%splan: version %u, %u tensors, %u ops, %u inputs, %u outputs, arena %llu bytes\n", in,
          (unsigned)plan->version, (unsigned)plan->n_tensors, (unsigned)plan->n_ops,
@@ -190,13 +202,16 @@ static void print_plan(const kiln_plan *plan, const char *in) {
     if (op->kind == KILN_OP_LINEAR) {
       printf("; epilogue: %s, %s", n >= 3 ? "bias" : "no bias",
              activation_name(op->n_iattr ? op->iattr[0] : KILN_ACT_NONE));
+    } else if (op->kind == KILN_OP_POINTWISE) {
+      print_pointwise_steps(op);
     } else if (op->n_iattr) {
       uint32_t na = op->n_iattr < KILN_MAX_IATTR ? op->n_iattr : KILN_MAX_IATTR;
       printf("; iattr [");
       for (uint32_t k = 0; k < na; k++) printf(k ? ", %lld" : "%lld", (long long)op->iattr[k]);
       printf("]");
     }
-    if (op->fattr[0] != 0.0 || op->fattr[1] != 0.0)
+    /* a pointwise pow step already shows fattr0 as its exponent */
+    if (op->kind != KILN_OP_POINTWISE && (op->fattr[0] != 0.0 || op->fattr[1] != 0.0))
       printf("; fattr [%g, %g]", op->fattr[0], op->fattr[1]);
     printf("\n");
   }

@@ -218,8 +218,28 @@ typedef enum kiln_op_kind {
   KILN_OP_SDPA,         /* q[...,L,E], k[...,S,E], v[...,S,Ev], mask? (bool: true keeps, or additive
                            float), broadcast to [...,L,S]; iattr0 = causal, iattr1 = mask present;
                            fattr0 = scale (0 means 1/sqrt(E)) */
+  KILN_OP_POINTWISE,    /* a fused chain of float pointwise steps, one pass over memory: x, then
+                           extra operands of binary steps (each broadcasts to x, same dtype) ->
+                           x's shape and dtype; iattr = steps in order (KILN_PW_STEP), 1..8;
+                           fattr0 = the exponent of its one POW step, else 0. Intermediates stay
+                           f32; only the result is rounded to the dtype. */
   KILN_OP_COUNT
 } kiln_op_kind;
+
+/* One KILN_OP_POINTWISE step: bits 0-7 the op (RELU, GELU, SILU, SIGMOID, TANH, EXP, SQRT,
+ * RSQRT, NEG, POW, or ADD, SUB, MUL, DIV with alpha 1), bits 8-11 the input slot (1..7) of a
+ * binary step's other operand (0 for unary), then flags. A binary step computes
+ * chain op operand, or operand op chain with KILN_PW_REVERSED. */
+#define KILN_PW_MAX_STEPS 8
+#define KILN_PW_KIND_MASK 0xff
+#define KILN_PW_INPUT_SHIFT 8
+#define KILN_PW_INPUT_MASK 0xf
+#define KILN_PW_REVERSED ((int64_t)1 << 16)  /* binary: operand op chain */
+#define KILN_PW_GELU_TANH ((int64_t)1 << 17) /* GELU: the tanh approximation (else erf) */
+#define KILN_PW_STEP(kind, input, flags) \
+  ((int64_t)(kind) | ((int64_t)(input) << KILN_PW_INPUT_SHIFT) | (int64_t)(flags))
+#define KILN_PW_STEP_KIND(step) ((kiln_op_kind)((step)&KILN_PW_KIND_MASK))
+#define KILN_PW_STEP_INPUT(step) ((uint32_t)(((step) >> KILN_PW_INPUT_SHIFT) & KILN_PW_INPUT_MASK))
 
 typedef enum kiln_activation {
   KILN_ACT_NONE = 0,

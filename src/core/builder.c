@@ -3,6 +3,7 @@
 #include "core/alloc.h"
 #include "core/fold.h"
 #include "core/fuse.h"
+#include "core/fuse_pointwise.h"
 #include "core/graph.h"
 #include "core/internal.h"
 #include "core/memplan.h"
@@ -475,12 +476,14 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
   return KILN_OK;
 }
 
-/* Rewrites g: constants folded, GEMMs recognized, epilogues fused, dead code removed. */
+/* Rewrites g: constants folded, GEMMs recognized, epilogues fused, dead code removed, then
+ * pointwise chains fused (after the epilogues, so a GEMM keeps its activation). */
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, kiln_error *err) {
   kiln_status s;
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_epilogues(g, err))) return s;
-  return kiln_graph_remove_dead(g, err);
+  if ((s = kiln_graph_remove_dead(g, err))) return s;
+  return opts->fuse ? kiln_fuse_pointwise(g, err) : KILN_OK;
 }
 
 kiln_status kiln_builder_build(kiln_builder *b, const kiln_build_options *opts, void **blob,

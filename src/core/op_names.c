@@ -37,6 +37,7 @@ static const char *const op_names[KILN_OP_COUNT] = {
     [KILN_OP_INDEX_SELECT] = "index_select",
     [KILN_OP_WHERE] = "where",
     [KILN_OP_SDPA] = "sdpa",
+    [KILN_OP_POINTWISE] = "pointwise",
 };
 
 const char *kiln_op_name(kiln_op_kind op) {

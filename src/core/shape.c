@@ -2,6 +2,7 @@
 #include "core/shape.h"
 
 #include "core/internal.h"
+#include "core/pointwise_steps.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -47,6 +48,7 @@ static const op_arity arity[KILN_OP_COUNT] = {
     [KILN_OP_INDEX_SELECT] = {2, 2, 1, 1},
     [KILN_OP_WHERE] = {3, 3, 0, 0},
     [KILN_OP_SDPA] = {3, 4, 2, 2},
+    [KILN_OP_POINTWISE] = {1, KILN_MAX_OP_INPUTS, 1, KILN_PW_MAX_STEPS},
 };
 
 /* One inference call: the op, its inputs, and how to word a refusal. */
@@ -590,6 +592,70 @@ static kiln_status infer_sdpa(const infer_ctx *c, kiln_tensor_desc *out) {
   return KILN_OK;
 }
 
+/* Messages for the faults kiln_pointwise_check finds. */
+static kiln_status pointwise_fault(const infer_ctx *c, kiln_pw_fault fault, uint32_t where) {
+  const kiln_op *op = c->op;
+  switch (fault) {
+  case KILN_PW_BAD_STEP:
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): step %u is %lld, not a float unary, add, sub, mul or "
+                     "div step with its own flags%.24s",
+                     c->stage, c->index, c->name, (unsigned)where, (long long)op->iattr[where],
+                     c->remedy);
+  case KILN_PW_BAD_INPUT:
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): step %u reads input %u but the op has %u inputs (binary "
+                     "steps read 1..%u, unary steps 0)%.24s",
+                     c->stage, c->index, c->name, (unsigned)where,
+                     (unsigned)KILN_PW_STEP_INPUT(op->iattr[where]), (unsigned)op->n_inputs,
+                     (unsigned)op->n_inputs - 1, c->remedy);
+  case KILN_PW_SECOND_POW:
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): step %u is a second pow but fattr0 holds one "
+                     "exponent%.24s",
+                     c->stage, c->index, c->name, (unsigned)where, c->remedy);
+  case KILN_PW_UNUSED_INPUT:
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): input %u is read by no step%.24s", c->stage, c->index,
+                     c->name, (unsigned)where, c->remedy);
+  case KILN_PW_BAD_FATTR:
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): fattr %g, %g must be the pow exponent and 0 (0 and 0 "
+                     "without a pow step)%.24s",
+                     c->stage, c->index, c->name, op->fattr[0], op->fattr[1], c->remedy);
+  case KILN_PW_FINE: break;
+  }
+  return KILN_OK;
+}
+
+/* POINTWISE: float steps on x; each extra operand broadcasts to x without enlarging it. */
+static kiln_status infer_fused_pointwise(const infer_ctx *c, kiln_tensor_desc *out) {
+  const kiln_tensor_desc *x = c->in[0];
+  uint32_t where = 0;
+  shape_text t;
+  kiln_pw_fault fault;
+  kiln_status s = need_floats_alike(c, c->op->n_inputs);
+  if (s) return s;
+  fault = kiln_pointwise_check(c->op, &where);
+  if ((s = pointwise_fault(c, fault, where))) return s;
+  for (uint32_t i = 1; i < c->op->n_inputs; i++) {
+    int32_t rank = x->rank;
+    int64_t dims[KILN_MAX_RANK];
+    int same;
+    for (int32_t d = 0; d < rank; d++) dims[d] = x->dims[d];
+    same = broadcast_into(&rank, dims, c->in[i]) < 0 && rank == x->rank;
+    for (int32_t d = 0; same && d < rank; d++) same = dims[d] == x->dims[d];
+    if (!same)
+      return kiln_fail(c->err, c->status,
+                       "%.7s op %u (%.12s): input %u %.40s does not broadcast to input 0 %.40s "
+                       "without enlarging it%.24s",
+                       c->stage, c->index, c->name, (unsigned)i, shape_of(c->in[i], t.a),
+                       shape_of(x, t.b), c->remedy);
+  }
+  set_shape(out, x->dtype, x->rank, x->dims);
+  return KILN_OK;
+}
+
 static kiln_status infer_dispatch(const infer_ctx *c, kiln_tensor_desc *out) {
   switch (c->op->kind) {
   case KILN_OP_LINEAR: return infer_linear(c, out);
@@ -629,6 +695,7 @@ static kiln_status infer_dispatch(const infer_ctx *c, kiln_tensor_desc *out) {
   case KILN_OP_INDEX_SELECT: return infer_index_select(c, out);
   case KILN_OP_WHERE: return infer_where(c, out);
   case KILN_OP_SDPA: return infer_sdpa(c, out);
+  case KILN_OP_POINTWISE: return infer_fused_pointwise(c, out);
   case KILN_OP_COUNT: break;
   }
   return kiln_fail(c->err, c->status, "%.7s op %u: op kind %u is unknown%.24s", c->stage,

@@ -2,6 +2,7 @@
  * storage bounds, input counts, dtypes and the attributes used as indices. After them,
  * execute can fail only on data. Also sizes the scratch the ops share. */
 #include "core/internal.h"
+#include "core/pointwise_steps.h"
 #include "cpu/cpu_ops.h"
 
 typedef enum out_class {
@@ -78,6 +79,23 @@ static int is_permutation(const kiln_op *op, int32_t rank) {
   return 1;
 }
 
+/* 1 when POINTWISE's steps are sound, x has the output's shape and every extra input
+ * broadcasts (right-aligned) to it. */
+static int pointwise_ok(const kiln_plan *p, const kiln_op *op) {
+  const kiln_tensor_desc *out = &p->tensors[op->output];
+  uint32_t where;
+  if (kiln_pointwise_check(op, &where) != KILN_PW_FINE) return 0;
+  for (uint32_t k = 0; k < op->n_inputs; k++) {
+    const kiln_tensor_desc *t = &p->tensors[op->inputs[k]];
+    if (t->rank > out->rank || (k == 0 && t->rank != out->rank)) return 0;
+    for (int32_t d = 0; d < t->rank; d++) {
+      int64_t want = out->dims[out->rank - t->rank + d];
+      if (t->dims[d] != want && (k == 0 || t->dims[d] != 1)) return 0;
+    }
+  }
+  return 1;
+}
+
 /* 1 when the op's attributes are usable as indices into its tensors' dims. */
 static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
   const kiln_tensor_desc *x = &p->tensors[op->inputs[0]];
@@ -116,6 +134,7 @@ static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
     return (a[1] == 0 || a[1] == 1) && op->n_inputs == 3u + (uint32_t)a[1] && out->rank >= 2 &&
            x->rank >= 2 && p->tensors[op->inputs[1]].rank >= 2 &&
            p->tensors[op->inputs[2]].rank >= 2;
+  case KILN_OP_POINTWISE: return pointwise_ok(p, op);
   default: return 1;
   }
 }
@@ -131,6 +150,7 @@ static int bad_operand(const kiln_plan *p, const kiln_op *op, out_class cls) {
     case KILN_OP_INDEX_SELECT: ok = k == 0 ? dt == out : (dt == KILN_I32 || dt == KILN_I64); break;
     case KILN_OP_WHERE: ok = k != 0 || dt == KILN_BOOL; break;
     case KILN_OP_SDPA: ok = k != 3 || dt == KILN_BOOL || kiln_cpu_is_float(dt); break;
+    case KILN_OP_POINTWISE: ok = dt == out; break;
     default: ok = cls != OUT_SAME || dt == out; break;
     }
     if (!ok) return (int)k;
@@ -167,6 +187,7 @@ static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_c
   case KILN_OP_INDEX_SELECT: *min_in = *max_in = 2, *cls = OUT_SAME; break;
   case KILN_OP_WHERE: *min_in = *max_in = 3, *cls = OUT_ANY; break;
   case KILN_OP_SDPA: *min_in = 3, *max_in = 4; break;
+  case KILN_OP_POINTWISE: *max_in = KILN_MAX_OP_INPUTS; break;
   default: break; /* the float unary ops, softmax, mean */
   }
 }

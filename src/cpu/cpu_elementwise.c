@@ -23,7 +23,7 @@ static int64_t binary_int(kiln_op_kind kind, int64_t a, int64_t b, int64_t alpha
   }
 }
 
-static float binary_float(kiln_op_kind kind, float a, float b, float alpha) {
+float kiln_cpu_binary_f32(kiln_op_kind kind, float a, float b, float alpha) {
   switch (kind) {
   case KILN_OP_ADD: return a + alpha * b;
   case KILN_OP_SUB: return a - alpha * b;
@@ -46,7 +46,7 @@ void kiln_cpu_binary(const kiln_cpu_run *r, const kiln_op *op) {
   if (kiln_cpu_is_float(out->dtype)) {
     for (int64_t i = 0; i < n; i++, kiln_cpu_iter_next(&it)) {
       float x = kiln_cpu_ldf(pa, a->dtype, it.off[0]), y = kiln_cpu_ldf(pb, b->dtype, it.off[1]);
-      kiln_cpu_stf(po, out->dtype, i, binary_float(op->kind, x, y, (float)alpha));
+      kiln_cpu_stf(po, out->dtype, i, kiln_cpu_binary_f32(op->kind, x, y, (float)alpha));
     }
     return;
   }
@@ -57,7 +57,7 @@ void kiln_cpu_binary(const kiln_cpu_run *r, const kiln_op *op) {
   }
 }
 
-static float unary_float(const kiln_op *op, float x) {
+float kiln_cpu_unary_f32(const kiln_op *op, float x) {
   switch (op->kind) {
   case KILN_OP_RELU: return kiln_cpu_activate(KILN_ACT_RELU, x);
   case KILN_OP_GELU:
@@ -81,7 +81,7 @@ void kiln_cpu_unary(const kiln_cpu_run *r, const kiln_op *op) {
   int64_t n = kiln_cpu_numel(out);
   if (kiln_cpu_is_float(out->dtype)) {
     for (int64_t i = 0; i < n; i++)
-      kiln_cpu_stf(po, out->dtype, i, unary_float(op, kiln_cpu_ldf(px, x->dtype, i)));
+      kiln_cpu_stf(po, out->dtype, i, kiln_cpu_unary_f32(op, kiln_cpu_ldf(px, x->dtype, i)));
     return;
   }
   for (int64_t i = 0; i < n; i++) { /* RELU and NEG on integers */

@@ -89,14 +89,15 @@ int64_t kiln_cpu_extent(const kiln_tensor_desc *t, int32_t from, int32_t to);
 void kiln_cpu_bcast_strides(const kiln_tensor_desc *t, int32_t rank, const int64_t *dims,
                             int64_t *strides);
 
-/* Walks every element of an output shape, keeping each operand's broadcast offset. */
+/* Walks every element of an output shape, keeping each operand's broadcast offset (at most
+ * KILN_MAX_OP_INPUTS operands). */
 typedef struct kiln_cpu_iter {
   int32_t rank;
   int32_t n;
   int64_t dims[KILN_MAX_RANK];
   int64_t idx[KILN_MAX_RANK];
-  int64_t strides[3][KILN_MAX_RANK];
-  int64_t off[3];
+  int64_t strides[KILN_MAX_OP_INPUTS][KILN_MAX_RANK];
+  int64_t off[KILN_MAX_OP_INPUTS];
 } kiln_cpu_iter;
 
 void kiln_cpu_iter_init(kiln_cpu_iter *it, const kiln_tensor_desc *out,
@@ -120,6 +121,13 @@ void kiln_cpu_binary(const kiln_cpu_run *r, const kiln_op *op);
 void kiln_cpu_unary(const kiln_cpu_run *r, const kiln_op *op);
 void kiln_cpu_cast(const kiln_cpu_run *r, const kiln_op *op);
 void kiln_cpu_where(const kiln_cpu_run *r, const kiln_op *op);
+/* One element of a float op in f32: ADD..DIV, and the unary ops RELU..POW of op (which
+ * carries GELU's iattr0 and POW's fattr0). */
+float kiln_cpu_binary_f32(kiln_op_kind kind, float a, float b, float alpha);
+float kiln_cpu_unary_f32(const kiln_op *op, float x);
+
+/* cpu_fused_pointwise.c: POINTWISE, every step in f32 and one rounding to the output dtype. */
+void kiln_cpu_fused_pointwise(const kiln_cpu_run *r, const kiln_op *op);
 
 /* cpu_gemm.c */
 void kiln_cpu_linear(const kiln_cpu_run *r, const kiln_op *op);

@@ -255,7 +255,7 @@ static void test_op_refusals(void) {
   fixture f;
   fresh(&f);
   f.ops[1].kind = (kiln_op_kind)KILN_OP_COUNT;
-  expect(&f, KILN_ERR_INVALID_PROGRAM, "plan op 1: kind 35 is unknown; re-export the program");
+  expect(&f, KILN_ERR_INVALID_PROGRAM, "plan op 1: kind 36 is unknown; re-export the program");
   fresh(&f);
   f.ops[1].n_inputs = 9;
   expect(&f, KILN_ERR_INVALID_PROGRAM,

@@ -1,0 +1,318 @@
+"""Kiln against PyTorch eager and torch.compile on one GPU, in one process.
+
+For an MLP (four 4096-wide layers with GELU), a transformer encoder block (d_model 1024,
+16 heads, sequence 128) and a GPT-style block (d_model 2048, causal, sequence 512), at batch
+1 and 32, in fp16 and fp32: the median latency and spread of synchronized calls of PyTorch
+eager, torch.compile(mode="reduce-overhead"), Kiln through ExecuTorch's Module API and Kiln
+through its C API alone; the achieved fraction of memory bandwidth (bytes that must move,
+over time, against a device-to-device copy rate measured in this run). Writes a markdown
+table, the raw numbers as JSON and a plot into the output folder.
+
+usage: python3 bench/bench.py OUT_DIR [--iters N] [--only NAME]
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("KILN_LIBRARY", os.path.join(ROOT, "build-gpu", "libkiln.so"))
+
+import kiln  # noqa: E402
+
+ET_DTYPE = {torch.float32: 6, torch.float16: 5, torch.bfloat16: 15}
+
+
+class MLP(nn.Module):
+    def __init__(self, width=4096, depth=4):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = F.gelu(layer(x))
+        return x
+
+
+class Attention(nn.Module):
+    def __init__(self, width, heads, causal):
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        batch, time_, width = x.shape
+        qkv = self.qkv(x).reshape(batch, time_, 3, self.heads, width // self.heads)
+        qkv = qkv.permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.proj(a.transpose(1, 2).reshape(batch, time_, width))
+
+
+class EncoderBlock(nn.Module):
+    """Post-norm, as nn.TransformerEncoderLayer: d_model 1024, 16 heads, GELU feed-forward."""
+
+    def __init__(self, width=1024, heads=16):
+        super().__init__()
+        self.attn = Attention(width, heads, causal=False)
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.ff1, self.ff2 = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        x = self.norm1(x + self.attn(x))
+        return self.norm2(x + self.ff2(F.gelu(self.ff1(x))))
+
+
+class GPTBlock(nn.Module):
+    """Pre-norm, causal: d_model 2048, 16 heads, GELU feed-forward."""
+
+    def __init__(self, width=2048, heads=16):
+        super().__init__()
+        self.attn = Attention(width, heads, causal=True)
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.ff1, self.ff2 = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.ff2(F.gelu(self.ff1(self.norm2(x))))
+
+
+CASES = {
+    "mlp": (MLP, lambda b: (b, 4096)),
+    "encoder": (EncoderBlock, lambda b: (b, 128, 1024)),
+    "gpt_block": (GPTBlock, lambda b: (b, 512, 2048)),
+}
+
+# Goals (not assertions): Kiln over the faster of eager and compile.
+def goal(batch, dtype):
+    if batch == 1:
+        return 0.5 if dtype == torch.float16 else 0.8
+    return 1.0
+
+
+def spread(times):
+    times = sorted(times)
+    return times[len(times) // 2], times[int(len(times) * 0.1)], times[int(len(times) * 0.9) - 1]
+
+
+def time_torch(fn, x, iters):
+    for _ in range(5):
+        fn(x)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn(x)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return times
+
+
+def copy_rate():
+    """Bytes read plus written per second by a 2 GiB device-to-device copy (median of 20)."""
+    a = torch.empty(1 << 31, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rates = []
+    for i in range(23):
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        if i >= 3:
+            rates.append(2 * a.numel() / (start.elapsed_time(end) * 1e-3))
+    del a, b
+    torch.cuda.empty_cache()
+    return statistics.median(rates)
+
+
+def run_case(lib, name, batch, dtype, iters, workdir):
+    factory, shape = CASES[name]
+    torch.manual_seed(0)
+    model = factory().eval().to(dtype)
+    x_cpu = (torch.rand(shape(batch)) * 2 - 1).to(dtype)
+    row = {"model": name, "batch": batch, "dtype": str(dtype).replace("torch.", "")}
+    row["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    io_bytes = 2 * x_cpu.numel() * x_cpu.element_size()
+    row["bytes"] = row["param_bytes"] + io_bytes
+
+    # Kiln: export on this machine (the large programs cannot travel), then time.
+    path = os.path.join(workdir, f"{name}_b{batch}_{row['dtype']}.pte")
+    t0 = time.perf_counter()
+    program = kiln.export(model, (x_cpu,), path)
+    row["export_s"] = time.perf_counter() - t0
+    blobs = kiln.blobs(program)
+    row["blobs"] = len(blobs)
+    x_host = x_cpu.contiguous()
+    sizes = (ctypes.c_int64 * x_host.dim())(*x_host.shape)
+    ranks = (ctypes.c_int * 1)(x_host.dim())
+    dtypes = (ctypes.c_int * 1)(ET_DTYPE[dtype])
+    data = (ctypes.c_void_p * 1)(x_host.data_ptr())
+    times = (ctypes.c_double * iters)()
+    msg = ctypes.create_string_buffer(256)
+    rc = lib.kb_time_pte(path.encode(), 1, data, sizes, ranks, dtypes, 5, iters, times, msg, 256)
+    if rc != 0:
+        raise RuntimeError(f"{name}: kb_time_pte: {msg.value.decode()}")
+    row["kiln_et"] = list(times)
+    if len(blobs) == 1:
+        rc = lib.kb_time_blob(blobs[0], len(blobs[0]), None, 5, iters, times, msg, 256)
+        if rc != 0:
+            raise RuntimeError(f"{name}: kb_time_blob: {msg.value.decode()}")
+        row["kiln_c"] = list(times)
+        # Device-resident input and output, as eager has them: bound in place, graph replay only.
+        x_dev = x_cpu.cuda()
+        y_dev = torch.empty_like(x_dev)  # every case maps its input shape to the same shape
+        ptrs = (ctypes.c_void_p * 2)(x_dev.data_ptr(), y_dev.data_ptr())
+        rc = lib.kb_time_blob(blobs[0], len(blobs[0]), ptrs, 5, iters, times, msg, 256)
+        if rc != 0:
+            raise RuntimeError(f"{name}: kb_time_blob on device: {msg.value.decode()}")
+        row["kiln_dev"] = list(times)
+        del x_dev, y_dev
+    os.unlink(path)
+
+    # PyTorch on the same GPU.
+    cuda_model = model.cuda()
+    x = x_cpu.cuda()
+    with torch.no_grad():
+        eager_out = cuda_model(x)
+        if len(blobs) == 1:
+            got = kiln.run_blob(blobs[0], [x], device="cuda")[0]
+            peak = eager_out.double().abs().max().item()
+            row["err"] = (got.double() - eager_out.double()).abs().max().item() / peak
+        row["eager"] = time_torch(cuda_model, x, iters)
+        t0 = time.perf_counter()
+        compiled = torch.compile(cuda_model, mode="reduce-overhead")
+        for _ in range(3):
+            compiled(x)
+        row["compile_s"] = time.perf_counter() - t0
+        row["compile"] = time_torch(compiled, x, iters)
+    del cuda_model, compiled, x
+    torch.cuda.empty_cache()
+    torch._dynamo.reset()
+    return row
+
+
+def table(rows, rate, device, date):
+    lines = [
+        f"# Kiln benchmark, {date}, {device}",
+        "",
+        f"Median latency of synchronized calls in microseconds (p10-p90 in brackets); device-to-device copy rate measured in the same run: {rate / 1e12:.2f} TB/s (read + write).",
+        "Kiln ET: through ExecuTorch's Module API on host tensors (as ExecuTorch passes them: input and output cross PCIe every call). Kiln C: kiln_engine_execute alone on the same host buffers. Kiln dev: kiln_engine_execute on CUDA tensors (bound in place, graph replay; the same footing as eager and compile, whose tensors live on the GPU). ET overhead: Kiln ET minus Kiln C. ratio ET / ratio dev: Kiln ET / Kiln dev over the faster of eager and compile; goal: the target ratio. BW: bytes that must move (weights + input + output) over Kiln dev's time, as a fraction of the copy rate.",
+        "",
+        "| model | batch | dtype | eager | compile | Kiln ET | Kiln C | Kiln dev | ET overhead | ratio ET | ratio dev | goal | BW | err vs eager | blobs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        def cell(key):
+            if key not in r:
+                return "-"
+            m, lo, hi = spread(r[key])
+            return f"{m:.0f} [{lo:.0f}-{hi:.0f}]"
+        et = spread(r["kiln_et"])[0]
+        best = min(spread(r["eager"])[0], spread(r["compile"])[0])
+        c = spread(r["kiln_c"])[0] if "kiln_c" in r else float("nan")
+        dev = spread(r["kiln_dev"])[0] if "kiln_dev" in r else float("nan")
+        bw = r["bytes"] / (dev * 1e-6) / rate
+        err = f"{r['err']:.1e}" if "err" in r else "-"
+        ratio, ratio_dev = et / best, dev / best
+        mark = f"ET {'met' if ratio <= r['goal'] else 'missed'}, dev {'met' if ratio_dev <= r['goal'] else 'missed'}"
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['dtype']} | {cell('eager')} | {cell('compile')} | {cell('kiln_et')} "
+            f"| {cell('kiln_c')} | {cell('kiln_dev')} | {et - c:.1f} | {ratio:.2f} | {ratio_dev:.2f} | {r['goal']} ({mark}) "
+            f"| {bw:.2f} | {err} | {r['blobs']} |"
+        )
+    mlp = [r for r in rows if r["model"] == "mlp" and r["batch"] == 1 and r["dtype"] == "float16"]
+    if mlp:
+        floor = mlp[0]["param_bytes"] / rate * 1e6  # the weights read once, at the copy rate
+        dev = spread(mlp[0]["kiln_dev"])[0] if "kiln_dev" in mlp[0] else float("nan")
+        lines += ["", f"fp16 MLP batch 1: weight-read floor {floor:.1f} us (weight bytes over the copy rate); Kiln ET {spread(mlp[0]['kiln_et'])[0] / floor:.2f}x of it, Kiln dev {dev / floor:.2f}x."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['model']}\nb{r['batch']} {r['dtype'].replace('float', 'f')}" for r in rows]
+    series = [("eager", "eager"), ("compile", "torch.compile"), ("kiln_et", "Kiln (ExecuTorch, host I/O)"),
+              ("kiln_c", "Kiln (C API, host I/O)"), ("kiln_dev", "Kiln (C API, device I/O)")]
+    width = 0.16
+    fig, ax = plt.subplots(figsize=(max(10, len(rows) * 1.2), 5))
+    for k, (key, name) in enumerate(series):
+        values = [spread(r[key])[0] if key in r else 0 for r in rows]
+        ax.bar([i + (k - 2) * width for i in range(len(rows))], values, width, label=name)
+    ax.set_yscale("log")
+    ax.set_ylabel("median latency per call (us, log)")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.legend()
+    ax.set_title("Kiln vs PyTorch on one GPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--only", default=None)
+    parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
+    parser.add_argument("--budget-s", type=float, default=1e9, help="start no case after this many seconds")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    lib = ctypes.CDLL(os.environ.get("KILN_BENCH_LIBRARY", os.path.join(ROOT, "build-bench", "libkiln_bench.so")))
+    lib.kb_time_pte.restype = ctypes.c_int
+    lib.kb_time_blob.restype = ctypes.c_int
+    lib.kb_time_blob.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                 ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_int]
+    device = torch.cuda.get_device_name(0)
+    rate = copy_rate()
+    print(f"copy rate {rate / 1e12:.2f} TB/s on {device}", flush=True)
+    workdir = os.environ.get("TMPDIR", "/tmp")
+    rows = []
+    stem = os.path.join(args.out, f"bench_{args.date}_h200")
+    started = time.perf_counter()
+    # Batch 1 first, fp16 before fp32: a run cut short by its budget loses the least.
+    for batch, dtype in ((1, torch.float16), (1, torch.float32), (32, torch.float16), (32, torch.float32)):
+        for name in CASES:
+            if args.only and name != args.only:
+                continue
+            if time.perf_counter() - started > args.budget_s:
+                print(f"{name} b{batch} {dtype}: not run, over the time budget", flush=True)
+                continue
+            t0 = time.perf_counter()
+            try:
+                row = run_case(lib, name, batch, dtype, args.iters, workdir)
+            except Exception as error:  # one failing case must not lose the others
+                print(f"{name} b{batch} {dtype}: FAILED: {error}", flush=True)
+                continue
+            row["goal"] = goal(batch, dtype)
+            rows.append(row)
+            print(f"{name} b{batch} {row['dtype']}: eager {spread(row['eager'])[0]:.0f} compile "
+                  f"{spread(row['compile'])[0]:.0f} kiln {spread(row['kiln_et'])[0]:.0f} us "
+                  f"(export {row['export_s']:.0f} s, compile {row['compile_s']:.0f} s, "
+                  f"case {time.perf_counter() - t0:.0f} s)", flush=True)
+            # Written after every case, so a run cut short still leaves its table.
+            with open(stem + ".md", "w") as f:
+                f.write(table(rows, rate, device, args.date))
+            with open(stem + ".json", "w") as f:
+                json.dump({"device": device, "date": args.date, "copy_rate": rate, "rows": rows}, f)
+    if rows:
+        plot(rows, stem + ".png")
+    print(table(rows, rate, device, args.date))
+
+
+if __name__ == "__main__":
+    main()

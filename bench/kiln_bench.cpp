@@ -1,0 +1,117 @@
+// Timing entry points for bench/bench.py, which loads this library with ctypes: a .pte run
+// through ExecuTorch's Module API (the way an application runs Kiln), and a blob run through
+// Kiln's C API alone, so the difference is what ExecuTorch adds per call.
+#include "kiln/kiln.h"
+
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+using executorch::extension::module::Module;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+
+namespace {
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+// Loads path's forward method, then times warmup + iters synchronous forward() calls on the
+// given host inputs (ExecuTorch ScalarType codes); times_us receives the last iters.
+extern "C" __attribute__((visibility("default"))) int kb_time_pte(
+    const char *path, int n_inputs, void *const *data, const int64_t *sizes, const int *ranks,
+    const int *dtypes, int warmup, int iters, double *times_us, char *msg, int msg_len) {
+  Module module(path, Module::LoadMode::Mmap);
+  const Error loaded = module.load_forward();
+  if (loaded != Error::Ok) {
+    std::snprintf(msg, msg_len, "load_forward failed: error %d", static_cast<int>(loaded));
+    return 1;
+  }
+  std::vector<executorch::extension::TensorPtr> tensors;
+  std::vector<EValue> args;
+  const int64_t *dims = sizes;
+  for (int i = 0; i < n_inputs; i++) {
+    std::vector<executorch::aten::SizesType> shape(dims, dims + ranks[i]);
+    dims += ranks[i];
+    tensors.push_back(executorch::extension::from_blob(
+        data[i], shape, static_cast<executorch::aten::ScalarType>(dtypes[i])));
+    args.emplace_back(*tensors.back());
+  }
+  for (int it = 0; it < warmup + iters; it++) {
+    const double t0 = now_us();
+    auto result = module.forward(args);
+    const double t1 = now_us();
+    if (!result.ok()) {
+      std::snprintf(msg, msg_len, "forward failed: error %d", static_cast<int>(result.error()));
+      return 2;
+    }
+    if (it >= warmup) times_us[it - warmup] = t1 - t0;
+  }
+  return 0;
+}
+
+// Loads a blob on CUDA and times warmup + iters executes: on the caller's buffers when ptrs
+// holds one per binding (in binding order; device memory is bound in place), else on host
+// buffers shaped by its bindings and filled with small pseudo-random values.
+extern "C" __attribute__((visibility("default"))) int kb_time_blob(
+    const void *blob, size_t size, void *const *ptrs, int warmup, int iters, double *times_us,
+    char *msg, int msg_len) {
+  kiln_error err;
+  kiln_engine_options opts;
+  kiln_engine_options_default(&opts);
+  opts.device = KILN_DEVICE_CUDA;
+  kiln_engine *engine = nullptr;
+  if (kiln_engine_load(blob, size, &opts, &engine, &err) != KILN_OK) {
+    std::snprintf(msg, msg_len, "%s", err.message);
+    return 1;
+  }
+  const kiln_metadata *md = kiln_engine_metadata(engine);
+  std::vector<std::vector<uint8_t>> buffers(md->n_bindings);
+  std::vector<kiln_tensor_view> in, out;
+  uint32_t seed = 1;
+  for (uint32_t b = 0; b < md->n_bindings; b++) {
+    const kiln_binding &bd = md->bindings[b];
+    kiln_tensor_view v;
+    std::memset(&v, 0, sizeof v);
+    size_t n = 1;
+    for (int d = bd.rank - 1; d >= 0; d--) {
+      v.sizes[d] = bd.shape[d];
+      v.strides[d] = static_cast<int64_t>(n);
+      n *= static_cast<size_t>(bd.shape[d]);
+    }
+    buffers[b].resize(n * kiln_dtype_size(bd.dtype) + 1);
+    for (auto &byte : buffers[b]) {
+      seed = seed * 1664525u + 1013904223u;
+      byte = static_cast<uint8_t>((seed >> 24) & 0x3f);  // small finite values in any float type
+    }
+    v.data = ptrs ? ptrs[b] : buffers[b].data();
+    v.nbytes = n * kiln_dtype_size(bd.dtype);
+    v.dtype = bd.dtype;
+    v.rank = bd.rank;
+    (bd.kind == KILN_IO_INPUT ? in : out).push_back(v);
+  }
+  for (int it = 0; it < warmup + iters; it++) {
+    const double t0 = now_us();
+    const kiln_status st = kiln_engine_execute(engine, in.data(), static_cast<uint32_t>(in.size()),
+                                               out.data(), static_cast<uint32_t>(out.size()), &err);
+    const double t1 = now_us();
+    if (st != KILN_OK) {
+      std::snprintf(msg, msg_len, "%s", err.message);
+      kiln_engine_destroy(engine);
+      return 2;
+    }
+    if (it >= warmup) times_us[it - warmup] = t1 - t0;
+  }
+  kiln_engine_destroy(engine);
+  return 0;
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# GPU tests, run on a machine with an NVIDIA GPU (CI has none): the CUDA engine against the
+# CPU reference engine op by op, the device-fault check in a process of its own, the model
+# zoo against PyTorch eager on the GPU, and the two-GPU checks when two devices are present.
+# Usage: scripts/gpu_test.sh [build-dir]   (the build must have the CUDA engine)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build-gpu}
+
+# The CUDA runtime and cuBLASLt: the toolkit's copies, else those of the nvidia pip packages.
+for dir in /usr/local/cuda/lib64 /usr/local/cuda/lib \
+    $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas", "cuda_runtime")))' 2>/dev/null); do
+  if [ -d "$dir" ]; then LD_LIBRARY_PATH="$dir:${LD_LIBRARY_PATH:-}"; fi
+done
+export LD_LIBRARY_PATH
+export KILN_LIBRARY="$PWD/$BUILD/libkiln.so"
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+status=0
+summary=()
+step() {
+  local name=$1
+  shift
+  echo "== $name: $*"
+  if "$@"; then summary+=("PASS $name"); else summary+=("FAIL $name"); status=1; fi
+}
+
+nvidia-smi -L
+step "cuda ops" timeout 300 "$BUILD/tests/gpu/test_cuda_ops"
+step "device fault" timeout 60 "$BUILD/tests/gpu/test_cuda_ops" --fault
+gpus=$(nvidia-smi -L | grep -c '^GPU')
+if [ "$gpus" -ge 2 ]; then
+  step "two gpus" timeout 120 "$BUILD/tests/gpu/test_two_gpus"
+else
+  summary+=("NOT RUN two gpus: $gpus GPU visible")
+fi
+if [ "${KILN_GPU_MODELS:-1}" = 1 ]; then
+  step "models" timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu
+fi
+
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+exit $status

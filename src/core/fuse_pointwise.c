@@ -1,0 +1,111 @@
+/* Pointwise-chain fusion: a run of single-use pointwise ops becomes one POINTWISE op. */
+#include "core/fuse_pointwise.h"
+
+#include "core/alloc.h"
+#include "core/pointwise_steps.h"
+#include "core/shape.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The POINTWISE op a chain grows into. */
+typedef struct chain {
+  kiln_op op;
+  int has_pow;
+} chain;
+
+static int same_shape(const kiln_tensor_desc *a, const kiln_tensor_desc *b) {
+  if (a->rank != b->rank) return 0;
+  for (int32_t d = 0; d < a->rank; d++)
+    if (a->dims[d] != b->dims[d]) return 0;
+  return 1;
+}
+
+/* Appends op, which reads the chain's current value, as the chain's next step; 0 (chain
+ * unchanged) when it cannot be one. */
+static int add_step(const kiln_graph *g, const kiln_op *op, uint32_t value, chain *c) {
+  const kiln_tensor_desc *v = &g->tensors[value].desc, *out = &g->tensors[op->output].desc;
+  kiln_op_kind kind = op->kind;
+  uint32_t slot = 1, other;
+  int reversed;
+  if (!kiln_pw_step_kind_ok(kind) || !kiln_dtype_is_float(v->dtype) || out->dtype != v->dtype ||
+      !same_shape(out, v) || c->op.n_iattr >= KILN_PW_MAX_STEPS)
+    return 0;
+  if (!kiln_pw_is_binary(kind)) {
+    if (kind == KILN_OP_POW && c->has_pow) return 0;
+    if (kind == KILN_OP_POW) c->has_pow = 1, c->op.fattr[0] = op->fattr[0];
+    c->op.iattr[c->op.n_iattr++] =
+        KILN_PW_STEP(kind, 0, kind == KILN_OP_GELU && op->iattr[0] ? KILN_PW_GELU_TANH : 0);
+    return 1;
+  }
+  if ((kind == KILN_OP_ADD || kind == KILN_OP_SUB) && op->fattr[0] != 1.0) return 0;
+  reversed = op->inputs[0] != value;
+  other = op->inputs[reversed ? 0 : 1];
+  while (slot < c->op.n_inputs && c->op.inputs[slot] != other) slot++;
+  if (slot == KILN_MAX_OP_INPUTS) return 0;
+  if (slot == c->op.n_inputs) c->op.inputs[c->op.n_inputs++] = other;
+  /* a + b and a * b are exact in either order, so only SUB and DIV record the order. */
+  reversed = reversed && (kind == KILN_OP_SUB || kind == KILN_OP_DIV);
+  c->op.iattr[c->op.n_iattr++] = KILN_PW_STEP(kind, slot, reversed ? KILN_PW_REVERSED : 0);
+  return 1;
+}
+
+/* The chain's main input when op starts one: its operand of the output's shape, or -1. */
+static int64_t chain_input(const kiln_graph *g, const kiln_op *op) {
+  const kiln_tensor_desc *out = &g->tensors[op->output].desc;
+  if (!kiln_pw_step_kind_ok(op->kind)) return -1;
+  for (uint32_t k = 0; k < (kiln_pw_is_binary(op->kind) ? 2u : 1u); k++)
+    if (same_shape(&g->tensors[op->inputs[k]].desc, out)) return op->inputs[k];
+  return -1;
+}
+
+/* Grows a chain from op `first`; when it reaches two steps, its last op becomes the POINTWISE
+ * op and the others die. uses counts output bindings too, so a value read once by a live op
+ * is read by nothing else. */
+static void fuse_from(kiln_graph *g, uint32_t first, const uint32_t *uses,
+                      const int32_t *reader) {
+  uint32_t members[KILN_PW_MAX_STEPS], n_members = 1, value;
+  int64_t x = chain_input(g, &g->ops[first]);
+  chain c;
+  if (x < 0) return;
+  memset(&c, 0, sizeof c);
+  c.op.kind = KILN_OP_POINTWISE;
+  c.op.n_inputs = 1;
+  c.op.inputs[0] = (uint32_t)x;
+  if (!add_step(g, &g->ops[first], (uint32_t)x, &c)) return;
+  members[0] = first;
+  value = g->ops[first].output;
+  while (uses[value] == 1 && reader[value] >= 0 && !g->dead[reader[value]] &&
+         add_step(g, &g->ops[reader[value]], value, &c)) {
+    members[n_members++] = (uint32_t)reader[value];
+    value = g->ops[reader[value]].output;
+  }
+  if (n_members < 2) return;
+  for (uint32_t i = 0; i + 1 < n_members; i++) g->dead[members[i]] = 1;
+  c.op.output = value;
+  g->ops[members[n_members - 1]] = c.op;
+}
+
+kiln_status kiln_fuse_pointwise(kiln_graph *g, kiln_error *err) {
+  size_t n = g->n_tensors ? g->n_tensors : 1;
+  uint32_t *uses = kiln_malloc(sizeof *uses * n);
+  int32_t *reader = kiln_malloc(sizeof *reader * n);
+  if (!uses || !reader) {
+    free(uses);
+    free(reader);
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "builder: out of memory for %u tensors while fusing pointwise chains; free "
+                     "memory and retry",
+                     (unsigned)g->n_tensors);
+  }
+  kiln_graph_count_uses(g, uses);
+  for (uint32_t t = 0; t < g->n_tensors; t++) reader[t] = -1;
+  for (uint32_t i = 0; i < g->n_ops; i++)
+    for (uint32_t k = 0; !g->dead[i] && k < g->ops[i].n_inputs; k++)
+      reader[g->ops[i].inputs[k]] = (int32_t)i;
+  for (uint32_t i = 0; i < g->n_ops; i++)
+    if (!g->dead[i]) fuse_from(g, i, uses, reader);
+  free(uses);
+  free(reader);
+  return KILN_OK;
+}

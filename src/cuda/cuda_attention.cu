@@ -1,0 +1,295 @@
+/* Fused scaled-dot-product attention, flash style: each warp owns query rows, K and V come
+ * through shared memory 32 keys at a time, and an online softmax keeps a running max and
+ * sum per row, so the [L, S] score matrix never reaches device memory. It runs the shapes the
+ * tensor-core path (cuda_attention_gemm.c) does not take; that path's softmax step is the
+ * row kernel at the end of this file. */
+#include "cuda_device.cuh"
+
+#include <string.h>
+
+#define KCU_ATTN_WARPS 4
+#define KCU_ATTN_ROWS 2 /* query rows per warp */
+#define KCU_ATTN_TILE 32
+#define KCU_ATTN_MAXC (KCU_ATTN_MAX_HEAD / 32)
+#define KCU_ATTN_BATCH 6
+
+typedef struct kcu_attn_args {
+  int32_t nb;
+  int64_t bdims[KCU_ATTN_BATCH];
+  int64_t qb[KCU_ATTN_BATCH], kb[KCU_ATTN_BATCH], vb[KCU_ATTN_BATCH], mb[KCU_ATTN_BATCH],
+      ob[KCU_ATTN_BATCH];
+  int64_t L, S, E, Ev, n_tiles;
+  int64_t m_row, m_col;
+  int mask_kind; /* 0 none, 1 bool (true keeps), 2 additive */
+  int causal;
+  float scale;
+  int dq, dk, dv, dm, dout;
+  int vec; /* k and v are one 16-bit dtype, head dims multiples of 8, rows 16-byte aligned */
+} kcu_attn_args;
+
+static size_t kcu_attn_smem(int64_t E, int64_t Ev) {
+  return sizeof(float) * (size_t)(KCU_ATTN_TILE * (E + 1) + KCU_ATTN_TILE * Ev +
+                                  KCU_ATTN_WARPS * KCU_ATTN_ROWS * E);
+}
+
+__global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
+    kcu_attention_kernel(kcu_attn_args a, const void *q, const void *k, const void *v,
+                         const void *mask, void *out) {
+  extern __shared__ float smem[];
+  float *ks = smem;                                /* [TILE][E + 1] */
+  float *vs = ks + KCU_ATTN_TILE * (a.E + 1);      /* [TILE][Ev] */
+  float *qs = vs + KCU_ATTN_TILE * a.Ev;           /* [WARPS * ROWS][E] */
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int64_t batch = blockIdx.x / a.n_tiles, tile = blockIdx.x % a.n_tiles;
+  int64_t qo = 0, ko = 0, vo = 0, mo = 0, oo = 0, rem = batch;
+  for (int d = a.nb - 1; d >= 0; d--) {
+    int64_t c = rem % a.bdims[d];
+    rem /= a.bdims[d];
+    qo += c * a.qb[d]; ko += c * a.kb[d]; vo += c * a.vb[d]; mo += c * a.mb[d]; oo += c * a.ob[d];
+  }
+  int64_t row0 = tile * (KCU_ATTN_WARPS * KCU_ATTN_ROWS);
+  /* Index math in 32 bits inside a tile: rows by warp, columns by lane, no division. */
+  int E = (int)a.E, Ev = (int)a.Ev;
+  for (int r = warp; r < KCU_ATTN_WARPS * KCU_ATTN_ROWS; r += KCU_ATTN_WARPS) {
+    int64_t row = row0 + r;
+    for (int e = lane; e < E; e += 32)
+      qs[r * E + e] = row < a.L ? kcu_ld(q, a.dq, qo + row * a.E + e) : 0.0f;
+  }
+  float m[KCU_ATTN_ROWS], l[KCU_ATTN_ROWS], acc[KCU_ATTN_ROWS][KCU_ATTN_MAXC];
+#pragma unroll
+  for (int r = 0; r < KCU_ATTN_ROWS; r++) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < KCU_ATTN_MAXC; c++) acc[r][c] = 0.0f;
+  }
+  int64_t last_row = row0 + KCU_ATTN_WARPS * KCU_ATTN_ROWS - 1;
+  int64_t key_end = a.causal && last_row + 1 < a.S ? last_row + 1 : a.S;
+  for (int64_t t0 = 0; t0 < key_end; t0 += KCU_ATTN_TILE) {
+    __syncthreads();
+    if (a.vec) {
+      /* 16 bytes (8 halves) per lane: a warp reads whole K and V rows in one or two loads,
+       * all issued before any is used, instead of one 2-byte load per element. */
+      int kc = E / 8, chunks = kc + Ev / 8;
+      for (int j = warp; j < KCU_ATTN_TILE; j += KCU_ATTN_WARPS) {
+        int valid = t0 + j < a.S;
+        for (int c = lane; c < chunks; c += 32) {
+          int is_k = c < kc;
+          const unsigned short *base = (const unsigned short *)(is_k ? k : v) +
+                                       (is_k ? ko + (t0 + j) * a.E + c * 8 : vo + (t0 + j) * a.Ev + (c - kc) * 8);
+          uint4 raw = valid ? *(const uint4 *)base : make_uint4(0, 0, 0, 0);
+          const unsigned short *h = (const unsigned short *)&raw;
+          float *dst = is_k ? ks + j * (E + 1) + c * 8 : vs + j * Ev + (c - kc) * 8;
+#pragma unroll
+          for (int t = 0; t < 8; t++) dst[t] = kcu_ld(h, a.dk, t);
+        }
+      }
+    } else {
+      for (int j = warp; j < KCU_ATTN_TILE; j += KCU_ATTN_WARPS) {
+        int valid = t0 + j < a.S;
+        const int64_t krow = ko + (t0 + j) * a.E, vrow = vo + (t0 + j) * a.Ev;
+        for (int e = lane; e < E; e += 32) ks[j * (E + 1) + e] = valid ? kcu_ld(k, a.dk, krow + e) : 0.0f;
+        for (int e = lane; e < Ev; e += 32) vs[j * Ev + e] = valid ? kcu_ld(v, a.dv, vrow + e) : 0.0f;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < KCU_ATTN_ROWS; r++) {
+      int64_t i = row0 + warp * KCU_ATTN_ROWS + r;
+      if (i >= a.L) continue;
+      int64_t key = t0 + lane;
+      const float *qrow = qs + (warp * KCU_ATTN_ROWS + r) * E;
+      const float *krow = ks + lane * (E + 1);
+      float sc = -INFINITY;
+      if (key < a.S && !(a.causal && key > i)) {
+        float dot = 0.0f;
+#pragma unroll 8
+        for (int e = 0; e < E; e++) dot += qrow[e] * krow[e];
+        sc = dot * a.scale;
+        if (a.mask_kind) {
+          int64_t mi = mo + i * a.m_row + key * a.m_col;
+          if (a.mask_kind == 1) sc = ((const unsigned char *)mask)[mi] ? sc : -INFINITY;
+          else sc += kcu_ld(mask, a.dm, mi);
+        }
+      }
+      float m_new = fmaxf(m[r], kcu_warp_max(sc));
+      if (m_new == -INFINITY) continue;
+      float p = __expf(sc - m_new);
+      float corr = __expf(m[r] - m_new);
+      l[r] = l[r] * corr + kcu_warp_sum(p);
+      m[r] = m_new;
+#pragma unroll
+      for (int c = 0; c < KCU_ATTN_MAXC; c++) acc[r][c] *= corr;
+      for (int j = 0; j < KCU_ATTN_TILE; j++) {
+        float pj = __shfl_sync(0xffffffffu, p, j);
+        const float *vrow = vs + j * Ev;
+#pragma unroll
+        for (int c = 0; c < KCU_ATTN_MAXC; c++) {
+          int d = lane + 32 * c;
+          if (d < Ev) acc[r][c] += pj * vrow[d];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < KCU_ATTN_ROWS; r++) {
+    int64_t i = row0 + warp * KCU_ATTN_ROWS + r;
+    if (i >= a.L) continue;
+    float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f; /* a fully masked row gives zeros */
+#pragma unroll
+    for (int c = 0; c < KCU_ATTN_MAXC; c++) {
+      int64_t d = lane + 32 * c;
+      if (d < a.Ev) kcu_st(out, a.dout, oo + i * a.Ev + d, acc[r][c] * inv);
+    }
+  }
+}
+
+/* Batch strides of t (its last two dims excluded) broadcast to out's batch dims. */
+static void kcu_attn_batch_strides(const kcu_tensor *t, const kcu_tensor *out, int64_t *st) {
+  kcu_tensor lead = *t;
+  lead.rank = t->rank >= 2 ? t->rank - 2 : 0;
+  int64_t inner = t->rank >= 2 ? t->dims[t->rank - 2] * t->dims[t->rank - 1] : 1;
+  kcu_broadcast_strides(&lead, out->rank - 2, out->dims, st);
+  for (int d = 0; d < out->rank - 2; d++) st[d] *= inner;
+}
+
+cudaError_t kcu_attention_prepare(int max_head) {
+  return cudaFuncSetAttribute(kcu_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)kcu_attn_smem(max_head, max_head));
+}
+
+cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
+                          const kcu_tensor *v, const kcu_tensor *mask, const kcu_tensor *out,
+                          int causal, float scale) {
+  if (out->numel == 0) return cudaSuccess;
+  kcu_attn_args a;
+  memset(&a, 0, sizeof a);
+  a.nb = out->rank - 2;
+  a.L = q->dims[q->rank - 2];
+  a.E = q->dims[q->rank - 1];
+  a.S = k->dims[k->rank - 2];
+  a.Ev = v->dims[v->rank - 1];
+  int64_t batch = 1;
+  for (int d = 0; d < a.nb; d++) {
+    a.bdims[d] = out->dims[d];
+    batch *= out->dims[d];
+  }
+  kcu_attn_batch_strides(q, out, a.qb);
+  kcu_attn_batch_strides(k, out, a.kb);
+  kcu_attn_batch_strides(v, out, a.vb);
+  kcu_attn_batch_strides(out, out, a.ob);
+  if (mask) {
+    int64_t full[KILN_MAX_RANK], st[KILN_MAX_RANK];
+    for (int d = 0; d < out->rank; d++) full[d] = out->dims[d];
+    full[out->rank - 1] = a.S;
+    kcu_broadcast_strides(mask, out->rank, full, st);
+    for (int d = 0; d < a.nb; d++) a.mb[d] = st[d];
+    a.m_row = st[out->rank - 2];
+    a.m_col = st[out->rank - 1];
+    a.mask_kind = mask->dtype == KILN_BOOL ? 1 : 2;
+    a.dm = mask->dtype;
+  }
+  a.causal = causal;
+  a.scale = scale;
+  a.dq = q->dtype; a.dk = k->dtype; a.dv = v->dtype; a.dout = out->dtype;
+  int bits16 = (k->dtype == KILN_F16 || k->dtype == KILN_BF16) && v->dtype == k->dtype;
+  a.vec = bits16 && a.E % 8 == 0 && a.Ev % 8 == 0 && ((uintptr_t)k->data % 16) == 0 &&
+          ((uintptr_t)v->data % 16) == 0;
+  for (int d = 0; a.vec && d < a.nb; d++) a.vec = a.kb[d] % 8 == 0 && a.vb[d] % 8 == 0;
+  int64_t rows = KCU_ATTN_WARPS * KCU_ATTN_ROWS;
+  a.n_tiles = (a.L + rows - 1) / rows;
+  kcu_attention_kernel<<<(unsigned)(batch * a.n_tiles), KCU_ATTN_WARPS * 32,
+                         kcu_attn_smem(a.E, a.Ev), s>>>(a, q->data, k->data, v->data,
+                                                        mask ? mask->data : NULL, out->data);
+  return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- softmax over score rows */
+
+#define KCU_ATTN_ROW_THREADS 128
+
+typedef struct kcu_attn_rows_args {
+  int32_t nb;
+  int64_t bdims[KCU_ATTN_BATCH], mb[KCU_ATTN_BATCH];
+  int64_t L, S, m_row, m_col;
+  int mask_kind; /* 0 none, 1 bool (true keeps), 2 additive */
+  int dm, dp, causal;
+  float scale;
+} kcu_attn_rows_args;
+
+static __device__ __forceinline__ float kcu_attn_logit(const kcu_attn_rows_args *a,
+                                                       const float *row, const void *mask,
+                                                       int64_t mo, int64_t i, int64_t j) {
+  if (a->causal && j > i) return -INFINITY;
+  float sc = row[j] * a->scale;
+  if (a->mask_kind == 1)
+    return ((const unsigned char *)mask)[mo + i * a->m_row + j * a->m_col] ? sc : -INFINITY;
+  if (a->mask_kind == 2) sc += kcu_ld(mask, a->dm, mo + i * a->m_row + j * a->m_col);
+  return sc;
+}
+
+/* One block per score row. The row is read three times (max, sum, write), from L2 after the
+ * first. A 16-bit P is written over the start of its own f32 row, chunk by chunk after the
+ * chunk was read: a chunk's P bytes end before the next chunk's scores begin. */
+__global__ void __launch_bounds__(KCU_ATTN_ROW_THREADS)
+    kcu_attention_softmax_kernel(kcu_attn_rows_args a, float *scores, const void *mask) {
+  __shared__ float red[KCU_ATTN_ROW_THREADS / 32];
+  int64_t r = blockIdx.x;
+  int64_t b = r / a.L, i = r % a.L, mo = 0, rem = b;
+  for (int d = a.nb - 1; d >= 0; d--) {
+    int64_t c = rem % a.bdims[d];
+    rem /= a.bdims[d];
+    mo += c * a.mb[d];
+  }
+  float *row = scores + r * a.S;
+  float most = -INFINITY;
+  for (int64_t j = threadIdx.x; j < a.S; j += blockDim.x)
+    most = fmaxf(most, kcu_attn_logit(&a, row, mask, mo, i, j));
+  most = kcu_block_reduce(most, 1, red);
+  float sum = 0.0f;
+  if (most != -INFINITY)
+    for (int64_t j = threadIdx.x; j < a.S; j += blockDim.x)
+      sum += expf(kcu_attn_logit(&a, row, mask, mo, i, j) - most);
+  sum = kcu_block_reduce(sum, 0, red);
+  float inv = most != -INFINITY ? 1.0f / sum : 0.0f; /* every key masked: zeros */
+  for (int64_t j0 = 0; j0 < a.S; j0 += blockDim.x) {
+    int64_t j = j0 + threadIdx.x;
+    float p = 0.0f;
+    if (j < a.S && most != -INFINITY) p = expf(kcu_attn_logit(&a, row, mask, mo, i, j) - most) * inv;
+    __syncthreads();
+    if (j < a.S) kcu_st(row, a.dp, j, p);
+  }
+}
+
+cudaError_t kcu_attention_softmax(cudaStream_t s, float *scores, kiln_dtype p_dtype,
+                                  const kcu_tensor *mask, const kcu_tensor *out, int64_t S,
+                                  int causal, float scale) {
+  if (out->numel == 0) return cudaSuccess;
+  kcu_attn_rows_args a;
+  memset(&a, 0, sizeof a);
+  a.nb = out->rank - 2;
+  a.L = out->dims[out->rank - 2];
+  a.S = S;
+  int64_t rows = a.L;
+  for (int d = 0; d < a.nb; d++) {
+    a.bdims[d] = out->dims[d];
+    rows *= out->dims[d];
+  }
+  if (mask) {
+    int64_t full[KILN_MAX_RANK], st[KILN_MAX_RANK];
+    for (int d = 0; d < out->rank; d++) full[d] = out->dims[d];
+    full[out->rank - 1] = S;
+    kcu_broadcast_strides(mask, out->rank, full, st);
+    for (int d = 0; d < a.nb; d++) a.mb[d] = st[d];
+    a.m_row = st[out->rank - 2];
+    a.m_col = st[out->rank - 1];
+    a.mask_kind = mask->dtype == KILN_BOOL ? 1 : 2;
+    a.dm = mask->dtype;
+  }
+  a.dp = p_dtype;
+  a.causal = causal;
+  a.scale = scale;
+  kcu_attention_softmax_kernel<<<(unsigned)rows, KCU_ATTN_ROW_THREADS, 0, s>>>(
+      a, scores, mask ? mask->data : NULL);
+  return cudaGetLastError();
+}

@@ -1,0 +1,689 @@
+/* The CUDA engine: init uploads weights, allocates the arena, staging buffers and cuBLASLt
+ * workspace, picks matmul algorithms and captures the plan as CUDA graphs; execute places
+ * each caller buffer, replays a graph and synchronizes, allocating nothing.
+ *
+ * Graphs: graph_host is captured once with engine-owned device buffers for every input and
+ * output, with the copies from and to pinned host staging inside it, so the usual call (host
+ * tensors, as ExecuTorch passes them) replays it with no update at all. graph_dev holds the
+ * same ops without host copies; when a caller passes device buffers, which are bound in
+ * place, their addresses differ from the ones captured, so the op sequence is re-captured
+ * and applied to graph_dev with cudaGraphExecUpdate (the driver keeps the recording; no
+ * engine buffer is allocated), and reused for as long as the addresses repeat. */
+#include "cuda_backend.h"
+
+#include "core/engine_internal.h"
+#include "cuda_attention_gemm.h"
+#include "cuda_check.h"
+#include "cuda_gemm.h"
+#include "cuda_ops.h"
+
+#include <cublasLt.h>
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KCU_WORKSPACE_BYTES ((size_t)32 << 20)
+#define KCU_BIND_ALIGN 256u
+#define KCU_MIN_CC 80
+
+typedef enum kcu_mode { KCU_HOST, KCU_BOUND, KCU_DEVSTAGE } kcu_mode;
+
+typedef struct kcu_io {
+  uint32_t tensor;
+  size_t nbytes;
+  void *dev;  /* device staging */
+  void *host; /* pinned host staging */
+  const char *name;
+} kcu_io;
+
+typedef CUresult (*kcu_ptr_attr_fn)(void *data, CUpointer_attribute attr, CUdeviceptr ptr);
+
+typedef struct kcu_state {
+  int device;
+  cudaStream_t stream;
+  cublasLtHandle_t lt;
+  void *weights, *arena, *workspace;
+  size_t workspace_size;
+  int *fault_dev, *fault_host;
+  uint32_t n_in, n_out;
+  kcu_io *in, *out;
+  kcu_gemm *gemm; /* one per op; used by LINEAR and MATMUL */
+  kcu_attn_gemm *attn; /* one per op; used by SDPA */
+  void *attn_scratch;  /* scores of the SDPA op being run, sized for the largest */
+  cudaGraphExec_t graph_host, graph_dev;
+  void **dev_in, **dev_out;   /* caller addresses graph_dev was last updated with */
+  void **run_in, **run_out;   /* addresses of the run in progress */
+  kcu_mode *in_mode, *out_mode;
+  kcu_ptr_attr_fn ptr_attr;   /* the driver's cuPointerGetAttribute, when available */
+  kiln_cuda_stats stats;
+} kcu_state;
+
+/* ---------------------------------------------------------------- allocation (init only) */
+
+static long kcu_fail_after = -1;
+
+void kiln_cuda_fail_allocations_after(long n) { kcu_fail_after = n; }
+
+/* 1 when the test hook says this allocation must fail. */
+static int kcu_injected(void) {
+  if (kcu_fail_after < 0) return 0;
+  if (kcu_fail_after == 0) return 1;
+  kcu_fail_after--;
+  return 0;
+}
+
+static kiln_status kcu_oom(kcu_state *s, size_t n, const char *what, kiln_error *err) {
+  size_t free_b = 0, total_b = 0;
+  cudaGetLastError();
+  cudaMemGetInfo(&free_b, &total_b);
+  return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                   "out of memory on cuda:%d: %llu bytes for the %.24s could not be allocated "
+                   "(%llu of %llu bytes free); free device memory or load fewer programs",
+                   s->device, (unsigned long long)n, what, (unsigned long long)free_b,
+                   (unsigned long long)total_b);
+}
+
+static kiln_status kcu_dev_alloc(kcu_state *s, void **p, size_t n, const char *what,
+                                 kiln_error *err) {
+  *p = NULL;
+  if (n == 0) return KILN_OK;
+  if (kcu_injected() || cudaMalloc(p, n) != cudaSuccess) {
+    *p = NULL;
+    return kcu_oom(s, n, what, err);
+  }
+  s->stats.init_allocs++;
+  return KILN_OK;
+}
+
+static kiln_status kcu_pinned_alloc(kcu_state *s, void **p, size_t n, const char *what,
+                                    kiln_error *err) {
+  *p = NULL;
+  if (n == 0) return KILN_OK;
+  if (kcu_injected() || cudaMallocHost(p, n) != cudaSuccess) {
+    *p = NULL;
+    cudaGetLastError();
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of pinned host memory: %llu bytes for the %.24s of cuda:%d could not "
+                     "be allocated; free host memory or load fewer programs",
+                     (unsigned long long)n, what, s->device);
+  }
+  s->stats.init_allocs++;
+  return KILN_OK;
+}
+
+static void *kcu_calloc(kcu_state *s, size_t count, size_t size) {
+  if (kcu_injected()) return NULL;
+  void *p = calloc(count ? count : 1, size);
+  if (p) s->stats.init_allocs++;
+  return p;
+}
+
+/* ---------------------------------------------------------------- recording the plan */
+
+static void *kcu_tensor_addr(const kcu_state *s, const kiln_tensor_desc *t, void *const *in,
+                             void *const *out) {
+  switch (t->storage) {
+  case KILN_STORE_ARENA: return (char *)s->arena + t->offset;
+  case KILN_STORE_WEIGHT: return (char *)s->weights + t->offset;
+  case KILN_STORE_INPUT: return in[t->io_index];
+  default: return out[t->io_index];
+  }
+}
+
+static kcu_tensor kcu_resolve(const kcu_state *s, const kiln_plan *p, uint32_t index,
+                              void *const *in, void *const *out) {
+  const kiln_tensor_desc *t = &p->tensors[index];
+  kcu_tensor r;
+  memset(&r, 0, sizeof r);
+  r.data = kcu_tensor_addr(s, t, in, out);
+  r.dtype = t->dtype;
+  r.rank = t->rank;
+  r.numel = 1;
+  for (int d = 0; d < t->rank; d++) {
+    r.dims[d] = t->dims[d];
+    r.numel *= t->dims[d];
+  }
+  return r;
+}
+
+static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void *const *in_addr,
+                              void *const *out_addr) {
+  const kiln_op *op = &p->ops[i];
+  cudaStream_t st = s->stream;
+  kcu_tensor in[KILN_MAX_OP_INPUTS];
+  for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = kcu_resolve(s, p, op->inputs[k], in_addr, out_addr);
+  kcu_tensor out = kcu_resolve(s, p, op->output, in_addr, out_addr);
+  switch (op->kind) {
+  case KILN_OP_LINEAR:
+  case KILN_OP_MATMUL:
+    return kcu_gemm_run(&s->gemm[i], s->lt, st, in, op->n_inputs, &out, s->workspace,
+                        s->workspace_size);
+  case KILN_OP_ADD: case KILN_OP_SUB: case KILN_OP_MUL: case KILN_OP_DIV:
+    return kcu_binary(st, op->kind, &in[0], &in[1], &out, (float)op->fattr[0]);
+  case KILN_OP_GELU:
+    return kcu_unary(st, op->kind, &in[0], &out, op->n_iattr > 0 && op->iattr[0] ? 1.0f : 0.0f);
+  case KILN_OP_RELU: case KILN_OP_SILU: case KILN_OP_SIGMOID: case KILN_OP_TANH:
+  case KILN_OP_EXP: case KILN_OP_SQRT: case KILN_OP_RSQRT: case KILN_OP_NEG: case KILN_OP_POW:
+  case KILN_OP_CAST:
+    return kcu_unary(st, op->kind, &in[0], &out, (float)op->fattr[0]);
+  case KILN_OP_SOFTMAX: case KILN_OP_LOG_SOFTMAX:
+    return kcu_softmax(st, &in[0], &out, (int32_t)op->iattr[0], op->kind == KILN_OP_LOG_SOFTMAX);
+  case KILN_OP_LAYER_NORM: case KILN_OP_RMS_NORM: {
+    int64_t flags = op->n_iattr > 1 ? op->iattr[1] : 0;
+    uint32_t next = 1;
+    const kcu_tensor *w = (flags & 1) ? &in[next++] : NULL;
+    const kcu_tensor *b = (flags & 2) ? &in[next++] : NULL;
+    return kcu_norm(st, &in[0], w, b, &out, (int32_t)op->iattr[0], (float)op->fattr[0],
+                    op->kind == KILN_OP_RMS_NORM);
+  }
+  case KILN_OP_SUM: case KILN_OP_MEAN: case KILN_OP_AMAX:
+    return kcu_reduce(st, op->kind, &in[0], &out, (uint32_t)op->iattr[0]);
+  case KILN_OP_EMBEDDING:
+    return kcu_embedding(st, &in[0], &in[1], &out, s->fault_dev);
+  case KILN_OP_INDEX_SELECT:
+    return kcu_index_select(st, &in[0], &in[1], &out, (int32_t)op->iattr[0], s->fault_dev);
+  case KILN_OP_WHERE:
+    return kcu_where(st, &in[0], &in[1], &in[2], &out);
+  case KILN_OP_SDPA: {
+    int has_mask = op->n_iattr > 1 && op->iattr[1];
+    float scale = (float)op->fattr[0];
+    if (scale == 0.0f) scale = 1.0f / sqrtf((float)in[0].dims[in[0].rank - 1]);
+    int causal = op->n_iattr > 0 && op->iattr[0] != 0;
+    if (s->attn[i].active)
+      return kcu_attn_gemm_run(&s->attn[i], s->lt, st, in, has_mask ? &in[3] : NULL, &out, causal,
+                               scale, s->attn_scratch, s->workspace, s->workspace_size);
+    return kcu_attention(st, &in[0], &in[1], &in[2], has_mask ? &in[3] : NULL, &out, causal,
+                         scale);
+  }
+  case KILN_OP_POINTWISE:
+    return kcu_fused_pointwise(st, op, in, &out);
+  default:
+    return kcu_layout(st, op, in, op->n_inputs, &out);
+  }
+}
+
+/* Enqueues one run: reset the fault flag, optionally copy inputs in from pinned staging, every
+ * op, optionally copy outputs out to pinned staging, and read the fault flag back. */
+static cudaError_t kcu_enqueue(kcu_state *s, const kiln_plan *p, void *const *in_addr,
+                               void *const *out_addr, int host_copies) {
+  cudaError_t rc = cudaMemsetAsync(s->fault_dev, 0, sizeof(int), s->stream);
+  for (uint32_t i = 0; rc == cudaSuccess && host_copies && i < s->n_in; i++)
+    if (s->in[i].nbytes)
+      rc = cudaMemcpyAsync(s->in[i].dev, s->in[i].host, s->in[i].nbytes, cudaMemcpyHostToDevice, s->stream);
+  for (uint32_t i = 0; rc == cudaSuccess && i < p->n_ops; i++) rc = kcu_run_op(s, p, i, in_addr, out_addr);
+  for (uint32_t i = 0; rc == cudaSuccess && host_copies && i < s->n_out; i++)
+    if (s->out[i].nbytes)
+      rc = cudaMemcpyAsync(s->out[i].host, s->out[i].dev, s->out[i].nbytes, cudaMemcpyDeviceToHost, s->stream);
+  if (rc == cudaSuccess)
+    rc = cudaMemcpyAsync(s->fault_host, s->fault_dev, sizeof(int), cudaMemcpyDeviceToHost, s->stream);
+  return rc;
+}
+
+static cudaError_t kcu_capture(kcu_state *s, const kiln_plan *p, void *const *in_addr,
+                               void *const *out_addr, int host_copies, cudaGraph_t *graph) {
+  *graph = NULL;
+  cudaError_t rc = cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal);
+  if (rc != cudaSuccess) return rc;
+  rc = kcu_enqueue(s, p, in_addr, out_addr, host_copies);
+  cudaError_t end = cudaStreamEndCapture(s->stream, graph);
+  if (rc == cudaSuccess) rc = end;
+  if (rc != cudaSuccess && *graph) {
+    cudaGraphDestroy(*graph);
+    *graph = NULL;
+  }
+  return rc;
+}
+
+/* ---------------------------------------------------------------- destroy and init */
+
+static void kcu_destroy(kiln_engine *e) {
+  kcu_state *s = (kcu_state *)e->impl;
+  if (!s) return;
+  cudaSetDevice(s->device);
+  if (s->stream) cudaStreamSynchronize(s->stream);
+  if (s->graph_host) cudaGraphExecDestroy(s->graph_host);
+  if (s->graph_dev) cudaGraphExecDestroy(s->graph_dev);
+  for (uint32_t i = 0; s->gemm && i < e->plan.n_ops; i++) kcu_gemm_release(&s->gemm[i]);
+  for (uint32_t i = 0; s->attn && i < e->plan.n_ops; i++) kcu_attn_gemm_release(&s->attn[i]);
+  for (uint32_t i = 0; s->in && i < s->n_in; i++) {
+    cudaFree(s->in[i].dev);
+    cudaFreeHost(s->in[i].host);
+  }
+  for (uint32_t i = 0; s->out && i < s->n_out; i++) {
+    cudaFree(s->out[i].dev);
+    cudaFreeHost(s->out[i].host);
+  }
+  cudaFree(s->weights);
+  cudaFree(s->arena);
+  cudaFree(s->workspace);
+  cudaFree(s->attn_scratch);
+  cudaFree(s->fault_dev);
+  cudaFreeHost(s->fault_host);
+  if (s->lt) cublasLtDestroy(s->lt);
+  if (s->stream) cudaStreamDestroy(s->stream);
+  free(s->gemm);
+  free(s->attn);
+  free(s->in);
+  free(s->out);
+  free(s->dev_in);
+  free(s->dev_out);
+  free(s->run_in);
+  free(s->run_out);
+  free(s->in_mode);
+  free(s->out_mode);
+  free(s);
+  e->impl = NULL;
+}
+
+static kiln_status kcu_cuda_error(kcu_state *s, cudaError_t rc, const char *what, kiln_error *err) {
+  cudaGetLastError();
+  if (rc == cudaErrorMemoryAllocation) return kcu_oom(s, 0, what, err);
+  return kiln_fail(err, KILN_ERR_INTERNAL,
+                   "cuda:%d: %.32s failed: %.64s; check the driver and that no earlier fault "
+                   "left the device unusable",
+                   s->device, what, cudaGetErrorString(rc));
+}
+
+static kiln_status kcu_check_device(kcu_state *s, const kiln_engine *e, kiln_error *err) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    count = 0;
+  }
+  if (s->device < 0 || s->device >= count)
+    return kiln_fail(err, KILN_ERR_UNAVAILABLE,
+                     "cuda:%d does not exist: %d CUDA devices are visible; choose a device id "
+                     "below %d, or KILN_DEVICE=cpu for the reference engine",
+                     s->device, count, count);
+  cudaError_t rc = cudaSetDevice(s->device);
+  if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "cudaSetDevice", err);
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s->device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, s->device);
+  int cc = major * 10 + minor;
+  int need = e->metadata.min_compute_capability > KCU_MIN_CC ? e->metadata.min_compute_capability
+                                                             : KCU_MIN_CC;
+  if (cc < need)
+    return kiln_fail(err, KILN_ERR_INCOMPATIBLE,
+                     "cuda:%d has compute capability %d.%d, the program needs %d.%d; run it on a "
+                     "newer GPU or export it for this one",
+                     s->device, major, minor, need / 10, need % 10);
+  return KILN_OK;
+}
+
+static kiln_status kcu_setup_io(kcu_state *s, const kiln_engine *e, kiln_error *err) {
+  const kiln_plan *p = &e->plan;
+  const kiln_metadata *md = &e->metadata;
+  s->n_in = p->n_inputs;
+  s->n_out = p->n_outputs;
+  s->in = (kcu_io *)kcu_calloc(s, s->n_in, sizeof(kcu_io));
+  s->out = (kcu_io *)kcu_calloc(s, s->n_out, sizeof(kcu_io));
+  s->dev_in = (void **)kcu_calloc(s, s->n_in, sizeof(void *));
+  s->dev_out = (void **)kcu_calloc(s, s->n_out, sizeof(void *));
+  s->run_in = (void **)kcu_calloc(s, s->n_in, sizeof(void *));
+  s->run_out = (void **)kcu_calloc(s, s->n_out, sizeof(void *));
+  s->in_mode = (kcu_mode *)kcu_calloc(s, s->n_in, sizeof(kcu_mode));
+  s->out_mode = (kcu_mode *)kcu_calloc(s, s->n_out, sizeof(kcu_mode));
+  if (!s->in || !s->out || !s->dev_in || !s->dev_out || !s->run_in || !s->run_out ||
+      !s->in_mode || !s->out_mode)
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of host memory for the I/O tables of %u inputs and %u outputs; free "
+                     "memory and load again", s->n_in, s->n_out);
+  for (uint32_t i = 0; i < s->n_in; i++) {
+    s->in[i].tensor = p->inputs[i];
+    s->in[i].nbytes = (size_t)p->tensors[p->inputs[i]].nbytes;
+    s->in[i].name = "?";
+  }
+  for (uint32_t i = 0; i < s->n_out; i++) {
+    s->out[i].tensor = p->outputs[i];
+    s->out[i].nbytes = (size_t)p->tensors[p->outputs[i]].nbytes;
+    s->out[i].name = "?";
+  }
+  /* Names for messages: the k-th input binding names input k (the front end checked counts). */
+  for (uint32_t b = 0, ni = 0, no = 0; b < md->n_bindings; b++) {
+    const kiln_binding *bd = &md->bindings[b];
+    if (bd->kind == KILN_IO_INPUT && ni < s->n_in) s->in[ni++].name = bd->name;
+    else if (bd->kind == KILN_IO_OUTPUT && no < s->n_out) s->out[no++].name = bd->name;
+  }
+  for (uint32_t a = 0; a < md->n_aliases; a++) {
+    const kiln_alias *al = &md->aliases[a];
+    if (al->output >= s->n_out || al->input >= s->n_in ||
+        s->out[al->output].nbytes != s->in[al->input].nbytes)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "alias %u pairs output %u with input %u, which differ in size or do not "
+                       "exist; re-export the program", a, al->output, al->input);
+  }
+  kiln_status st = KILN_OK;
+  for (uint32_t i = 0; st == KILN_OK && i < s->n_in; i++) {
+    st = kcu_dev_alloc(s, &s->in[i].dev, s->in[i].nbytes, "input staging", err);
+    if (st == KILN_OK) st = kcu_pinned_alloc(s, &s->in[i].host, s->in[i].nbytes, "input staging", err);
+    s->dev_in[i] = s->in[i].dev;
+  }
+  for (uint32_t i = 0; st == KILN_OK && i < s->n_out; i++) {
+    st = kcu_dev_alloc(s, &s->out[i].dev, s->out[i].nbytes, "output staging", err);
+    if (st == KILN_OK) st = kcu_pinned_alloc(s, &s->out[i].host, s->out[i].nbytes, "output staging", err);
+    s->dev_out[i] = s->out[i].dev;
+  }
+  return st;
+}
+
+static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error *err) {
+  const kiln_plan *p = &e->plan;
+  int gemms = 0, attention = 0;
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    kiln_status st = kcu_check_op(p, i, err);
+    if (st != KILN_OK) return st;
+    gemms |= p->ops[i].kind == KILN_OP_LINEAR || p->ops[i].kind == KILN_OP_MATMUL;
+    attention |= p->ops[i].kind == KILN_OP_SDPA;
+  }
+  s->gemm = (kcu_gemm *)kcu_calloc(s, p->n_ops, sizeof(kcu_gemm));
+  s->attn = (kcu_attn_gemm *)kcu_calloc(s, p->n_ops, sizeof(kcu_attn_gemm));
+  if (!s->gemm || !s->attn)
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of host memory for the matmul table of %u ops; free memory and load "
+                     "again", p->n_ops);
+  if (gemms || attention) {
+    if (kcu_injected() || cublasLtCreate(&s->lt) != CUBLAS_STATUS_SUCCESS) {
+      s->lt = NULL;
+      return kcu_oom(s, 0, "cuBLASLt handle", err);
+    }
+    s->workspace_size = KCU_WORKSPACE_BYTES;
+    kiln_status st = kcu_dev_alloc(s, &s->workspace, s->workspace_size, "matmul workspace", err);
+    if (st != KILN_OK) return st;
+  }
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    kiln_op_kind k = p->ops[i].kind;
+    if (k != KILN_OP_LINEAR && k != KILN_OP_MATMUL) continue;
+    kiln_status st = kcu_gemm_init(&s->gemm[i], s->lt, p, i, e->metadata.allow_tf32,
+                                   s->workspace_size, err);
+    if (st != KILN_OK) return st;
+  }
+  uint64_t scratch = 0;
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    if (p->ops[i].kind != KILN_OP_SDPA) continue;
+    kiln_status st = kcu_attn_gemm_init(&s->attn[i], s->lt, p, i, e->metadata.allow_tf32,
+                                        s->workspace_size, err);
+    if (st != KILN_OK) return st;
+    if (s->attn[i].scratch_bytes > scratch) scratch = s->attn[i].scratch_bytes;
+  }
+  /* One score buffer serves every SDPA op: they run one after another on one stream. */
+  kiln_status sst = kcu_dev_alloc(s, &s->attn_scratch, (size_t)scratch, "attention scores", err);
+  if (sst != KILN_OK) return sst;
+  if (attention) {
+    cudaError_t rc = kcu_attention_prepare(KCU_ATTN_MAX_HEAD);
+    if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "attention kernel setup", err);
+  }
+  return KILN_OK;
+}
+
+static kiln_status kcu_instantiate(kcu_state *s, const kiln_plan *p, int host_copies,
+                                   cudaGraphExec_t *exec, kiln_error *err) {
+  cudaGraph_t graph;
+  if (kcu_injected()) return kcu_oom(s, 0, "CUDA graph", err);
+  cudaError_t rc = kcu_capture(s, p, s->dev_in, s->dev_out, host_copies, &graph);
+  if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "graph capture", err);
+  rc = cudaGraphInstantiate(exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (rc != cudaSuccess) {
+    *exec = NULL;
+    return kcu_cuda_error(s, rc, "graph instantiation", err);
+  }
+  return KILN_OK;
+}
+
+static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err) {
+  kiln_status st = kcu_check_device(s, e, err);
+  if (st != KILN_OK) return st;
+  snprintf(e->device_name, sizeof e->device_name, "cuda:%d", s->device);
+  if (kcu_injected() || cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking) != cudaSuccess) {
+    s->stream = NULL;
+    return kcu_oom(s, 0, "stream", err);
+  }
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult found;
+  if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &fn, 12000, cudaEnableDefault,
+                                       &found) == cudaSuccess &&
+      found == cudaDriverEntryPointSuccess)
+    s->ptr_attr = (kcu_ptr_attr_fn)fn;
+  cudaGetLastError();
+  if ((st = kcu_setup_ops(s, e, err)) != KILN_OK) return st;
+  if ((st = kcu_dev_alloc(s, &s->weights, e->weights_size, "weights", err)) != KILN_OK) return st;
+  if (e->weights_size) {
+    cudaError_t rc = cudaMemcpy(s->weights, e->weights, e->weights_size, cudaMemcpyHostToDevice);
+    if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "weight upload", err);
+  }
+  if ((st = kcu_dev_alloc(s, &s->arena, e->plan.arena_size, "arena", err)) != KILN_OK) return st;
+  if ((st = kcu_dev_alloc(s, (void **)&s->fault_dev, sizeof(int), "fault flag", err)) != KILN_OK)
+    return st;
+  if ((st = kcu_pinned_alloc(s, (void **)&s->fault_host, sizeof(int), "fault flag", err)) != KILN_OK)
+    return st;
+  if ((st = kcu_setup_io(s, e, err)) != KILN_OK) return st;
+  /* Buffers exist now: time the heuristic's matmul candidates on them and keep the fastest. */
+  for (uint32_t i = 0; i < e->plan.n_ops; i++) {
+    const kiln_op *op = &e->plan.ops[i];
+    int attn = op->kind == KILN_OP_SDPA && s->attn[i].active;
+    if (op->kind != KILN_OP_LINEAR && op->kind != KILN_OP_MATMUL && !attn) continue;
+    kcu_tensor in[KILN_MAX_OP_INPUTS];
+    for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = kcu_resolve(s, &e->plan, op->inputs[k], s->dev_in, s->dev_out);
+    kcu_tensor out = kcu_resolve(s, &e->plan, op->output, s->dev_in, s->dev_out);
+    if (attn)
+      kcu_attn_gemm_tune(&s->attn[i], s->lt, s->stream, in, &out, s->attn_scratch, s->workspace,
+                         s->workspace_size);
+    else
+      kcu_gemm_tune(&s->gemm[i], s->lt, s->stream, in, op->n_inputs, &out, s->workspace,
+                    s->workspace_size);
+  }
+  if ((st = kcu_instantiate(s, &e->plan, 1, &s->graph_host, err)) != KILN_OK) return st;
+  if ((st = kcu_instantiate(s, &e->plan, 0, &s->graph_dev, err)) != KILN_OK) return st;
+  /* One replay loads every kernel now, so the first execute costs what the others do. */
+  cudaError_t rc = cudaGraphLaunch(s->graph_host, s->stream);
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(s->stream);
+  if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "first graph replay", err);
+  return KILN_OK;
+}
+
+static kiln_status kcu_init(kiln_engine *e, kiln_error *err) {
+  kcu_state *s = (kcu_state *)calloc(1, sizeof *s);
+  if (!s || kcu_injected()) {
+    free(s);
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of host memory for the CUDA engine's state; free memory and load again");
+  }
+  s->device = e->device_id;
+  e->impl = s;
+  kiln_status st = kcu_init_state(e, s, err);
+  if (st != KILN_OK) {
+    kcu_destroy(e);
+    return st;
+  }
+  /* The device holds the weights now; the host copy is not needed again. */
+  free(e->weights);
+  e->weights = NULL;
+  return KILN_OK;
+}
+
+/* ---------------------------------------------------------------- execute */
+
+static int kcu_reachable(const kcu_state *s, const struct cudaPointerAttributes *a, const void *ptr) {
+  if (a->devicePointer == NULL) return 0;
+  if (a->type != cudaMemoryTypeDevice || a->device == s->device || !s->ptr_attr) return 1;
+  /* Memory of another device: usable only once the caller mapped it for this one. */
+  unsigned long long flags = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+  if (s->ptr_attr(&flags, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
+    return 1;
+  return flags != CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE;
+}
+
+static kiln_status kcu_place(kcu_state *s, const kcu_io *io, const char *kind, void *ptr,
+                             kcu_mode *mode, void **addr, kiln_error *err) {
+  struct cudaPointerAttributes a;
+  memset(&a, 0, sizeof a);
+  cudaError_t rc = cudaPointerGetAttributes(&a, ptr);
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "%.6s %.64s: CUDA cannot classify its buffer (%.48s); pass host memory or "
+                     "memory usable from cuda:%d",
+                     kind, io->name, cudaGetErrorString(rc), s->device);
+  }
+  if (a.type == cudaMemoryTypeUnregistered) {
+    *mode = KCU_HOST;
+    *addr = io->dev;
+    return KILN_OK;
+  }
+  if (!kcu_reachable(s, &a, ptr))
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "%.6s %.64s is memory of cuda:%d, which cuda:%d cannot reach; enabling peer "
+                     "access is the caller's process-wide decision, which a delegate does not "
+                     "make on its behalf",
+                     kind, io->name, a.device, s->device);
+  if (((uintptr_t)a.devicePointer % KCU_BIND_ALIGN) != 0) {
+    /* Matmul algorithms were chosen for aligned operands: copy the rare unaligned buffer. */
+    *mode = KCU_DEVSTAGE;
+    *addr = io->dev;
+    return KILN_OK;
+  }
+  *mode = KCU_BOUND;
+  *addr = a.devicePointer;
+  return KILN_OK;
+}
+
+static int kcu_same_addresses(const kcu_state *s) {
+  for (uint32_t i = 0; i < s->n_in; i++)
+    if (s->run_in[i] != s->dev_in[i]) return 0;
+  for (uint32_t i = 0; i < s->n_out; i++)
+    if (s->run_out[i] != s->dev_out[i]) return 0;
+  return 1;
+}
+
+/* Runs the ops on the addresses in run_in/run_out through graph_dev, updated if they changed. */
+static cudaError_t kcu_run_bound(kcu_state *s, const kiln_plan *p) {
+  if (!kcu_same_addresses(s)) {
+    cudaGraph_t graph;
+    cudaError_t rc = kcu_capture(s, p, s->run_in, s->run_out, 0, &graph);
+    int updated = 0;
+    if (rc == cudaSuccess) {
+      cudaGraphExecUpdateResultInfo info;
+      updated = cudaGraphExecUpdate(s->graph_dev, graph, &info) == cudaSuccess;
+      cudaGraphDestroy(graph);
+    }
+    cudaGetLastError();
+    if (!updated) {
+      /* The recording did not fit graph_dev: launch op by op; try the graph again next time. */
+      for (uint32_t i = 0; i < s->n_in; i++) s->dev_in[i] = NULL;
+      s->stats.direct_runs++;
+      return kcu_enqueue(s, p, s->run_in, s->run_out, 0);
+    }
+    memcpy(s->dev_in, s->run_in, s->n_in * sizeof(void *));
+    memcpy(s->dev_out, s->run_out, s->n_out * sizeof(void *));
+    s->stats.graph_updates++;
+  }
+  s->stats.graph_replays++;
+  return cudaGraphLaunch(s->graph_dev, s->stream);
+}
+
+static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
+                               const kiln_tensor_view *outputs, kiln_error *err) {
+  kcu_state *s = (kcu_state *)e->impl;
+  const kiln_plan *p = &e->plan;
+  cudaError_t rc = cudaSetDevice(s->device);
+  if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "cudaSetDevice", err);
+  int all_host = 1;
+  for (uint32_t i = 0; i < s->n_in; i++) {
+    kiln_status st = kcu_place(s, &s->in[i], "input", inputs[i].data, &s->in_mode[i], &s->run_in[i], err);
+    if (st != KILN_OK) return st;
+    all_host &= s->in_mode[i] == KCU_HOST;
+  }
+  for (uint32_t i = 0; i < s->n_out; i++) {
+    kiln_status st = kcu_place(s, &s->out[i], "output", outputs[i].data, &s->out_mode[i], &s->run_out[i], err);
+    if (st != KILN_OK) return st;
+    all_host &= s->out_mode[i] == KCU_HOST;
+  }
+  if (all_host) {
+    for (uint32_t i = 0; i < s->n_in; i++) memcpy(s->in[i].host, inputs[i].data, s->in[i].nbytes);
+    s->stats.staged += s->n_in + s->n_out;
+    s->stats.graph_replays++;
+    rc = cudaGraphLaunch(s->graph_host, s->stream);
+  } else {
+    for (uint32_t i = 0; rc == cudaSuccess && i < s->n_in; i++) {
+      if (s->in_mode[i] == KCU_BOUND) {
+        s->stats.bound++;
+      } else {
+        s->stats.staged++;
+        if (s->in[i].nbytes)
+          rc = cudaMemcpyAsync(s->in[i].dev, inputs[i].data, s->in[i].nbytes, cudaMemcpyDefault, s->stream);
+      }
+    }
+    if (rc == cudaSuccess) rc = kcu_run_bound(s, p);
+    for (uint32_t i = 0; rc == cudaSuccess && i < s->n_out; i++) {
+      if (s->out_mode[i] == KCU_BOUND) {
+        s->stats.bound++;
+      } else {
+        s->stats.staged++;
+        if (s->out[i].nbytes)
+          rc = cudaMemcpyAsync(outputs[i].data, s->out[i].dev, s->out[i].nbytes, cudaMemcpyDefault, s->stream);
+      }
+    }
+  }
+  /* In-place outputs (a KV cache) go back into their input's buffer, wherever it lives. */
+  for (uint32_t a = 0; rc == cudaSuccess && a < e->metadata.n_aliases; a++) {
+    const kiln_alias *al = &e->metadata.aliases[a];
+    void *dst = inputs[al->input].data;
+    const void *src = all_host ? s->out[al->output].dev : s->run_out[al->output];
+    if (dst != src && s->out[al->output].nbytes)
+      rc = cudaMemcpyAsync(dst, src, s->out[al->output].nbytes, cudaMemcpyDefault, s->stream);
+  }
+  cudaError_t sync = cudaStreamSynchronize(s->stream);
+  if (rc == cudaSuccess) rc = sync;
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    return kiln_fail(err, KILN_ERR_INTERNAL,
+                     "cuda:%d: the run failed (%.40s); usual causes, in order: an input buffer "
+                     "shorter than its shape, a buffer freed during the call, a fault in another "
+                     "delegate earlier in the same program; read the first error",
+                     s->device, cudaGetErrorString(rc));
+  }
+  if (all_host)
+    for (uint32_t i = 0; i < s->n_out; i++) memcpy(outputs[i].data, s->out[i].host, s->out[i].nbytes);
+  if (*s->fault_host)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "an index input holds a value outside its table (embedding or "
+                     "index_select on cuda:%d); those rows were written as zeros: check the "
+                     "index inputs", s->device);
+  return KILN_OK;
+}
+
+/* ---------------------------------------------------------------- the table and accessors */
+
+const kiln_backend kiln_cuda_backend = {"cuda", kcu_init, kcu_execute, kcu_destroy};
+
+int kiln_cuda_device_count(kiln_error *err) {
+  int count = 0;
+  cudaError_t rc = cudaGetDeviceCount(&count);
+  if (rc != cudaSuccess || count < 1) {
+    cudaGetLastError();
+    kiln_fail(err, KILN_ERR_UNAVAILABLE,
+              "no CUDA GPU was found (%.64s); set KILN_DEVICE=cpu or the load option to run "
+              "the CPU reference engine",
+              rc != cudaSuccess ? cudaGetErrorString(rc) : "no device");
+    return -1;
+  }
+  return count;
+}
+
+kiln_status kiln_cuda_engine_stats(const kiln_engine *e, kiln_cuda_stats *out, kiln_error *err) {
+  if (!e || e->backend != &kiln_cuda_backend || !e->impl)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "the engine does not run on CUDA; load it with the CUDA device to read "
+                     "its counters");
+  *out = ((const kcu_state *)e->impl)->stats;
+  return KILN_OK;
+}
+
+const void *kiln_cuda_engine_arena(const kiln_engine *e) {
+  return e && e->backend == &kiln_cuda_backend && e->impl ? ((const kcu_state *)e->impl)->arena
+                                                          : NULL;
+}

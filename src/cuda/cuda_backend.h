@@ -1,0 +1,30 @@
+/* What the CUDA engine exposes beyond the backend table: counters that tests read to see how
+ * caller buffers were handled, and the allocation-failure hook that proves init cleans up
+ * and execute allocates nothing. */
+#ifndef KILN_CUDA_BACKEND_H
+#define KILN_CUDA_BACKEND_H
+
+#include "kiln/kiln.h"
+
+#include <stdint.h>
+
+typedef struct kiln_cuda_stats {
+  uint64_t staged;        /* caller buffers copied through engine-owned buffers */
+  uint64_t bound;         /* caller device buffers used in place, without a copy */
+  uint64_t graph_replays; /* runs replayed from a captured CUDA graph */
+  uint64_t graph_updates; /* graph updates for a new set of bound caller addresses */
+  uint64_t direct_runs;   /* runs launched op by op (a graph update was refused) */
+  uint64_t init_allocs;   /* allocations made by init */
+} kiln_cuda_stats;
+
+/* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend. */
+kiln_status kiln_cuda_engine_stats(const kiln_engine *e, kiln_cuda_stats *out, kiln_error *err);
+
+/* Test hook: after `n` more successful allocations every allocation the CUDA engine makes
+ * fails; n < 0 turns failures off. Process-wide, for single-threaded tests only. */
+void kiln_cuda_fail_allocations_after(long n);
+
+/* Device address of the engine's arena (NULL when the plan needs none). */
+const void *kiln_cuda_engine_arena(const kiln_engine *e);
+
+#endif

@@ -1,0 +1,179 @@
+/* Device helpers shared by the kernels: loads and stores by dtype (f16/bf16 compute in f32),
+ * index decomposition for broadcasting, launch sizing and block reductions. */
+#ifndef KILN_CUDA_DEVICE_CUH
+#define KILN_CUDA_DEVICE_CUH
+
+#include "cuda_ops.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+
+#define KCU_BLOCK 256
+
+static __device__ __forceinline__ float kcu_ld(const void *p, int dt, int64_t i) {
+  switch (dt) {
+  case KILN_F32: return ((const float *)p)[i];
+  case KILN_F16: return __half2float(((const __half *)p)[i]);
+  case KILN_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+  case KILN_I64: return (float)((const long long *)p)[i];
+  case KILN_I32: return (float)((const int *)p)[i];
+  default: return ((const unsigned char *)p)[i] ? 1.0f : 0.0f;
+  }
+}
+
+static __device__ __forceinline__ long long kcu_ldi(const void *p, int dt, int64_t i) {
+  switch (dt) {
+  case KILN_I64: return ((const long long *)p)[i];
+  case KILN_I32: return ((const int *)p)[i];
+  case KILN_BOOL: return ((const unsigned char *)p)[i] ? 1 : 0;
+  default: return (long long)kcu_ld(p, dt, i);
+  }
+}
+
+static __device__ __forceinline__ void kcu_st(void *p, int dt, int64_t i, float v) {
+  switch (dt) {
+  case KILN_F32: ((float *)p)[i] = v; break;
+  case KILN_F16: ((__half *)p)[i] = __float2half_rn(v); break;
+  case KILN_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
+  case KILN_I64: ((long long *)p)[i] = (long long)v; break;
+  case KILN_I32: ((int *)p)[i] = (int)v; break;
+  default: ((unsigned char *)p)[i] = v != 0.0f; break;
+  }
+}
+
+static __device__ __forceinline__ void kcu_sti(void *p, int dt, int64_t i, long long v) {
+  switch (dt) {
+  case KILN_I64: ((long long *)p)[i] = v; break;
+  case KILN_I32: ((int *)p)[i] = (int)v; break;
+  case KILN_BOOL: ((unsigned char *)p)[i] = v != 0; break;
+  default: kcu_st(p, dt, i, (float)v); break;
+  }
+}
+
+static __device__ __forceinline__ int kcu_is_int(int dt) {
+  return dt == KILN_I64 || dt == KILN_I32 || dt == KILN_BOOL;
+}
+
+/* Up to three operands broadcast against one output shape, passed by value. */
+typedef struct kcu_bcast {
+  int32_t rank;
+  int64_t dims[KILN_MAX_RANK];
+  int64_t st[3][KILN_MAX_RANK];
+} kcu_bcast;
+
+static __device__ __forceinline__ void kcu_offsets(const kcu_bcast *g, int64_t i, int n,
+                                                   int64_t *off) {
+  for (int k = 0; k < n; k++) off[k] = 0;
+  for (int d = g->rank - 1; d >= 0; d--) {
+    int64_t c = i % g->dims[d];
+    i /= g->dims[d];
+    for (int k = 0; k < n; k++) off[k] += c * g->st[k][d];
+  }
+}
+
+/* Float op math shared by the elementwise kernels and the fused pointwise chain, so a fused
+ * step computes exactly what its unfused op does. */
+#define KCU_GELU_TANH_K 0.7978845608028654f /* sqrt(2/pi) */
+
+static __device__ __forceinline__ float kcu_binop(int op, float a, float b, float alpha) {
+  switch (op) {
+  case KILN_OP_ADD: return a + alpha * b;
+  case KILN_OP_SUB: return a - alpha * b;
+  case KILN_OP_MUL: return a * b;
+  default: return a / b;
+  }
+}
+
+static __device__ __forceinline__ float kcu_unop(int op, float x, float p) {
+  switch (op) {
+  case KILN_OP_RELU: return x > 0.0f ? x : 0.0f;
+  case KILN_OP_GELU:
+    if (p != 0.0f) return 0.5f * x * (1.0f + tanhf(KCU_GELU_TANH_K * (x + 0.044715f * x * x * x)));
+    return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+  case KILN_OP_SILU: return x / (1.0f + expf(-x));
+  case KILN_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+  case KILN_OP_TANH: return tanhf(x);
+  case KILN_OP_EXP: return expf(x);
+  case KILN_OP_SQRT: return sqrtf(x);
+  case KILN_OP_RSQRT: return rsqrtf(x);
+  case KILN_OP_NEG: return -x;
+  case KILN_OP_POW: return powf(x, p);
+  default: return x; /* CAST */
+  }
+}
+
+/* Loads up to 8 floats from 16 bytes of dtype dt. */
+static __device__ __forceinline__ int kcu_ld16(const void *p, int dt, int64_t v, float *f) {
+  uint4 raw = ((const uint4 *)p)[v];
+  if (dt == KILN_F32) {
+    f[0] = __uint_as_float(raw.x); f[1] = __uint_as_float(raw.y);
+    f[2] = __uint_as_float(raw.z); f[3] = __uint_as_float(raw.w);
+    return 4;
+  }
+  unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+  for (int k = 0; k < 4; k++) {
+    if (dt == KILN_F16) {
+      __half2 h = *(__half2 *)&w[k];
+      float2 t = __half22float2(h);
+      f[2 * k] = t.x; f[2 * k + 1] = t.y;
+    } else {
+      __nv_bfloat162 h = *(__nv_bfloat162 *)&w[k];
+      float2 t = __bfloat1622float2(h);
+      f[2 * k] = t.x; f[2 * k + 1] = t.y;
+    }
+  }
+  return 8;
+}
+
+static __device__ __forceinline__ void kcu_st16(void *p, int dt, int64_t v, const float *f) {
+  uint4 raw;
+  if (dt == KILN_F32) {
+    raw.x = __float_as_uint(f[0]); raw.y = __float_as_uint(f[1]);
+    raw.z = __float_as_uint(f[2]); raw.w = __float_as_uint(f[3]);
+  } else {
+    unsigned w[4];
+    for (int k = 0; k < 4; k++) {
+      if (dt == KILN_F16) {
+        __half2 h = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
+        w[k] = *(unsigned *)&h;
+      } else {
+        __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+        w[k] = *(unsigned *)&h;
+      }
+    }
+    raw.x = w[0]; raw.y = w[1]; raw.z = w[2]; raw.w = w[3];
+  }
+  ((uint4 *)p)[v] = raw;
+}
+
+static inline unsigned kcu_grid(int64_t n, int per_thread) {
+  int64_t blocks = (n + (int64_t)KCU_BLOCK * per_thread - 1) / ((int64_t)KCU_BLOCK * per_thread);
+  if (blocks < 1) blocks = 1;
+  return blocks > 65535LL * 16 ? 65535u * 16 : (unsigned)blocks;
+}
+
+static __device__ __forceinline__ float kcu_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+static __device__ __forceinline__ float kcu_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* Block-wide sum or max for blockDim.x a multiple of 32 (<= 1024); every thread gets it. */
+static __device__ __forceinline__ float kcu_block_reduce(float v, int is_max, float *scratch) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = is_max ? kcu_warp_max(v) : kcu_warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nw ? scratch[lane] : (is_max ? -INFINITY : 0.0f);
+  v = is_max ? kcu_warp_max(v) : kcu_warp_sum(v);
+  return v;
+}
+
+#endif

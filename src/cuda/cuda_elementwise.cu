@@ -1,0 +1,172 @@
+/* Elementwise ops: binary arithmetic with broadcasting, unary math, cast and where.
+ * Contiguous same-shape float operands with 16-byte aligned addresses take a vectorized
+ * path (16 bytes per thread per operand); everything else decomposes indices. */
+#include "cuda_device.cuh"
+
+static __device__ __forceinline__ long long kcu_binop_int(int op, long long a, long long b,
+                                                          long long alpha) {
+  switch (op) {
+  case KILN_OP_ADD: return a + alpha * b;
+  case KILN_OP_SUB: return a - alpha * b;
+  case KILN_OP_MUL: return a * b;
+  default: return b == 0 ? 0 : a / b;
+  }
+}
+
+/* n_ops 1 (unary) or 2 (binary); all operands share dtype dt and the output's shape. */
+__global__ void kcu_pointwise_vec(int op, int binary, const void *a, const void *b, void *out,
+                                  int dt, int64_t n, float p) {
+  int per = dt == KILN_F32 ? 4 : 8;
+  int64_t nv = n / per;
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {
+    float fa[8], fb[8];
+    kcu_ld16(a, dt, v, fa);
+    if (binary) kcu_ld16(b, dt, v, fb);
+    for (int k = 0; k < per; k++)
+      fa[k] = binary ? kcu_binop(op, fa[k], fb[k], p) : kcu_unop(op, fa[k], p);
+    kcu_st16(out, dt, v, fa);
+  }
+  for (int64_t i = nv * per + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float x = kcu_ld(a, dt, i);
+    float r = binary ? kcu_binop(op, x, kcu_ld(b, dt, i), p) : kcu_unop(op, x, p);
+    kcu_st(out, dt, i, r);
+  }
+}
+
+__global__ void kcu_binary_generic(kcu_bcast g, int op, const void *a, int da, const void *b,
+                                   int db, void *out, int dout, float alpha, int64_t n) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    int64_t off[2];
+    kcu_offsets(&g, i, 2, off);
+    if (kcu_is_int(dout)) {
+      long long r = kcu_binop_int(op, kcu_ldi(a, da, off[0]), kcu_ldi(b, db, off[1]),
+                                  (long long)alpha);
+      kcu_sti(out, dout, i, r);
+    } else {
+      kcu_st(out, dout, i, kcu_binop(op, kcu_ld(a, da, off[0]), kcu_ld(b, db, off[1]), alpha));
+    }
+  }
+}
+
+__global__ void kcu_unary_generic(int op, const void *x, int dx, void *out, int dout, float p,
+                                  int64_t n) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (op == KILN_OP_CAST && (kcu_is_int(dx) || kcu_is_int(dout))) {
+      if (kcu_is_int(dx)) kcu_sti(out, dout, i, kcu_ldi(x, dx, i));
+      else kcu_st(out, dout, i, kcu_ld(x, dx, i));
+    } else if (kcu_is_int(dout)) {
+      long long v = kcu_ldi(x, dx, i);
+      kcu_sti(out, dout, i, op == KILN_OP_NEG ? -v : (op == KILN_OP_RELU && v < 0 ? 0 : v));
+    } else {
+      kcu_st(out, dout, i, kcu_unop(op, kcu_ld(x, dx, i), p));
+    }
+  }
+}
+
+__global__ void kcu_where_kernel(kcu_bcast g, const unsigned char *c, const void *a, int da,
+                                 const void *b, int db, void *out, int dout, int64_t n) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    int64_t off[3];
+    kcu_offsets(&g, i, 3, off);
+    int pick = c[off[0]] != 0;
+    if (kcu_is_int(dout)) kcu_sti(out, dout, i, pick ? kcu_ldi(a, da, off[1]) : kcu_ldi(b, db, off[2]));
+    else kcu_st(out, dout, i, pick ? kcu_ld(a, da, off[1]) : kcu_ld(b, db, off[2]));
+  }
+}
+
+static int kcu_is_float(kiln_dtype dt) {
+  return dt == KILN_F32 || dt == KILN_F16 || dt == KILN_BF16;
+}
+
+static int kcu_same_shape(const kcu_tensor *a, const kcu_tensor *b) {
+  if (a->rank != b->rank) return 0;
+  for (int d = 0; d < a->rank; d++)
+    if (a->dims[d] != b->dims[d]) return 0;
+  return 1;
+}
+
+static int kcu_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+static kcu_bcast kcu_make_bcast(const kcu_tensor *out, const kcu_tensor *const *ops, int n) {
+  kcu_bcast g;
+  memset(&g, 0, sizeof g);
+  g.rank = out->rank;
+  for (int d = 0; d < out->rank; d++) g.dims[d] = out->dims[d];
+  for (int k = 0; k < n; k++) kcu_broadcast_strides(ops[k], out->rank, out->dims, g.st[k]);
+  return g;
+}
+
+void kcu_strides(const kcu_tensor *t, int64_t *strides) {
+  int64_t s = 1;
+  for (int d = t->rank - 1; d >= 0; d--) {
+    strides[d] = s;
+    s *= t->dims[d];
+  }
+}
+
+void kcu_broadcast_strides(const kcu_tensor *t, int32_t rank, const int64_t *dims,
+                           int64_t *strides) {
+  int64_t own[KILN_MAX_RANK];
+  kcu_strides(t, own);
+  for (int d = 0; d < rank; d++) {
+    int td = d - (rank - t->rank);
+    strides[d] = (td < 0 || t->dims[td] == 1 || dims[d] == 1) ? 0 : own[td];
+  }
+}
+
+static int kcu_vec_ok(const kcu_tensor *out, const kcu_tensor *a, const kcu_tensor *b) {
+  if (!kcu_is_float(out->dtype) || a->dtype != out->dtype || !kcu_same_shape(a, out))
+    return 0;
+  if (b && (b->dtype != out->dtype || !kcu_same_shape(b, out) || !kcu_aligned16(b->data)))
+    return 0;
+  return kcu_aligned16(a->data) && kcu_aligned16(out->data);
+}
+
+cudaError_t kcu_binary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *a,
+                       const kcu_tensor *b, const kcu_tensor *out, float alpha) {
+  if (out->numel == 0) return cudaSuccess;
+  if (kcu_vec_ok(out, a, b)) {
+    kcu_pointwise_vec<<<kcu_grid(out->numel, 8), KCU_BLOCK, 0, s>>>(
+        kind, 1, a->data, b->data, out->data, out->dtype, out->numel, alpha);
+  } else {
+    const kcu_tensor *ops[2] = {a, b};
+    kcu_bcast g = kcu_make_bcast(out, ops, 2);
+    kcu_binary_generic<<<kcu_grid(out->numel, 4), KCU_BLOCK, 0, s>>>(
+        g, kind, a->data, a->dtype, b->data, b->dtype, out->data, out->dtype, alpha, out->numel);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t kcu_unary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
+                      const kcu_tensor *out, float param) {
+  if (out->numel == 0) return cudaSuccess;
+  if (kind != KILN_OP_CAST && kcu_vec_ok(out, x, NULL)) {
+    kcu_pointwise_vec<<<kcu_grid(out->numel, 8), KCU_BLOCK, 0, s>>>(
+        kind, 0, x->data, NULL, out->data, out->dtype, out->numel, param);
+  } else {
+    kcu_unary_generic<<<kcu_grid(out->numel, 4), KCU_BLOCK, 0, s>>>(
+        kind, x->data, x->dtype, out->data, out->dtype, param, out->numel);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t kcu_where(cudaStream_t s, const kcu_tensor *cond, const kcu_tensor *a,
+                      const kcu_tensor *b, const kcu_tensor *out) {
+  if (out->numel == 0) return cudaSuccess;
+  const kcu_tensor *ops[3] = {cond, a, b};
+  kcu_bcast g = kcu_make_bcast(out, ops, 3);
+  kcu_where_kernel<<<kcu_grid(out->numel, 4), KCU_BLOCK, 0, s>>>(
+      g, (const unsigned char *)cond->data, a->data, a->dtype, b->data, b->dtype, out->data,
+      out->dtype, out->numel);
+  return cudaGetLastError();
+}
+
+cudaError_t kcu_activation(cudaStream_t s, kiln_activation act, const kcu_tensor *t) {
+  kiln_op_kind kind = act == KILN_ACT_RELU ? KILN_OP_RELU : KILN_OP_GELU;
+  float param = act == KILN_ACT_GELU_TANH ? 1.0f : 0.0f;
+  return kcu_unary(s, kind, t, t, param);
+}

@@ -1,0 +1,276 @@
+/* LINEAR and MATMUL through cuBLASLt. Row-major C[M,N] = A[M,K] B[K,N] is computed as the
+ * column-major C^T = B^T A^T, so no operand is ever transposed in memory. Bias, ReLU and
+ * tanh-GELU run in cuBLASLt's epilogue; erf-GELU, which no epilogue computes, runs after.
+ * A LINEAR of a few rows goes to the GEMV kernel, which fuses all of them. */
+#include "cuda_gemm.h"
+
+#include <math.h>
+#include <string.h>
+
+static cudaDataType kcu_cuda_type(kiln_dtype dt) {
+  return dt == KILN_F16 ? CUDA_R_16F : dt == KILN_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* Largest power of two (<= 256) dividing the byte offset: what cuBLASLt may assume. */
+static uint32_t kcu_align_of(uint64_t bytes) {
+  uint32_t a = 256;
+  while (a > 1 && bytes % a) a >>= 1;
+  return a;
+}
+
+uint32_t kcu_gemm_align(const kiln_tensor_desc *t, uint64_t batch_stride_bytes) {
+  /* Caller buffers are bound only when 256-byte aligned, engine buffers are cudaMalloc'd. */
+  uint32_t a = t && (t->storage == KILN_STORE_ARENA || t->storage == KILN_STORE_WEIGHT)
+                   ? kcu_align_of(t->offset)
+                   : 256;
+  if (batch_stride_bytes) {
+    uint32_t b = kcu_align_of(batch_stride_bytes);
+    if (b < a) a = b;
+  }
+  return a;
+}
+
+static int64_t kcu_numel(const kiln_tensor_desc *t, int32_t first, int32_t last) {
+  int64_t n = 1;
+  for (int32_t d = first; d < last; d++) n *= t->dims[d];
+  return n;
+}
+
+#define KCU_LT(call)                                                                       \
+  do {                                                                                     \
+    cublasStatus_t st_ = (call);                                                           \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                    \
+      return kiln_fail(err, st_ == CUBLAS_STATUS_ALLOC_FAILED ? KILN_ERR_OUT_OF_MEMORY     \
+                                                              : KILN_ERR_INTERNAL,         \
+                       "op %u (%.16s): cuBLASLt call failed with status %d while "         \
+                       "preparing the matmul; report this with the program",              \
+                       op_index, kiln_op_name(op->kind), (int)st_);                        \
+    }                                                                                      \
+  } while (0)
+
+static kiln_status kcu_layout_create(cublasLtMatrixLayout_t *l, cudaDataType t, uint64_t rows,
+                                     uint64_t cols, int64_t ld, int64_t batch, int64_t stride,
+                                     const kiln_op *op, uint32_t op_index, kiln_error *err) {
+  KCU_LT(cublasLtMatrixLayoutCreate(l, t, rows, cols, ld));
+  if (batch > 1) {
+    int32_t count = (int32_t)batch;
+    KCU_LT(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                            sizeof count));
+    KCU_LT(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                            &stride, sizeof stride));
+  }
+  return KILN_OK;
+}
+
+kiln_status kcu_gemm_init_shape(kcu_gemm *g, cublasLtHandle_t lt, const kcu_gemm_shape *sh,
+                                const kiln_plan *plan, uint32_t op_index, size_t workspace_size,
+                                kiln_error *err) {
+  const kiln_op *op = &plan->ops[op_index];
+  cudaDataType t_in = kcu_cuda_type(sh->in_dtype), t_out = kcu_cuda_type(sh->out_dtype);
+  cublasComputeType_t ct = (sh->in_dtype == KILN_F32 && sh->allow_tf32)
+                               ? CUBLAS_COMPUTE_32F_FAST_TF32
+                               : CUBLAS_COMPUTE_32F;
+  cublasOperation_t trans_a = sh->w_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasLtEpilogue_t epi = sh->epilogue;
+  KCU_LT(cublasLtMatmulDescCreate(&g->desc, ct, CUDA_R_32F));
+  KCU_LT(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  KCU_LT(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                        sizeof trans_a));
+  int64_t M = sh->M, N = sh->N, K = sh->K;
+  kiln_status st;
+  if (sh->w_trans)
+    st = kcu_layout_create(&g->a, t_in, (uint64_t)K, (uint64_t)N, K, sh->batch, sh->w_stride, op, op_index, err);
+  else
+    st = kcu_layout_create(&g->a, t_in, (uint64_t)N, (uint64_t)K, N, sh->batch, sh->w_stride, op, op_index, err);
+  if (st == KILN_OK)
+    st = kcu_layout_create(&g->b, t_in, (uint64_t)K, (uint64_t)M, sh->ld_x, sh->batch, sh->x_stride, op, op_index, err);
+  if (st == KILN_OK)
+    st = kcu_layout_create(&g->d, t_out, (uint64_t)N, (uint64_t)M, sh->ld_d, sh->batch, sh->d_stride, op, op_index, err);
+  if (st != KILN_OK) return st;
+
+  cublasLtMatmulPreference_t pref;
+  KCU_LT(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = workspace_size;
+  uint32_t al_a = sh->align_w, al_b = sh->align_x, al_d = sh->align_d;
+  cublasStatus_t ps = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
+  if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
+  if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d);
+  if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d);
+  cublasLtMatmulHeuristicResult_t results[KCU_GEMM_CANDIDATES];
+  int found = 0;
+  if (ps == CUBLAS_STATUS_SUCCESS) {
+    memset(results, 0, sizeof results);
+    ps = cublasLtMatmulAlgoGetHeuristic(lt, g->desc, g->a, g->b, g->d, g->d, pref,
+                                        KCU_GEMM_CANDIDATES, results, &found);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (ps != CUBLAS_STATUS_SUCCESS || found < 1)
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "op %u (%.16s): cuBLASLt has no algorithm for %.8s %lldx%lldx%lld "
+                     "(status %d); run this program on the CPU reference engine",
+                     op_index, kiln_op_name(op->kind), kiln_dtype_name(sh->in_dtype),
+                     (long long)M, (long long)N, (long long)K, (int)ps);
+  for (int i = 0; i < found; i++)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) g->candidates[g->n_candidates++] = results[i].algo;
+  if (g->n_candidates == 0)
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "op %u (%.16s): cuBLASLt offered no usable algorithm for %.8s %lldx%lldx%lld; "
+                     "run this program on the CPU reference engine",
+                     op_index, kiln_op_name(op->kind), kiln_dtype_name(sh->in_dtype),
+                     (long long)M, (long long)N, (long long)K);
+  g->algo = g->candidates[0];
+  return KILN_OK;
+}
+
+kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *plan,
+                          uint32_t op_index, int allow_tf32, size_t workspace_size,
+                          kiln_error *err) {
+  const kiln_op *op = &plan->ops[op_index];
+  const kiln_tensor_desc *x = &plan->tensors[op->inputs[0]];
+  const kiln_tensor_desc *w = &plan->tensors[op->inputs[1]];
+  const kiln_tensor_desc *out = &plan->tensors[op->output];
+  memset(g, 0, sizeof *g);
+  g->calls = 1;
+  size_t es = kiln_dtype_size(out->dtype);
+  kcu_gemm_shape sh;
+  memset(&sh, 0, sizeof sh);
+  sh.in_dtype = sh.out_dtype = out->dtype;
+  sh.allow_tf32 = allow_tf32;
+  sh.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  sh.batch = 1;
+  int64_t M, N, K;
+  if (op->kind == KILN_OP_LINEAR) {
+    K = x->dims[x->rank - 1];
+    N = w->dims[0];
+    M = kcu_numel(x, 0, x->rank - 1);
+    sh.w_trans = 1;
+    kiln_activation act = (kiln_activation)(op->n_iattr > 0 ? op->iattr[0] : 0);
+    g->has_bias = op->n_inputs > 2;
+    if (kcu_gemv_fits(M, K) && kcu_gemm_align(x, 0) >= 16 && kcu_gemm_align(w, 0) >= 16) {
+      /* A few rows: reading the weight once is all the work; the GEMV kernel does it with the
+       * bias and every activation (erf GELU included) in its epilogue. */
+      g->gemv = 1;
+      g->act = act;
+      g->M = M;
+      g->N = N;
+      g->K = K;
+      return KILN_OK;
+    }
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    if (act == KILN_ACT_RELU) epi = CUBLASLT_EPILOGUE_RELU;
+    else if (act == KILN_ACT_GELU_TANH) epi = CUBLASLT_EPILOGUE_GELU;
+    else if (act == KILN_ACT_GELU_ERF) g->post = KILN_ACT_GELU_ERF;
+    if (g->has_bias)
+      epi = epi == CUBLASLT_EPILOGUE_RELU   ? CUBLASLT_EPILOGUE_RELU_BIAS
+            : epi == CUBLASLT_EPILOGUE_GELU ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                            : CUBLASLT_EPILOGUE_BIAS;
+    sh.epilogue = epi;
+  } else {
+    int a1 = x->rank == 1, b1 = w->rank == 1;
+    K = x->dims[x->rank - 1];
+    M = a1 ? 1 : x->dims[x->rank - 2];
+    N = b1 ? 1 : w->dims[w->rank - 1];
+    int32_t out_batch_rank = out->rank - (a1 ? 0 : 1) - (b1 ? 0 : 1);
+    int64_t batch = kcu_numel(out, 0, out_batch_rank);
+    int64_t xb = a1 ? 1 : kcu_numel(x, 0, x->rank - 2), wb = b1 ? 1 : kcu_numel(w, 0, w->rank - 2);
+    if ((xb == 1 || xb == batch) && (wb == 1 || wb == batch)) {
+      sh.batch = batch;
+      sh.w_stride = wb == 1 ? 0 : K * N;
+      sh.x_stride = xb == 1 ? 0 : M * K;
+      sh.d_stride = M * N;
+    } else {
+      /* Partial broadcast: one call per output batch, operand offsets by broadcast strides. */
+      g->calls = batch;
+      g->nb = out_batch_rank;
+      for (int d = 0; d < g->nb; d++) {
+        int xd = d - (g->nb - (x->rank - 2)), wd = d - (g->nb - (w->rank - 2));
+        g->bdims[d] = out->dims[d];
+        g->b_st[d] = (xd < 0 || x->dims[xd] == 1) ? 0 : kcu_numel(x, xd + 1, x->rank - 2);
+        g->a_st[d] = (wd < 0 || w->dims[wd] == 1) ? 0 : kcu_numel(w, wd + 1, w->rank - 2);
+      }
+    }
+    g->a_mat = (int64_t)es * K * N;
+    g->b_mat = (int64_t)es * M * K;
+    g->d_mat = (int64_t)es * M * N;
+  }
+  sh.M = M;
+  sh.N = N;
+  sh.K = K;
+  sh.ld_x = K;
+  sh.ld_d = N;
+  sh.align_w = kcu_gemm_align(w, (uint64_t)(g->calls > 1 ? g->a_mat : sh.w_stride * (int64_t)es));
+  sh.align_x = kcu_gemm_align(x, (uint64_t)(g->calls > 1 ? g->b_mat : sh.x_stride * (int64_t)es));
+  sh.align_d = kcu_gemm_align(out, (uint64_t)(g->calls > 1 || sh.batch > 1 ? (int64_t)es * M * N : 0));
+  return kcu_gemm_init_shape(g, lt, &sh, plan, op_index, workspace_size, err);
+}
+
+cudaError_t kcu_gemm_run(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
+                         const kcu_tensor *in, uint32_t n_in, const kcu_tensor *out,
+                         void *workspace, size_t workspace_size) {
+  const float alpha = 1.0f, beta = 0.0f;
+  if (g->gemv)
+    return kcu_gemv(s, in[0].data, in[1].data, g->has_bias ? in[2].data : NULL, out->data,
+                    out->dtype, g->M, g->N, g->K, g->act);
+  if (g->has_bias) {
+    const void *bias = in[2].data;
+    if (cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                       sizeof bias) != CUBLAS_STATUS_SUCCESS)
+      return cudaErrorInvalidValue;
+  }
+  for (int64_t c = 0; c < g->calls; c++) {
+    const char *a = (const char *)in[1].data, *b = (const char *)in[0].data;
+    char *d = (char *)out->data + c * g->d_mat;
+    int64_t rem = c;
+    for (int dd = g->nb - 1; dd >= 0 && g->calls > 1; dd--) {
+      int64_t idx = rem % g->bdims[dd];
+      rem /= g->bdims[dd];
+      a += idx * g->a_st[dd] * g->a_mat;
+      b += idx * g->b_st[dd] * g->b_mat;
+    }
+    cublasStatus_t st = cublasLtMatmul(lt, g->desc, &alpha, a, g->a, b, g->b, &beta, d, g->d, d,
+                                       g->d, &g->algo, workspace, workspace_size, s);
+    if (st != CUBLAS_STATUS_SUCCESS) return cudaErrorLaunchFailure;
+  }
+  if (g->post != KILN_ACT_NONE) return kcu_activation(s, g->post, out);
+  return cudaSuccess;
+}
+
+void kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_tensor *in,
+                   uint32_t n_in, const kcu_tensor *out, void *workspace, size_t workspace_size) {
+  cudaEvent_t start = NULL, stop = NULL;
+  if (g->n_candidates < 2 || cudaEventCreate(&start) != cudaSuccess ||
+      cudaEventCreate(&stop) != cudaSuccess) {
+    if (start) cudaEventDestroy(start);
+    cudaGetLastError();
+    return;
+  }
+  float best = INFINITY;
+  int best_index = 0;
+  for (int i = 0; i < g->n_candidates; i++) {
+    g->algo = g->candidates[i];
+    cudaError_t rc = kcu_gemm_run(g, lt, s, in, n_in, out, workspace, workspace_size);
+    if (rc == cudaSuccess) rc = cudaEventRecord(start, s);
+    for (int rep = 0; rc == cudaSuccess && rep < 3; rep++)
+      rc = kcu_gemm_run(g, lt, s, in, n_in, out, workspace, workspace_size);
+    if (rc == cudaSuccess) rc = cudaEventRecord(stop, s);
+    if (rc == cudaSuccess) rc = cudaEventSynchronize(stop);
+    float ms = INFINITY;
+    if (rc == cudaSuccess && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && ms < best) {
+      best = ms;
+      best_index = i;
+    }
+    cudaGetLastError();
+  }
+  g->algo = g->candidates[best_index];
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+void kcu_gemm_release(kcu_gemm *g) {
+  if (g->a) cublasLtMatrixLayoutDestroy(g->a);
+  if (g->b) cublasLtMatrixLayoutDestroy(g->b);
+  if (g->d) cublasLtMatrixLayoutDestroy(g->d);
+  if (g->desc) cublasLtMatmulDescDestroy(g->desc);
+  memset(g, 0, sizeof *g);
+}

@@ -1,0 +1,109 @@
+/* LINEAR for a few rows (batch-1 decoding, small MLPs): the weight is read once, so the
+ * kernel is bound by memory bandwidth, not math. Each warp owns one output column: its lanes
+ * stream the weight row in 16-byte loads, several issued before any is used, multiply them
+ * with every input row in f32, reduce by warp shuffles, and apply bias and activation (erf
+ * GELU included, which no cuBLASLt epilogue computes) before the one store. */
+#include "cuda_device.cuh"
+
+#define KCU_GEMV_WARPS 8
+#define KCU_GEMV_UNROLL 4 /* 16-byte weight loads in flight per lane */
+
+/* Unpacks 16 bytes of dtype dt held in a register into 4 (f32) or 8 floats. */
+static __device__ __forceinline__ void kcu_unpack16(uint4 raw, int dt, float *f) {
+  unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    if (dt == KILN_F32) {
+      f[k] = __uint_as_float(w[k]);
+    } else if (dt == KILN_F16) {
+      float2 t = __half22float2(*(const __half2 *)&w[k]);
+      f[2 * k] = t.x;
+      f[2 * k + 1] = t.y;
+    } else {
+      float2 t = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+      f[2 * k] = t.x;
+      f[2 * k + 1] = t.y;
+    }
+  }
+}
+
+static __device__ __forceinline__ float kcu_gemv_act(int act, float v) {
+  switch (act) {
+  case KILN_ACT_RELU: return kcu_unop(KILN_OP_RELU, v, 0.0f);
+  case KILN_ACT_GELU_ERF: return kcu_unop(KILN_OP_GELU, v, 0.0f);
+  case KILN_ACT_GELU_TANH: return kcu_unop(KILN_OP_GELU, v, 1.0f);
+  default: return v;
+  }
+}
+
+/* dt is a compile-time constant at each call below, so the dtype branches fold away. */
+static __device__ __forceinline__ void kcu_gemv_body(int dt, const void *x, const void *w,
+                                                     const void *bias, void *y, int M, int64_t N,
+                                                     int64_t K, int act) {
+  int lane = threadIdx.x & 31;
+  int64_t n = (int64_t)blockIdx.x * KCU_GEMV_WARPS + (threadIdx.x >> 5);
+  if (n >= N) return; /* the whole warp leaves together; no block barrier follows */
+  const int per = dt == KILN_F32 ? 4 : 8;
+  const int64_t chunks = K / per; /* 16-byte vectors per row */
+  const uint4 *wrow = (const uint4 *)w + n * chunks;
+  const uint4 *xv = (const uint4 *)x;
+  float acc[KCU_GEMV_MAX_ROWS];
+#pragma unroll
+  for (int m = 0; m < KCU_GEMV_MAX_ROWS; m++) acc[m] = 0.0f;
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * KCU_GEMV_UNROLL) {
+    uint4 wv[KCU_GEMV_UNROLL];
+#pragma unroll
+    for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
+      int64_t c = c0 + 32 * u;
+      wv[u] = c < chunks ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
+      int64_t c = c0 + 32 * u;
+      if (c < chunks) {
+        float wf[8], xf[8];
+        kcu_unpack16(wv[u], dt, wf);
+#pragma unroll
+        for (int m = 0; m < KCU_GEMV_MAX_ROWS; m++) {
+          if (m < M) {
+            kcu_unpack16(__ldg(xv + m * chunks + c), dt, xf);
+#pragma unroll
+            for (int t = 0; t < per; t++) acc[m] += wf[t] * xf[t];
+          }
+        }
+      }
+    }
+  }
+  float b = bias ? kcu_ld(bias, dt, n) : 0.0f;
+#pragma unroll
+  for (int m = 0; m < KCU_GEMV_MAX_ROWS; m++) {
+    if (m < M) {
+      float v = kcu_warp_sum(acc[m]);
+      if (lane == m) kcu_st(y, dt, (int64_t)m * N + n, kcu_gemv_act(act, v + b));
+    }
+  }
+}
+
+#define KCU_GEMV_KERNEL(name, dt)                                                              \
+  __global__ void __launch_bounds__(KCU_GEMV_WARPS * 32)                                       \
+      name(const void *x, const void *w, const void *bias, void *y, int M, int64_t N,          \
+           int64_t K, int act) {                                                               \
+    kcu_gemv_body(dt, x, w, bias, y, M, N, K, act);                                            \
+  }
+KCU_GEMV_KERNEL(kcu_gemv_f32, KILN_F32)
+KCU_GEMV_KERNEL(kcu_gemv_f16, KILN_F16)
+KCU_GEMV_KERNEL(kcu_gemv_bf16, KILN_BF16)
+
+cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias, void *y,
+                     kiln_dtype dt, int64_t M, int64_t N, int64_t K, kiln_activation act) {
+  if (N == 0) return cudaSuccess;
+  unsigned blocks = (unsigned)((N + KCU_GEMV_WARPS - 1) / KCU_GEMV_WARPS);
+  int threads = KCU_GEMV_WARPS * 32;
+  if (dt == KILN_F32)
+    kcu_gemv_f32<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act);
+  else if (dt == KILN_F16)
+    kcu_gemv_f16<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act);
+  else
+    kcu_gemv_bf16<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act);
+  return cudaGetLastError();
+}

@@ -1,0 +1,158 @@
+/* Data movement: permute, expand, slice, select, cat, copy and reshape, all expressed as one
+ * strided copy (an output index maps to a source offset through per-dim strides). */
+#include "cuda_device.cuh"
+
+#include <string.h>
+
+typedef struct kcu_copy_args {
+  kcu_copy_geom g;
+  int64_t n;
+} kcu_copy_args;
+
+#define KCU_DEFINE_COPY(name, type)                                                        \
+  __global__ void name(kcu_copy_args a, const type *src, type *dst) {                     \
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;                                     \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += stride) { \
+      int64_t s = a.g.src_base, t = a.g.dst_base, r = i;                                  \
+      for (int d = a.g.rank - 1; d >= 0; d--) {                                           \
+        int64_t c = r % a.g.dims[d];                                                      \
+        r /= a.g.dims[d];                                                                 \
+        s += c * a.g.src_strides[d];                                                      \
+        t += c * a.g.dst_strides[d];                                                      \
+      }                                                                                   \
+      dst[t] = src[s];                                                                    \
+    }                                                                                     \
+  }
+
+/* The same in 32-bit index math (a 64-bit division costs several times a 32-bit one), for
+ * copies whose every index and offset fits. */
+typedef struct kcu_copy_args32 {
+  int rank;
+  unsigned dims[KILN_MAX_RANK], src_strides[KILN_MAX_RANK], dst_strides[KILN_MAX_RANK];
+  unsigned src_base, dst_base, n;
+} kcu_copy_args32;
+
+#define KCU_DEFINE_COPY32(name, type)                                                      \
+  __global__ void name(kcu_copy_args32 a, const type *src, type *dst) {                   \
+    unsigned stride = gridDim.x * blockDim.x;                                             \
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += stride) {      \
+      unsigned s = a.src_base, t = a.dst_base, r = i;                                     \
+      for (int d = a.rank - 1; d >= 0; d--) {                                             \
+        unsigned c = r % a.dims[d];                                                       \
+        r /= a.dims[d];                                                                   \
+        s += c * a.src_strides[d];                                                        \
+        t += c * a.dst_strides[d];                                                        \
+      }                                                                                   \
+      dst[t] = src[s];                                                                    \
+    }                                                                                     \
+  }
+
+KCU_DEFINE_COPY32(kcu_copy32_1, unsigned char)
+KCU_DEFINE_COPY32(kcu_copy32_2, unsigned short)
+KCU_DEFINE_COPY32(kcu_copy32_4, unsigned int)
+KCU_DEFINE_COPY32(kcu_copy32_8, unsigned long long)
+
+KCU_DEFINE_COPY(kcu_copy1, unsigned char)
+KCU_DEFINE_COPY(kcu_copy2, unsigned short)
+KCU_DEFINE_COPY(kcu_copy4, unsigned int)
+KCU_DEFINE_COPY(kcu_copy8, unsigned long long)
+
+cudaError_t kcu_strided_copy(cudaStream_t s, const void *src, void *dst, size_t elem_size,
+                             const kcu_copy_geom *g) {
+  kcu_copy_args a;
+  a.g = *g;
+  a.n = 1;
+  for (int d = 0; d < g->rank; d++) a.n *= g->dims[d];
+  if (a.n == 0) return cudaSuccess;
+  unsigned grid = kcu_grid(a.n, 4);
+  int64_t src_end = g->src_base, dst_end = g->dst_base;
+  for (int d = 0; d < g->rank; d++) {
+    src_end += (g->dims[d] - 1) * g->src_strides[d];
+    dst_end += (g->dims[d] - 1) * g->dst_strides[d];
+  }
+  if (a.n < 0x7fffffffLL && src_end < 0x7fffffffLL && dst_end < 0x7fffffffLL) {
+    kcu_copy_args32 b;
+    memset(&b, 0, sizeof b);
+    b.rank = g->rank;
+    b.n = (unsigned)a.n;
+    b.src_base = (unsigned)g->src_base;
+    b.dst_base = (unsigned)g->dst_base;
+    for (int d = 0; d < g->rank; d++) {
+      b.dims[d] = (unsigned)g->dims[d];
+      b.src_strides[d] = (unsigned)g->src_strides[d];
+      b.dst_strides[d] = (unsigned)g->dst_strides[d];
+    }
+    switch (elem_size) {
+    case 1: kcu_copy32_1<<<grid, KCU_BLOCK, 0, s>>>(b, (const unsigned char *)src, (unsigned char *)dst); break;
+    case 2: kcu_copy32_2<<<grid, KCU_BLOCK, 0, s>>>(b, (const unsigned short *)src, (unsigned short *)dst); break;
+    case 4: kcu_copy32_4<<<grid, KCU_BLOCK, 0, s>>>(b, (const unsigned int *)src, (unsigned int *)dst); break;
+    default: kcu_copy32_8<<<grid, KCU_BLOCK, 0, s>>>(b, (const unsigned long long *)src, (unsigned long long *)dst); break;
+    }
+    return cudaGetLastError();
+  }
+  switch (elem_size) {
+  case 1: kcu_copy1<<<grid, KCU_BLOCK, 0, s>>>(a, (const unsigned char *)src, (unsigned char *)dst); break;
+  case 2: kcu_copy2<<<grid, KCU_BLOCK, 0, s>>>(a, (const unsigned short *)src, (unsigned short *)dst); break;
+  case 4: kcu_copy4<<<grid, KCU_BLOCK, 0, s>>>(a, (const unsigned int *)src, (unsigned int *)dst); break;
+  default: kcu_copy8<<<grid, KCU_BLOCK, 0, s>>>(a, (const unsigned long long *)src, (unsigned long long *)dst); break;
+  }
+  return cudaGetLastError();
+}
+
+static void kcu_geom_init(kcu_copy_geom *g, const kcu_tensor *out) {
+  memset(g, 0, sizeof *g);
+  g->rank = out->rank;
+  for (int d = 0; d < out->rank; d++) g->dims[d] = out->dims[d];
+  kcu_strides(out, g->dst_strides);
+}
+
+cudaError_t kcu_layout(cudaStream_t s, const kiln_op *op, const kcu_tensor *in, uint32_t n_in,
+                       const kcu_tensor *out) {
+  size_t es = kiln_dtype_size(out->dtype);
+  int64_t in_str[KILN_MAX_RANK];
+  kcu_strides(&in[0], in_str);
+  kcu_copy_geom g;
+  kcu_geom_init(&g, out);
+  switch (op->kind) {
+  case KILN_OP_PERMUTE:
+    for (int d = 0; d < out->rank; d++) g.src_strides[d] = in_str[op->iattr[d]];
+    break;
+  case KILN_OP_EXPAND:
+    kcu_broadcast_strides(&in[0], out->rank, out->dims, g.src_strides);
+    break;
+  case KILN_OP_SLICE: {
+    int64_t dim = op->iattr[0];
+    for (int d = 0; d < out->rank; d++) g.src_strides[d] = in_str[d];
+    g.src_strides[dim] = in_str[dim] * op->iattr[3];
+    g.src_base = op->iattr[1] * in_str[dim];
+    break;
+  }
+  case KILN_OP_SELECT: {
+    int64_t dim = op->iattr[0], index = op->iattr[1];
+    if (index < 0) index += in[0].dims[dim];
+    for (int d = 0, e = 0; d < in[0].rank; d++)
+      if (d != dim) g.src_strides[e++] = in_str[d];
+    g.src_base = index * in_str[dim];
+    break;
+  }
+  case KILN_OP_CAT: {
+    int64_t dim = op->iattr[0], at = 0;
+    for (uint32_t k = 0; k < n_in; k++) {
+      kcu_copy_geom part;
+      kcu_geom_init(&part, &in[k]);
+      for (int d = 0; d < out->rank; d++) part.dst_strides[d] = g.dst_strides[d];
+      kcu_strides(&in[k], part.src_strides);
+      part.dst_base = at * g.dst_strides[dim];
+      at += in[k].dims[dim];
+      cudaError_t rc = kcu_strided_copy(s, in[k].data, out->data, es, &part);
+      if (rc != cudaSuccess) return rc;
+    }
+    return cudaSuccess;
+  }
+  default: /* COPY, RESHAPE: same bytes, maybe in place */
+    if (in[0].data == out->data || out->numel == 0) return cudaSuccess;
+    return cudaMemcpyAsync(out->data, in[0].data, (size_t)out->numel * es,
+                           cudaMemcpyDeviceToDevice, s);
+  }
+  return kcu_strided_copy(s, in[0].data, out->data, es, &g);
+}

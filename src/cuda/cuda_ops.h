@@ -1,0 +1,109 @@
+/* The CUDA engine's kernel launchers: one family per .cu file, all launched on one stream.
+ * Launchers only enqueue work (they are captured into a CUDA graph); shapes and dtypes
+ * were checked at init by cuda_check.c, so a launcher fails only on a launch error. */
+#ifndef KILN_CUDA_OPS_H
+#define KILN_CUDA_OPS_H
+
+#include "kiln/kiln.h"
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A plan tensor resolved to a device address for one launch. */
+typedef struct kcu_tensor {
+  void *data;
+  kiln_dtype dtype;
+  int32_t rank;
+  int64_t dims[KILN_MAX_RANK];
+  int64_t numel;
+} kcu_tensor;
+
+/* Row-major element strides of t. */
+void kcu_strides(const kcu_tensor *t, int64_t *strides);
+/* Strides of t broadcast (right-aligned) to a shape of `rank` dims; 0 where t has size 1. */
+void kcu_broadcast_strides(const kcu_tensor *t, int32_t rank, const int64_t *dims,
+                           int64_t *strides);
+
+/* cuda_elementwise.cu: ADD/SUB/MUL/DIV (alpha for ADD/SUB), broadcasting. */
+cudaError_t kcu_binary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *a,
+                       const kcu_tensor *b, const kcu_tensor *out, float alpha);
+/* RELU..POW and CAST; param is POW's exponent or GELU's approximation flag. */
+cudaError_t kcu_unary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
+                      const kcu_tensor *out, float param);
+cudaError_t kcu_where(cudaStream_t s, const kcu_tensor *cond, const kcu_tensor *a,
+                      const kcu_tensor *b, const kcu_tensor *out);
+/* In place on a contiguous float tensor: the activation a GEMM epilogue could not fuse. */
+cudaError_t kcu_activation(cudaStream_t s, kiln_activation act, const kcu_tensor *t);
+
+/* cuda_fused_pointwise.cu: POINTWISE, every step of the chain in one kernel. */
+cudaError_t kcu_fused_pointwise(cudaStream_t s, const kiln_op *op, const kcu_tensor *in,
+                                const kcu_tensor *out);
+
+/* cuda_normalize.cu */
+cudaError_t kcu_softmax(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *out, int32_t dim,
+                        int log);
+/* LAYER_NORM (rms = 0) or RMS_NORM (rms = 1) over the trailing `ndims` dims. */
+cudaError_t kcu_norm(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *weight,
+                     const kcu_tensor *bias, const kcu_tensor *out, int32_t ndims, float eps,
+                     int rms);
+
+/* cuda_reduce.cu: SUM, MEAN, AMAX over the dims in `mask`. */
+cudaError_t kcu_reduce(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
+                       const kcu_tensor *out, uint32_t mask);
+
+/* cuda_layout.cu: out[i] = src[base + sum(idx_d * strides[d])] over out's dims (any rank),
+ * written at out offset dst_base + sum(idx_d * dst_strides[d]). Element size 1/2/4/8. */
+typedef struct kcu_copy_geom {
+  int32_t rank;
+  int64_t dims[KILN_MAX_RANK];
+  int64_t src_strides[KILN_MAX_RANK];
+  int64_t dst_strides[KILN_MAX_RANK];
+  int64_t src_base;
+  int64_t dst_base;
+} kcu_copy_geom;
+cudaError_t kcu_strided_copy(cudaStream_t s, const void *src, void *dst, size_t elem_size,
+                             const kcu_copy_geom *g);
+/* PERMUTE, EXPAND, SLICE, SELECT, CAT (all inputs), COPY and RESHAPE. */
+cudaError_t kcu_layout(cudaStream_t s, const kiln_op *op, const kcu_tensor *in, uint32_t n_in,
+                       const kcu_tensor *out);
+
+/* cuda_gather.cu: an index out of range writes zeros and sets *fault (a device int). */
+cudaError_t kcu_embedding(cudaStream_t s, const kcu_tensor *weight, const kcu_tensor *idx,
+                          const kcu_tensor *out, int *fault);
+cudaError_t kcu_index_select(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *idx,
+                             const kcu_tensor *out, int32_t dim, int *fault);
+
+/* cuda_attention.cu: fused attention with online softmax; no score matrix in memory.
+ * Head dims up to KCU_ATTN_MAX_HEAD; mask (may be NULL) is bool or additive float. A row
+ * with every key masked outputs zeros. */
+#define KCU_ATTN_MAX_HEAD 256
+cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
+                          const kcu_tensor *v, const kcu_tensor *mask, const kcu_tensor *out,
+                          int causal, float scale);
+/* Raises the kernel's dynamic shared memory limit once, at init. */
+cudaError_t kcu_attention_prepare(int max_head);
+/* Turns f32 scores [batch, L, S] (batch and L as out's leading dims) into probabilities in
+ * place: scale, causal and mask applied, a stable softmax per row in f32, each row written as
+ * p_dtype from the start of its own score row (so rows keep their byte stride). A row with
+ * every key masked becomes zeros. */
+cudaError_t kcu_attention_softmax(cudaStream_t s, float *scores, kiln_dtype p_dtype,
+                                  const kcu_tensor *mask, const kcu_tensor *out, int64_t S,
+                                  int causal, float scale);
+
+/* cuda_gemv.cu: y[M,N] = act(x[M,K] w[N,K]^T + bias) for a few rows, f32 accumulation, bias
+ * (may be NULL) and activation fused; operands contiguous and 16-byte aligned. */
+#define KCU_GEMV_MAX_ROWS 8
+static inline int kcu_gemv_fits(int64_t M, int64_t K) {
+  return M >= 1 && M <= KCU_GEMV_MAX_ROWS && K > 0 && K % 8 == 0;
+}
+cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias, void *y,
+                     kiln_dtype dt, int64_t M, int64_t N, int64_t K, kiln_activation act);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,133 @@
+/* SUM, MEAN and AMAX over a set of dims: one warp per output element when the reduction is
+ * long, one thread per output otherwise. Floats accumulate in f32, integers in 64 bits. */
+#include "cuda_device.cuh"
+
+typedef struct kcu_reduce_geom {
+  int32_t nk, nr;
+  int64_t kdims[KILN_MAX_RANK], kstr[KILN_MAX_RANK];
+  int64_t rdims[KILN_MAX_RANK], rstr[KILN_MAX_RANK];
+  int64_t rcount;
+  int trailing; /* reduced dims are the trailing ones: their offsets are contiguous */
+} kcu_reduce_geom;
+
+static __device__ __forceinline__ int64_t kcu_decompose(int64_t i, int n, const int64_t *dims,
+                                                        const int64_t *str) {
+  int64_t off = 0;
+  for (int d = n - 1; d >= 0; d--) {
+    off += (i % dims[d]) * str[d];
+    i /= dims[d];
+  }
+  return off;
+}
+
+static __device__ __forceinline__ float kcu_fold(int op, float acc, float v) {
+  return op == KILN_OP_AMAX ? ((v > acc || v != v) ? v : acc) : acc + v;
+}
+
+/* Each group of `lanes` threads (1 or 32) reduces one output element. */
+__global__ void kcu_reduce_kernel(kcu_reduce_geom g, int op, const void *x, int dx, void *out,
+                                  int dout, int64_t n_out, int lanes) {
+  int64_t gid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / lanes;
+  int lane = (int)(threadIdx.x % lanes);
+  int64_t groups = (int64_t)gridDim.x * blockDim.x / lanes;
+  for (int64_t o = gid; o < n_out; o += groups) {
+    int64_t base = kcu_decompose(o, g.nk, g.kdims, g.kstr);
+    if (kcu_is_int(dout)) {
+      long long acc = op == KILN_OP_AMAX ? LLONG_MIN : 0;
+      for (int64_t r = lane; r < g.rcount; r += lanes) {
+        int64_t off = base + (g.trailing ? r : kcu_decompose(r, g.nr, g.rdims, g.rstr));
+        long long v = kcu_ldi(x, dx, off);
+        acc = op == KILN_OP_AMAX ? (v > acc ? v : acc) : acc + v;
+      }
+      for (int s = lanes / 2; s > 0; s >>= 1) {
+        long long t = __shfl_xor_sync(0xffffffffu, acc, s);
+        acc = op == KILN_OP_AMAX ? (t > acc ? t : acc) : acc + t;
+      }
+      if (lane == 0) kcu_sti(out, dout, o, acc);
+    } else {
+      float acc = op == KILN_OP_AMAX ? -INFINITY : 0.0f;
+      for (int64_t r = lane; r < g.rcount; r += lanes) {
+        int64_t off = base + (g.trailing ? r : kcu_decompose(r, g.nr, g.rdims, g.rstr));
+        acc = kcu_fold(op, acc, kcu_ld(x, dx, off));
+      }
+      for (int s = lanes / 2; s > 0; s >>= 1)
+        acc = kcu_fold(op, acc, __shfl_xor_sync(0xffffffffu, acc, s));
+      if (op == KILN_OP_MEAN) acc /= (float)g.rcount;
+      if (lane == 0) kcu_st(out, dout, o, acc);
+    }
+  }
+}
+
+/* One block of KCU_REDUCE_THREADS per output element: for few outputs over long reductions
+ * (a mean of a whole tensor), where a warp each would leave the device idle. */
+#define KCU_REDUCE_THREADS 1024
+__global__ void kcu_reduce_block(kcu_reduce_geom g, int op, const void *x, int dx, void *out,
+                                 int dout) {
+  __shared__ long long iscratch[32];
+  __shared__ float fscratch[32];
+  int64_t o = blockIdx.x;
+  int64_t base = kcu_decompose(o, g.nk, g.kdims, g.kstr);
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (kcu_is_int(dout)) {
+    long long acc = op == KILN_OP_AMAX ? LLONG_MIN : 0;
+    for (int64_t r = threadIdx.x; r < g.rcount; r += blockDim.x) {
+      long long v = kcu_ldi(x, dx, base + (g.trailing ? r : kcu_decompose(r, g.nr, g.rdims, g.rstr)));
+      acc = op == KILN_OP_AMAX ? (v > acc ? v : acc) : acc + v;
+    }
+    for (int s = 16; s > 0; s >>= 1) {
+      long long t = __shfl_xor_sync(0xffffffffu, acc, s);
+      acc = op == KILN_OP_AMAX ? (t > acc ? t : acc) : acc + t;
+    }
+    if (lane == 0) iscratch[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+        acc = op == KILN_OP_AMAX ? (iscratch[w] > acc ? iscratch[w] : acc) : acc + iscratch[w];
+      kcu_sti(out, dout, o, acc);
+    }
+    return;
+  }
+  float acc = op == KILN_OP_AMAX ? -INFINITY : 0.0f;
+  for (int64_t r = threadIdx.x; r < g.rcount; r += blockDim.x)
+    acc = kcu_fold(op, acc, kcu_ld(x, dx, base + (g.trailing ? r : kcu_decompose(r, g.nr, g.rdims, g.rstr))));
+  for (int s = 16; s > 0; s >>= 1) acc = kcu_fold(op, acc, __shfl_xor_sync(0xffffffffu, acc, s));
+  if (lane == 0) fscratch[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) acc = kcu_fold(op, acc, fscratch[w]);
+    if (op == KILN_OP_MEAN) acc /= (float)g.rcount;
+    kcu_st(out, dout, o, acc);
+  }
+}
+
+cudaError_t kcu_reduce(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
+                       const kcu_tensor *out, uint32_t mask) {
+  if (out->numel == 0) return cudaSuccess;
+  kcu_reduce_geom g;
+  memset(&g, 0, sizeof g);
+  int64_t str[KILN_MAX_RANK];
+  kcu_strides(x, str);
+  g.rcount = 1;
+  int first_reduced = x->rank;
+  for (int d = 0; d < x->rank; d++) {
+    if (mask & (1u << d)) {
+      g.rdims[g.nr] = x->dims[d];
+      g.rstr[g.nr++] = str[d];
+      g.rcount *= x->dims[d];
+      if (first_reduced == x->rank) first_reduced = d;
+    } else {
+      g.kdims[g.nk] = x->dims[d];
+      g.kstr[g.nk++] = str[d];
+    }
+  }
+  g.trailing = g.nr == x->rank - first_reduced;
+  if (out->numel <= 4096 && g.rcount >= 8192) {
+    kcu_reduce_block<<<(unsigned)out->numel, KCU_REDUCE_THREADS, 0, s>>>(g, kind, x->data, x->dtype,
+                                                                         out->data, out->dtype);
+    return cudaGetLastError();
+  }
+  int lanes = g.rcount >= 32 ? 32 : 1;
+  kcu_reduce_kernel<<<kcu_grid(out->numel * lanes, 1), KCU_BLOCK, 0, s>>>(
+      g, kind, x->data, x->dtype, out->data, out->dtype, out->numel, lanes);
+  return cudaGetLastError();
+}

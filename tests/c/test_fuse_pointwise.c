@@ -1,0 +1,688 @@
+/* Pointwise-chain fusion: which chains the builder fuses and which it leaves alone, what the
+ * plan records, that a fused plan computes what the unfused one does on the CPU engine (f32
+ * bit for bit; f16 rounded once instead of per op), and that malformed POINTWISE ops are
+ * refused by the plan parser and by the CPU engine's init. */
+#include "check.h"
+#include "core/alloc.h"
+#include "core/pointwise_steps.h"
+#include "test_cpu_harness.h"
+
+#include "kiln/kiln.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define D(...) ((const int64_t[]){__VA_ARGS__})
+#define T(...) ((const int32_t[]){__VA_ARGS__})
+#define MAX_OUTS 12
+#define MAX_INS 12
+
+/* Records one graph in dtype dt into b and marks its outputs. */
+typedef void (*graph_fn)(kiln_builder *b, kiln_dtype dt);
+
+static int32_t in(kiln_builder *b, const char *name, kiln_dtype dt, int32_t rank,
+                  const int64_t *dims) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t id = kiln_builder_add_input(b, name, dt, rank, dims, &err);
+  if (id < 0) fprintf(stderr, "add_input: %s\n", err.message);
+  CHECK(id >= 0);
+  return id;
+}
+
+static int32_t op(kiln_builder *b, kiln_op_kind kind, const int32_t *inputs, uint32_t n,
+                  int64_t iattr0, uint32_t n_iattr, const double *fattr, uint32_t n_fattr) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t id = kiln_builder_add_op(b, kind, inputs, n, &iattr0, n_iattr, fattr, n_fattr, &err);
+  if (id < 0) fprintf(stderr, "add_op: %s\n", err.message);
+  CHECK(id >= 0);
+  return id;
+}
+
+static int32_t unary(kiln_builder *b, kiln_op_kind kind, int32_t x) {
+  return op(b, kind, T(x), 1, 0, 0, NULL, 0);
+}
+
+static int32_t binary(kiln_builder *b, kiln_op_kind kind, int32_t x, int32_t y) {
+  return op(b, kind, T(x, y), 2, 0, 0, NULL, 0);
+}
+
+static void out(kiln_builder *b, int32_t t, const char *name) {
+  kiln_error err = {KILN_OK, ""};
+  kiln_status s = kiln_builder_mark_output(b, t, name, &err);
+  if (s) fprintf(stderr, "mark_output: %s\n", err.message);
+  CHECK(s == KILN_OK);
+}
+
+/* ---------------------------------------------------------------- the graphs */
+
+/* x * y[4] + z, then GELU (tanh): one chain of three steps over two extra inputs. */
+static void g_mul_add_gelu(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 3, D(2, 3, 4)), y = in(b, "y", dt, 1, D(4));
+  int32_t z = in(b, "z", dt, 3, D(2, 3, 4));
+  int32_t a = binary(b, KILN_OP_MUL, x, y);
+  out(b, op(b, KILN_OP_GELU, T(binary(b, KILN_OP_ADD, a, z)), 1, 1, 1, NULL, 0), "out");
+}
+
+/* exp(z / (y - x)): the chain value is the right operand of SUB and DIV. */
+static void g_reversed(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 3, D(2, 3, 4)), y = in(b, "y", dt, 1, D(4));
+  int32_t z = in(b, "z", dt, 2, D(3, 1));
+  int32_t a = binary(b, KILN_OP_SUB, y, x);
+  out(b, unary(b, KILN_OP_EXP, binary(b, KILN_OP_DIV, z, a)), "out");
+}
+
+/* relu(x) is an output too, so only exp and neg fuse. */
+static void g_multi_use(kiln_builder *b, kiln_dtype dt) {
+  int32_t a = unary(b, KILN_OP_RELU, in(b, "x", dt, 2, D(3, 5)));
+  out(b, a, "a");
+  out(b, unary(b, KILN_OP_NEG, unary(b, KILN_OP_EXP, a)), "c");
+}
+
+/* relu(x[4]) + w[3,4] would enlarge the chain of relu; the add starts its own chain from w.
+ * p[3,1] + q[1,4] has no operand of the output's shape, so its sigmoid stays alone. */
+static void g_enlarging(kiln_builder *b, kiln_dtype dt) {
+  int32_t a = unary(b, KILN_OP_RELU, in(b, "x", dt, 1, D(4)));
+  int32_t w = in(b, "w", dt, 2, D(3, 4));
+  out(b, unary(b, KILN_OP_TANH, binary(b, KILN_OP_ADD, a, w)), "c");
+  int32_t p = in(b, "p", dt, 2, D(3, 1)), q = in(b, "q", dt, 2, D(1, 4));
+  out(b, unary(b, KILN_OP_SIGMOID, binary(b, KILN_OP_ADD, p, q)), "d");
+}
+
+/* Integer arithmetic never fuses. */
+static void g_integer(kiln_builder *b, kiln_dtype dt) {
+  (void)dt;
+  int32_t x = in(b, "x", KILN_I32, 1, D(6));
+  out(b, binary(b, KILN_OP_SUB, binary(b, KILN_OP_ADD, binary(b, KILN_OP_MUL, x, x), x), x), "y");
+}
+
+/* Ten unary ops: eight steps in one POINTWISE op, two in the next. */
+static void g_long(kiln_builder *b, kiln_dtype dt) {
+  static const kiln_op_kind kinds[10] = {KILN_OP_NEG,  KILN_OP_TANH, KILN_OP_SIGMOID, KILN_OP_RELU,
+                                         KILN_OP_SILU, KILN_OP_EXP,  KILN_OP_NEG,     KILN_OP_TANH,
+                                         KILN_OP_SIGMOID, KILN_OP_SILU};
+  int32_t v = in(b, "x", dt, 2, D(4, 4));
+  for (int i = 0; i < 10; i++) v = unary(b, kinds[i], v);
+  out(b, v, "y");
+}
+
+/* pow(x, 2) + y, then pow(., 0.5) and neg: a second POW starts a second chain. */
+static void g_two_pows(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 2, D(2, 8)), y = in(b, "y", dt, 2, D(2, 8));
+  int32_t a = op(b, KILN_OP_POW, T(x), 1, 0, 0, (const double[]){2.0}, 1);
+  int32_t c = op(b, KILN_OP_POW, T(binary(b, KILN_OP_ADD, a, y)), 1, 0, 0,
+                 (const double[]){0.5}, 1);
+  out(b, unary(b, KILN_OP_NEG, c), "y_out");
+}
+
+/* x + 2 * y keeps its alpha: it stays an ADD, and its relu stays alone. */
+static void g_alpha(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 1, D(8)), y = in(b, "y", dt, 1, D(8));
+  int32_t a = op(b, KILN_OP_ADD, T(x, y), 2, 0, 0, (const double[]){2.0}, 1);
+  out(b, unary(b, KILN_OP_RELU, a), "out");
+}
+
+/* A GEMM keeps its activation: linear+relu then mul alone; linear+gelu then mul+add fused. */
+static void g_linear(kiln_builder *b, kiln_dtype dt) {
+  kiln_error err = {KILN_OK, ""};
+  float wdata[12];
+  for (int i = 0; i < 12; i++) wdata[i] = (float)(i % 5) / 4.0f - 0.5f;
+  int32_t x = in(b, "x", dt, 2, D(2, 3)), y = in(b, "y", dt, 1, D(4));
+  int32_t z = in(b, "z", dt, 2, D(2, 4));
+  int32_t w = kiln_builder_add_constant(b, KILN_F32, 2, D(4, 3), wdata, sizeof wdata, &err);
+  CHECK(w >= 0);
+  int32_t r = unary(b, KILN_OP_RELU, binary(b, KILN_OP_LINEAR, x, w));
+  out(b, binary(b, KILN_OP_MUL, r, y), "m");
+  int32_t g = unary(b, KILN_OP_GELU, binary(b, KILN_OP_LINEAR, x, w));
+  out(b, binary(b, KILN_OP_ADD, binary(b, KILN_OP_MUL, g, y), z), "k");
+}
+
+/* Every step kind with square roots of positive values: sqrt, rsqrt, div, sub, gelu (erf). */
+static void g_all_steps(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 2, D(3, 7)), y = in(b, "y", dt, 2, D(3, 1));
+  int32_t v = unary(b, KILN_OP_SQRT, x);
+  v = binary(b, KILN_OP_DIV, v, y);
+  v = unary(b, KILN_OP_RSQRT, v);
+  v = binary(b, KILN_OP_SUB, v, y);
+  v = unary(b, KILN_OP_GELU, v);
+  v = binary(b, KILN_OP_MUL, x, v);
+  out(b, unary(b, KILN_OP_SIGMOID, v), "out");
+}
+
+/* Eight binary steps on eight distinct operands: seven fit next to x, the eighth stays alone. */
+static void g_many_operands(kiln_builder *b, kiln_dtype dt) {
+  static const char *const names[8] = {"e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8"};
+  int32_t v = in(b, "x", dt, 2, D(2, 8));
+  for (int i = 0; i < 8; i++) {
+    int32_t e = in(b, names[i], dt, 1, D(8));
+    v = i % 2 ? binary(b, KILN_OP_MUL, e, v) : binary(b, KILN_OP_ADD, v, e);
+  }
+  out(b, v, "y");
+}
+
+/* relu(x) * exp(y), then neg: the first chain takes the mul, so exp(y), whose only reader is
+ * now inside that chain, must not grow into it. */
+static void g_shared_reader(kiln_builder *b, kiln_dtype dt) {
+  int32_t a = unary(b, KILN_OP_RELU, in(b, "x", dt, 1, D(8)));
+  int32_t e = unary(b, KILN_OP_EXP, in(b, "y", dt, 1, D(8)));
+  out(b, unary(b, KILN_OP_NEG, binary(b, KILN_OP_MUL, a, e)), "out");
+}
+
+/* ---------------------------------------------------------------- building and running */
+
+typedef struct built {
+  void *blob;
+  size_t size;
+  kiln_blob_view view;
+  kiln_plan plan;
+} built;
+
+static int build(graph_fn make, kiln_dtype dt, int fuse, built *x) {
+  kiln_builder *b = kiln_builder_create();
+  kiln_build_options opts;
+  kiln_error err = {KILN_OK, ""};
+  int ok;
+  memset(x, 0, sizeof *x);
+  CHECK(b != NULL);
+  if (!b) return 0;
+  make(b, dt);
+  kiln_build_options_default(&opts);
+  opts.fuse = fuse;
+  ok = kiln_builder_build(b, &opts, &x->blob, &x->size, &err) == KILN_OK &&
+       kiln_blob_parse(x->blob, x->size, &x->view, &err) == KILN_OK &&
+       kiln_plan_parse(x->view.plan, x->view.plan_size, x->view.weights_size, &x->plan, &err) ==
+           KILN_OK;
+  if (!ok) fprintf(stderr, "build: %s\n", err.message);
+  CHECK(ok);
+  kiln_builder_destroy(b);
+  return ok;
+}
+
+static void release(built *x) {
+  kiln_plan_release(&x->plan);
+  kiln_free(x->blob);
+  memset(x, 0, sizeof *x);
+}
+
+static const kiln_op *plan_op(const built *x, uint32_t i) { return &x->plan.ops[i]; }
+
+/* Input values: multiples of 1/64 in [lo, hi), exact in f16 and bf16 alike. */
+static double input_value(uint32_t binding, int64_t i, double lo, double hi) {
+  uint32_t state = binding * 7919u + (uint32_t)i * 104729u + 17u;
+  double r = (next_random(&state) + 1.0) / 2.0;
+  return floor((lo + r * (hi - lo)) * 64.0) / 64.0;
+}
+
+/* Runs a blob on the CPU engine; outs[k] receives output k (malloc'd). Returns the count. */
+static uint32_t run_cpu(const built *x, double lo, double hi, void **outs) {
+  kiln_engine_options opts;
+  kiln_engine *e = NULL;
+  kiln_error err = {KILN_OK, ""};
+  kiln_tensor_view iv[MAX_INS], ov[MAX_OUTS];
+  void *ins[MAX_INS] = {0};
+  uint32_t n_in = 0, n_out = 0;
+  kiln_engine_options_default(&opts);
+  opts.device = KILN_DEVICE_CPU;
+  if (kiln_engine_load(x->blob, x->size, &opts, &e, &err) != KILN_OK) {
+    fprintf(stderr, "load: %s\n", err.message);
+    CHECK(0);
+    return 0;
+  }
+  const kiln_metadata *md = kiln_engine_metadata(e);
+  CHECK(md->n_bindings <= MAX_INS);
+  for (uint32_t i = 0; i < md->n_bindings && i < MAX_INS; i++) {
+    const kiln_binding *bd = &md->bindings[i];
+    kiln_tensor_view *v = bd->kind == KILN_IO_INPUT ? &iv[n_in] : &ov[n_out];
+    int64_t n = 1, stride = 1;
+    for (int32_t d = 0; d < bd->rank; d++) n *= bd->shape[d];
+    memset(v, 0, sizeof *v);
+    v->dtype = bd->dtype;
+    v->rank = bd->rank;
+    v->nbytes = (size_t)n * kiln_dtype_size(bd->dtype);
+    for (int32_t d = bd->rank - 1; d >= 0; d--) {
+      v->sizes[d] = bd->shape[d];
+      v->strides[d] = stride;
+      stride *= bd->shape[d];
+    }
+    v->data = calloc(1, v->nbytes ? v->nbytes : 1);
+    if (bd->kind == KILN_IO_OUTPUT) {
+      outs[n_out++] = v->data;
+      continue;
+    }
+    for (int64_t k = 0; k < n; k++) {
+      double value = input_value(n_in, k, lo, hi);
+      if (bd->dtype == KILN_I32) ((int32_t *)v->data)[k] = (int32_t)(value * 8.0);
+      else fill_value(v->data, bd->dtype, k, value);
+    }
+    ins[n_in++] = v->data;
+  }
+  if (kiln_engine_execute(e, iv, n_in, ov, n_out, &err) != KILN_OK) {
+    fprintf(stderr, "execute: %s\n", err.message);
+    CHECK(0);
+  }
+  for (uint32_t i = 0; i < n_in; i++) free(ins[i]);
+  kiln_engine_destroy(e);
+  return n_out;
+}
+
+static void free_outs(void **outs, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) free(outs[i]);
+}
+
+/* The fused and the unfused plan of one graph give the same bytes on the CPU engine. */
+static void check_same_as_unfused(graph_fn make, kiln_dtype dt, double lo, double hi) {
+  built fused, plain;
+  void *a[MAX_OUTS], *b[MAX_OUTS];
+  memset(&plain, 0, sizeof plain);
+  if (build(make, dt, 1, &fused) && build(make, dt, 0, &plain)) {
+    uint32_t n = run_cpu(&fused, lo, hi, a), m = run_cpu(&plain, lo, hi, b);
+    CHECK(n == m && n == plain.plan.n_outputs);
+    for (uint32_t k = 0; k < n && k < m; k++) {
+      const kiln_tensor_desc *t = &plain.plan.tensors[plain.plan.outputs[k]];
+      int same = memcmp(a[k], b[k], (size_t)t->nbytes) == 0;
+      if (!same) fprintf(stderr, "output %u of the fused plan differs\n", (unsigned)k);
+      CHECK(same);
+    }
+    free_outs(a, n);
+    free_outs(b, m);
+    for (uint32_t i = 0; i < plain.plan.n_ops; i++)
+      CHECK(plan_op(&plain, i)->kind != KILN_OP_POINTWISE);
+  }
+  release(&fused);
+  release(&plain);
+}
+
+/* ---------------------------------------------------------------- what fuses */
+
+static void test_chain_fuses(void) {
+  built x;
+  char text[32];
+  if (build(g_mul_add_gelu, KILN_F32, 1, &x)) {
+    const kiln_op *p = plan_op(&x, 0);
+    CHECK(x.plan.n_ops == 1 && p->kind == KILN_OP_POINTWISE);
+    CHECK(p->n_inputs == 3 && p->inputs[0] == 0 && p->inputs[1] == 1 && p->inputs[2] == 2);
+    CHECK(p->n_iattr == 3);
+    CHECK(p->iattr[0] == KILN_PW_STEP(KILN_OP_MUL, 1, 0));
+    CHECK(p->iattr[1] == KILN_PW_STEP(KILN_OP_ADD, 2, 0));
+    CHECK(p->iattr[2] == KILN_PW_STEP(KILN_OP_GELU, 0, KILN_PW_GELU_TANH));
+    CHECK(p->fattr[0] == 0.0 && p->fattr[1] == 0.0);
+    CHECK(p->output == x.plan.outputs[0]);
+    CHECK_STR(kiln_pointwise_step_str(p->iattr[0], 0.0, text, sizeof text), "mul(in1)");
+    CHECK_STR(kiln_pointwise_step_str(p->iattr[2], 0.0, text, sizeof text), "gelu_tanh");
+    CHECK_STR(kiln_op_name(KILN_OP_POINTWISE), "pointwise");
+  }
+  release(&x);
+  check_same_as_unfused(g_mul_add_gelu, KILN_F32, -2.0, 2.0);
+
+  if (build(g_reversed, KILN_F32, 1, &x)) {
+    const kiln_op *p = plan_op(&x, 0);
+    CHECK(x.plan.n_ops == 1 && p->kind == KILN_OP_POINTWISE && p->n_iattr == 3);
+    CHECK(p->inputs[0] == 0 && p->inputs[1] == 1 && p->inputs[2] == 2);
+    CHECK(p->iattr[0] == KILN_PW_STEP(KILN_OP_SUB, 1, KILN_PW_REVERSED));
+    CHECK(p->iattr[1] == KILN_PW_STEP(KILN_OP_DIV, 2, KILN_PW_REVERSED));
+    CHECK(p->iattr[2] == KILN_PW_STEP(KILN_OP_EXP, 0, 0));
+    CHECK_STR(kiln_pointwise_step_str(p->iattr[0], 0.0, text, sizeof text), "rsub(in1)");
+    CHECK_STR(kiln_pointwise_step_str(p->iattr[1], 0.0, text, sizeof text), "rdiv(in2)");
+  }
+  release(&x);
+  check_same_as_unfused(g_reversed, KILN_F32, -2.0, 2.0);
+
+  if (build(g_all_steps, KILN_F32, 1, &x)) {
+    const kiln_op *p = plan_op(&x, 0);
+    CHECK(x.plan.n_ops == 1 && p->kind == KILN_OP_POINTWISE && p->n_iattr == 7);
+    /* y feeds two steps through one input slot; x is both the chain's start and an operand */
+    CHECK(p->n_inputs == 3 && p->inputs[1] == 1 && p->inputs[2] == 0);
+    CHECK(p->iattr[4] == KILN_PW_STEP(KILN_OP_GELU, 0, 0));
+    CHECK(p->iattr[5] == KILN_PW_STEP(KILN_OP_MUL, 2, 0));
+    CHECK_STR(kiln_pointwise_step_str(p->iattr[4], 0.0, text, sizeof text), "gelu_erf");
+  }
+  release(&x);
+  check_same_as_unfused(g_all_steps, KILN_F32, 0.25, 2.0);
+}
+
+static void test_chain_boundaries(void) {
+  built x;
+  char text[32];
+  if (build(g_multi_use, KILN_F32, 1, &x)) {
+    CHECK(x.plan.n_ops == 2 && plan_op(&x, 0)->kind == KILN_OP_RELU);
+    CHECK(plan_op(&x, 1)->kind == KILN_OP_POINTWISE && plan_op(&x, 1)->n_iattr == 2);
+    CHECK(plan_op(&x, 1)->inputs[0] == plan_op(&x, 0)->output);
+  }
+  release(&x);
+  check_same_as_unfused(g_multi_use, KILN_F32, -2.0, 2.0);
+
+  if (build(g_enlarging, KILN_F32, 1, &x)) {
+    CHECK(x.plan.n_ops == 4);
+    CHECK(plan_op(&x, 0)->kind == KILN_OP_RELU);
+    CHECK(plan_op(&x, 1)->kind == KILN_OP_POINTWISE);
+    CHECK(plan_op(&x, 1)->inputs[0] == 1 && plan_op(&x, 1)->inputs[1] == plan_op(&x, 0)->output);
+    CHECK(plan_op(&x, 1)->iattr[0] == KILN_PW_STEP(KILN_OP_ADD, 1, 0));
+    CHECK(plan_op(&x, 2)->kind == KILN_OP_ADD && plan_op(&x, 3)->kind == KILN_OP_SIGMOID);
+  }
+  release(&x);
+  check_same_as_unfused(g_enlarging, KILN_F32, -2.0, 2.0);
+
+  if (build(g_integer, KILN_F32, 1, &x)) {
+    CHECK(x.plan.n_ops == 3 && plan_op(&x, 0)->kind == KILN_OP_MUL);
+    CHECK(plan_op(&x, 1)->kind == KILN_OP_ADD && plan_op(&x, 2)->kind == KILN_OP_SUB);
+  }
+  release(&x);
+
+  if (build(g_long, KILN_F32, 1, &x)) {
+    CHECK(x.plan.n_ops == 2);
+    CHECK(plan_op(&x, 0)->kind == KILN_OP_POINTWISE && plan_op(&x, 0)->n_iattr == 8);
+    CHECK(plan_op(&x, 1)->kind == KILN_OP_POINTWISE && plan_op(&x, 1)->n_iattr == 2);
+    CHECK(plan_op(&x, 1)->inputs[0] == plan_op(&x, 0)->output);
+  }
+  release(&x);
+  check_same_as_unfused(g_long, KILN_F32, -2.0, 2.0);
+
+  if (build(g_two_pows, KILN_F32, 1, &x)) {
+    CHECK(x.plan.n_ops == 2);
+    CHECK(plan_op(&x, 0)->kind == KILN_OP_POINTWISE && plan_op(&x, 0)->n_iattr == 2);
+    CHECK(plan_op(&x, 0)->fattr[0] == 2.0);
+    CHECK(plan_op(&x, 1)->kind == KILN_OP_POINTWISE && plan_op(&x, 1)->fattr[0] == 0.5);
+    CHECK(plan_op(&x, 1)->iattr[0] == KILN_PW_STEP(KILN_OP_POW, 0, 0));
+    CHECK_STR(kiln_pointwise_step_str(plan_op(&x, 1)->iattr[0], 0.5, text, sizeof text),
+              "pow(0.5)");
+  }
+  release(&x);
+  check_same_as_unfused(g_two_pows, KILN_F32, 0.25, 2.0);
+
+  if (build(g_many_operands, KILN_F32, 1, &x)) {
+    const kiln_op *p = plan_op(&x, 0);
+    CHECK(x.plan.n_ops == 2 && p->kind == KILN_OP_POINTWISE);
+    CHECK(p->n_inputs == 8 && p->n_iattr == 7);
+    CHECK(p->iattr[1] == KILN_PW_STEP(KILN_OP_MUL, 2, 0)); /* mul is exact in either order */
+    CHECK(plan_op(&x, 1)->kind == KILN_OP_MUL);
+  }
+  release(&x);
+  check_same_as_unfused(g_many_operands, KILN_F32, -2.0, 2.0);
+
+  if (build(g_shared_reader, KILN_F32, 1, &x)) {
+    CHECK(x.plan.n_ops == 2 && plan_op(&x, 0)->kind == KILN_OP_EXP);
+    CHECK(plan_op(&x, 1)->kind == KILN_OP_POINTWISE && plan_op(&x, 1)->n_iattr == 3);
+    CHECK(plan_op(&x, 1)->inputs[1] == plan_op(&x, 0)->output);
+  }
+  release(&x);
+  check_same_as_unfused(g_shared_reader, KILN_F32, -2.0, 2.0);
+
+  if (build(g_alpha, KILN_F32, 1, &x)) {
+    CHECK(x.plan.n_ops == 2 && plan_op(&x, 0)->kind == KILN_OP_ADD);
+    CHECK(plan_op(&x, 1)->kind == KILN_OP_RELU);
+  }
+  release(&x);
+
+  if (build(g_linear, KILN_F32, 1, &x)) {
+    CHECK(x.plan.n_ops == 4);
+    CHECK(plan_op(&x, 0)->kind == KILN_OP_LINEAR && plan_op(&x, 0)->iattr[0] == KILN_ACT_RELU);
+    CHECK(plan_op(&x, 1)->kind == KILN_OP_MUL);
+    CHECK(plan_op(&x, 2)->kind == KILN_OP_LINEAR &&
+          plan_op(&x, 2)->iattr[0] == KILN_ACT_GELU_ERF);
+    CHECK(plan_op(&x, 3)->kind == KILN_OP_POINTWISE && plan_op(&x, 3)->n_iattr == 2);
+  }
+  release(&x);
+  check_same_as_unfused(g_linear, KILN_F32, -2.0, 2.0);
+}
+
+/* In f16 the unfused plan rounds every intermediate to f16 and the fused one only the result:
+ * the fused result is exactly the f32 chain's result rounded once, and within 4 f16 ulps
+ * (4 * 2^-10 relative to max(1, |value|)) of the unfused one. */
+static void test_f16(void) {
+  built fused, plain, wide;
+  void *a[MAX_OUTS], *b[MAX_OUTS], *c[MAX_OUTS];
+  memset(&plain, 0, sizeof plain);
+  memset(&wide, 0, sizeof wide);
+  if (build(g_mul_add_gelu, KILN_F16, 1, &fused) && build(g_mul_add_gelu, KILN_F16, 0, &plain) &&
+      build(g_mul_add_gelu, KILN_F32, 1, &wide)) {
+    CHECK(fused.plan.n_ops == 1 && plain.plan.n_ops == 3);
+    uint32_t n = run_cpu(&fused, -2.0, 2.0, a), m = run_cpu(&plain, -2.0, 2.0, b);
+    uint32_t w = run_cpu(&wide, -2.0, 2.0, c);
+    CHECK(n == 1 && m == 1 && w == 1);
+    if (n == 1 && m == 1 && w == 1) {
+      int exact = 1, close = 1, differ = 0;
+      for (int64_t i = 0; i < 24; i++) {
+        uint16_t got = ((const uint16_t *)a[0])[i], ref = ((const uint16_t *)b[0])[i];
+        double g = kiln_f16_to_f32(got), r = kiln_f16_to_f32(ref);
+        exact &= got == kiln_f32_to_f16(((const float *)c[0])[i]);
+        close &= fabs(g - r) <= 4.0 / 1024.0 * fmax(1.0, fabs(r));
+        differ |= got != ref;
+      }
+      CHECK(exact);
+      CHECK(close);
+      CHECK(differ); /* the inputs do reach a case where rounding once matters */
+    }
+    free_outs(a, n);
+    free_outs(b, m);
+    free_outs(c, w);
+  }
+  release(&fused);
+  release(&plain);
+  release(&wide);
+}
+
+/* fuse = 0 leaves every op alone; an out-of-memory during the pass is a clean refusal. */
+static void test_fuse_off_and_oom(void) {
+  built x;
+  int saw_pass = 0, n;
+  if (build(g_long, KILN_F32, 0, &x)) CHECK(x.plan.n_ops == 10);
+  release(&x);
+  for (n = 1; n < 500; n++) {
+    kiln_builder *b = kiln_builder_create();
+    kiln_error err = {KILN_OK, ""};
+    void *blob = NULL;
+    size_t size = 0;
+    kiln_status s;
+    if (!b) break;
+    g_mul_add_gelu(b, KILN_F32);
+    kiln_test_fail_allocations = n;
+    s = kiln_builder_build(b, NULL, &blob, &size, &err);
+    kiln_builder_destroy(b);
+    kiln_free(blob);
+    if (kiln_test_fail_allocations > 0) { /* the n-th allocation never came */
+      CHECK(s == KILN_OK);
+      break;
+    }
+    if (s == KILN_OK) continue;
+    CHECK(s == KILN_ERR_OUT_OF_MEMORY);
+    if (strstr(err.message, "while fusing pointwise chains")) {
+      CHECK_STR(err.message, "builder: out of memory for 6 tensors while fusing pointwise "
+                             "chains; free memory and retry");
+      saw_pass = 1;
+    }
+  }
+  kiln_test_fail_allocations = 0;
+  CHECK(n < 500);
+  CHECK(saw_pass);
+}
+
+/* ---------------------------------------------------------------- malformed plans */
+
+/* x[2,3,4], y[4], z[2,3,4] and unused inputs u[5], v[3,2,3,4], h (f16 [4]), fused into
+ * x * y + z, gelu_tanh. */
+static void g_refusal_base(kiln_builder *b, kiln_dtype dt) {
+  in(b, "u", dt, 1, D(5));
+  in(b, "v", dt, 4, D(3, 2, 3, 4));
+  in(b, "h", KILN_F16, 1, D(4));
+  g_mul_add_gelu(b, dt);
+}
+
+/* Rewrites the POINTWISE op of a g_refusal_base plan with edit, re-serializes the plan and
+ * checks the parser's status and exact message. */
+static void expect_refused(void (*edit)(kiln_op *op), const char *msg) {
+  built x;
+  void *bytes = NULL;
+  size_t size = 0;
+  kiln_error err = {KILN_OK, ""};
+  if (!build(g_refusal_base, KILN_F32, 1, &x)) return;
+  CHECK(x.plan.n_ops == 1 && x.plan.ops[0].kind == KILN_OP_POINTWISE);
+  edit(&x.plan.ops[0]);
+  if (kiln_plan_serialize(&x.plan, &bytes, &size, &err) == KILN_OK) {
+    kiln_plan back;
+    kiln_status s = kiln_plan_parse(bytes, size, x.view.weights_size, &back, &err);
+    CHECK(s == KILN_ERR_INVALID_PROGRAM);
+    CHECK_STR(err.message, msg);
+    if (s == KILN_OK) kiln_plan_release(&back);
+  }
+  free(bytes);
+  release(&x);
+}
+
+static void edit_nothing(kiln_op *op) { (void)op; }
+static void edit_softmax_step(kiln_op *op) { op->iattr[2] = KILN_PW_STEP(KILN_OP_SOFTMAX, 0, 0); }
+static void edit_tanh_flag_on_mul(kiln_op *op) { op->iattr[0] |= KILN_PW_GELU_TANH; }
+static void edit_reversed_relu(kiln_op *op) {
+  op->iattr[2] = KILN_PW_STEP(KILN_OP_RELU, 0, KILN_PW_REVERSED);
+}
+static void edit_unknown_bit(kiln_op *op) { op->iattr[1] |= (int64_t)1 << 40; }
+static void edit_input_past_end(kiln_op *op) { op->iattr[1] = KILN_PW_STEP(KILN_OP_ADD, 5, 0); }
+static void edit_binary_reads_x(kiln_op *op) { op->iattr[0] = KILN_PW_STEP(KILN_OP_MUL, 0, 0); }
+static void edit_unary_with_input(kiln_op *op) {
+  op->iattr[2] = KILN_PW_STEP(KILN_OP_EXP, 1, 0);
+}
+static void edit_two_pows(kiln_op *op) {
+  op->iattr[2] = KILN_PW_STEP(KILN_OP_POW, 0, 0);
+  op->iattr[3] = KILN_PW_STEP(KILN_OP_POW, 0, 0);
+  op->n_iattr = 4;
+  op->fattr[0] = 2.0;
+}
+static void edit_unused_input(kiln_op *op) { op->iattr[1] = KILN_PW_STEP(KILN_OP_ADD, 1, 0); }
+static void edit_fattr_without_pow(kiln_op *op) { op->fattr[0] = 3.0; }
+static void edit_fattr1(kiln_op *op) {
+  op->iattr[2] = KILN_PW_STEP(KILN_OP_POW, 0, 0);
+  op->fattr[0] = 2.0;
+  op->fattr[1] = 1.0;
+}
+static void edit_no_steps(kiln_op *op) {
+  memset(op->iattr, 0, sizeof op->iattr);
+  op->n_iattr = 0;
+}
+static void edit_operand_u(kiln_op *op) { op->inputs[1] = 0; }   /* u[5] */
+static void edit_operand_v(kiln_op *op) { op->inputs[2] = 1; }   /* v[3,2,3,4] */
+static void edit_operand_f16(kiln_op *op) { op->inputs[1] = 2; } /* h, f16 */
+
+static void test_plan_refusals(void) {
+  built x;
+  /* The base plan parses, so each refusal below is the edit's doing. */
+  if (build(g_refusal_base, KILN_F32, 1, &x)) {
+    const kiln_op *p = plan_op(&x, 0);
+    CHECK(p->inputs[0] == 3 && p->inputs[1] == 4 && p->inputs[2] == 5);
+  }
+  release(&x);
+  {
+    built y;
+    void *bytes = NULL;
+    size_t size = 0;
+    kiln_error err = {KILN_OK, ""};
+    kiln_plan back;
+    if (build(g_refusal_base, KILN_F32, 1, &y)) {
+      edit_nothing(&y.plan.ops[0]);
+      CHECK(kiln_plan_serialize(&y.plan, &bytes, &size, &err) == KILN_OK);
+      CHECK(kiln_plan_parse(bytes, size, y.view.weights_size, &back, &err) == KILN_OK);
+      kiln_plan_release(&back);
+    }
+    free(bytes);
+    release(&y);
+  }
+  expect_refused(edit_softmax_step,
+                 "plan op 0 (pointwise): step 2 is 17, not a float unary, add, sub, mul or div "
+                 "step with its own flags; re-export the program");
+  expect_refused(edit_tanh_flag_on_mul,
+                 "plan op 0 (pointwise): step 0 is 131332, not a float unary, add, sub, mul or "
+                 "div step with its own flags; re-export the program");
+  expect_refused(edit_reversed_relu,
+                 "plan op 0 (pointwise): step 2 is 65542, not a float unary, add, sub, mul or "
+                 "div step with its own flags; re-export the program");
+  expect_refused(edit_unknown_bit,
+                 "plan op 0 (pointwise): step 1 is 1099511628290, not a float unary, add, sub, "
+                 "mul or div step with its own flags; re-export the program");
+  expect_refused(edit_input_past_end,
+                 "plan op 0 (pointwise): step 1 reads input 5 but the op has 3 inputs (binary "
+                 "steps read 1..2, unary steps 0); re-export the program");
+  expect_refused(edit_binary_reads_x,
+                 "plan op 0 (pointwise): step 0 reads input 0 but the op has 3 inputs (binary "
+                 "steps read 1..2, unary steps 0); re-export the program");
+  expect_refused(edit_unary_with_input,
+                 "plan op 0 (pointwise): step 2 reads input 1 but the op has 3 inputs (binary "
+                 "steps read 1..2, unary steps 0); re-export the program");
+  expect_refused(edit_two_pows,
+                 "plan op 0 (pointwise): step 3 is a second pow but fattr0 holds one exponent; "
+                 "re-export the program");
+  expect_refused(edit_unused_input,
+                 "plan op 0 (pointwise): input 2 is read by no step; re-export the program");
+  expect_refused(edit_fattr_without_pow,
+                 "plan op 0 (pointwise): fattr 3, 0 must be the pow exponent and 0 (0 and 0 "
+                 "without a pow step); re-export the program");
+  expect_refused(edit_fattr1,
+                 "plan op 0 (pointwise): fattr 2, 1 must be the pow exponent and 0 (0 and 0 "
+                 "without a pow step); re-export the program");
+  expect_refused(edit_no_steps,
+                 "plan op 0 (pointwise): takes 1 to 8 integer attributes but has 0; re-export "
+                 "the program");
+  expect_refused(edit_operand_u,
+                 "plan op 0 (pointwise): input 1 [5] does not broadcast to input 0 [2,3,4] "
+                 "without enlarging it; re-export the program");
+  expect_refused(edit_operand_v,
+                 "plan op 0 (pointwise): input 2 [3,2,3,4] does not broadcast to input 0 "
+                 "[2,3,4] without enlarging it; re-export the program");
+  expect_refused(edit_operand_f16,
+                 "plan op 0 (pointwise): input 1 is f16 but input 0 is f32; cast them to one "
+                 "dtype first; re-export the program");
+}
+
+/* ---------------------------------------------------------------- the CPU engine's own check */
+
+/* Hand-made plans that skip the parser: the CPU engine's init still refuses a bad op. */
+static void test_cpu_init_refusals(void) {
+  static const char attrs[] = "plan op 0 (pointwise): attributes %lld, %lld, %lld, %lld do not "
+                              "fit its %u inputs of rank 2; re-export the program";
+  for (int mode = 0; mode < 5; mode++) {
+    graph *g = g_new();
+    kiln_error err = {KILN_OK, ""};
+    char want[256];
+    uint32_t x = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, D(3, 4));
+    uint32_t y = g_tensor(g, KILN_STORE_INPUT, mode == 4 ? KILN_F16 : KILN_F32, 1,
+                          D(mode == 3 ? 3 : 4));
+    uint32_t o = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, D(3, 4));
+    int64_t steps[2] = {KILN_PW_STEP(KILN_OP_MUL, 1, 0), KILN_PW_STEP(KILN_OP_TANH, 0, 0)};
+    if (mode == 1) steps[1] = KILN_PW_STEP(KILN_OP_CAST, 0, 0);
+    if (mode == 2) steps[0] = KILN_PW_STEP(KILN_OP_MUL, 9, 0);
+    kiln_op *p = g_op(g, KILN_OP_POINTWISE, 2, (const uint32_t[]){x, y}, o, 2, steps, 0.0);
+    kiln_engine *e = g_engine(g);
+    kiln_status s = kiln_cpu_backend.init(e, &err);
+    snprintf(want, sizeof want, attrs, (long long)p->iattr[0], (long long)p->iattr[1], 0LL, 0LL,
+             2u);
+    if (mode == 0) {
+      CHECK(s == KILN_OK);
+    } else if (mode == 4) {
+      CHECK(s == KILN_ERR_INVALID_PROGRAM);
+      CHECK_STR(err.message, "plan op 0 (pointwise): input 1 has dtype f16, which this op does "
+                             "not take with output dtype f32; re-export the program");
+    } else {
+      CHECK(s == KILN_ERR_INVALID_PROGRAM);
+      CHECK_STR(err.message, want);
+    }
+    if (s == KILN_OK && mode == 0) {
+      float xs[12], ys[4], os[12];
+      void *ins[2] = {xs, ys}, *outs[1] = {os};
+      for (int i = 0; i < 12; i++) xs[i] = (float)i / 8.0f - 0.5f;
+      for (int i = 0; i < 4; i++) ys[i] = (float)(i + 1);
+      CHECK(g_execute(e, g, ins, outs, &err) == KILN_OK);
+      for (int i = 0; i < 12; i++) CHECK(os[i] == tanhf(xs[i] * ys[i % 4]));
+    }
+    if (s == KILN_OK) kiln_cpu_backend.destroy(e);
+    free(e);
+    free(g);
+  }
+}
+
+int main(void) {
+  test_chain_fuses();
+  test_chain_boundaries();
+  test_f16();
+  test_fuse_off_and_oom();
+  test_plan_refusals();
+  test_cpu_init_refusals();
+  return check_report("test_fuse_pointwise");
+}

@@ -1,0 +1,794 @@
+/* Every op of the plan on the CUDA engine against the CPU reference engine, on random data,
+ * with caller buffers on the host (staged) and on the device (bound in place); then the
+ * engine's handling of caller memory, devices, out of memory and allocation failure.
+ * Run on a GPU machine by scripts/gpu_test.sh; `--fault` runs the device-fault check, which
+ * leaves the process's CUDA context unusable and so runs in a process of its own;
+ * `--matmul-attention` runs only the matmul and attention cases. */
+#include "gpu_harness.h"
+
+#include <cuda.h>
+
+static int cuda_ok(cudaError_t rc, const char *what) {
+  if (rc == cudaSuccess) return 1;
+  fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(rc));
+  return 0;
+}
+
+/* Tolerance for the next compare when not the dtype's (TF32), and its largest error. */
+static double tol_override, last_error;
+
+typedef struct io_range {
+  double lo, hi;
+} io_range;
+
+/* Runs p on both engines and compares every output; ranges[i] bounds input i's values. */
+static void compare(prog *p, const char *name, const io_range *ranges) {
+  kiln_error err;
+  void *in[P_MAX_IO] = {0}, *cpu_out[P_MAX_IO] = {0}, *gpu_out[P_MAX_IO] = {0};
+  void *d_in[P_MAX_IO] = {0}, *d_out[P_MAX_IO] = {0};
+  for (uint32_t i = 0; i < p->n_inputs; i++) {
+    const kiln_tensor_desc *t = &p->tensors[p->inputs[i]];
+    in[i] = malloc(t->nbytes + 1);
+    double lo = ranges ? ranges[i].lo : -1.0, hi = ranges ? ranges[i].hi : 1.0;
+    fill(in[i], t->dtype, p_count(t), lo, hi);
+    if (!cuda_ok(cudaMalloc(&d_in[i], t->nbytes + 1), "cudaMalloc")) die("device");
+    cudaMemcpy(d_in[i], in[i], t->nbytes, cudaMemcpyHostToDevice);
+  }
+  for (uint32_t i = 0; i < p->n_outputs; i++) {
+    const kiln_tensor_desc *t = &p->tensors[p->outputs[i]];
+    cpu_out[i] = malloc(t->nbytes + 1);
+    gpu_out[i] = malloc(t->nbytes + 1);
+    if (!cuda_ok(cudaMalloc(&d_out[i], t->nbytes + 1), "cudaMalloc")) die("device");
+  }
+  kiln_engine *cpu = p_load(p, &kiln_cpu_backend, 0, &err);
+  if (!cpu) fprintf(stderr, "%s: cpu load: %s\n", name, err.message);
+  kiln_engine *gpu = p_load(p, &kiln_cuda_backend, 0, &err);
+  if (!gpu) fprintf(stderr, "%s: cuda load: %s\n", name, err.message);
+  CHECK(cpu && gpu);
+  if (cpu && gpu) {
+    kiln_status st = p_execute(cpu, p, in, cpu_out, &err);
+    if (st != KILN_OK) fprintf(stderr, "%s: cpu run: %s\n", name, err.message);
+    CHECK(st == KILN_OK);
+    for (int pass = 0; pass < 2; pass++) {
+      kiln_cuda_stats before, after;
+      kiln_cuda_engine_stats(gpu, &before, &err);
+      for (uint32_t i = 0; i < p->n_outputs; i++) {
+        const kiln_tensor_desc *t = &p->tensors[p->outputs[i]];
+        memset(gpu_out[i], 0xff, t->nbytes); /* poison: an unwritten element shows */
+        cudaMemset(d_out[i], 0xff, t->nbytes);
+      }
+      st = pass == 0 ? p_execute(gpu, p, in, gpu_out, &err) : p_execute(gpu, p, d_in, d_out, &err);
+      if (st != KILN_OK) fprintf(stderr, "%s: cuda run (%s): %s\n", name, pass ? "bound" : "staged", err.message);
+      CHECK(st == KILN_OK);
+      kiln_cuda_engine_stats(gpu, &after, &err);
+      if (pass == 1) {
+        for (uint32_t i = 0; i < p->n_outputs; i++)
+          cudaMemcpy(gpu_out[i], d_out[i], p->tensors[p->outputs[i]].nbytes, cudaMemcpyDeviceToHost);
+        CHECK(after.bound - before.bound == p->n_inputs + p->n_outputs);
+        CHECK(after.staged == before.staged);
+      } else {
+        CHECK(after.staged - before.staged == p->n_inputs + p->n_outputs);
+        CHECK(after.bound == before.bound);
+      }
+      for (uint32_t i = 0; i < p->n_outputs; i++) {
+        const kiln_tensor_desc *t = &p->tensors[p->outputs[i]];
+        double e = rel_error(gpu_out[i], cpu_out[i], t->dtype, p_count(t));
+        double tol = tol_override > 0 ? tol_override : dtype_tolerance(t->dtype);
+        int ok = e <= tol;
+        last_error = fmax(last_error, e);
+        printf("%-44s %-6s out%u %-4s rel err %.2e (tol %.0e) %s\n", name,
+               pass ? "bound" : "staged", i, kiln_dtype_name(t->dtype), e, tol, ok ? "ok" : "FAIL");
+        CHECK(ok);
+      }
+    }
+  }
+  p_unload(cpu);
+  p_unload(gpu);
+  for (uint32_t i = 0; i < P_MAX_IO; i++) {
+    free(in[i]);
+    free(cpu_out[i]);
+    free(gpu_out[i]);
+    cudaFree(d_in[i]);
+    cudaFree(d_out[i]);
+  }
+  p_free(p);
+}
+
+#define DIMS(...) (const int64_t[]){__VA_ARGS__}
+#define IN(p, dt, r, ...) p_tensor(p, KILN_STORE_INPUT, dt, r, DIMS(__VA_ARGS__))
+#define OUT(p, dt, r, ...) p_tensor(p, KILN_STORE_OUTPUT, dt, r, DIMS(__VA_ARGS__))
+#define MID(p, dt, r, ...) p_tensor(p, KILN_STORE_ARENA, dt, r, DIMS(__VA_ARGS__))
+#define OPS(...) (const uint32_t[]){__VA_ARGS__}
+#define ATTR(...) (const int64_t[]){__VA_ARGS__}
+
+static const kiln_dtype float_types[3] = {KILN_F32, KILN_F16, KILN_BF16};
+
+static void test_gemm(void) {
+  char name[96];
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    for (int act = 0; act <= KILN_ACT_GELU_TANH; act++) {
+      for (int bias = 0; bias < 2; bias++) {
+        prog *p = p_new();
+        uint32_t x = IN(p, dt, 3, 2, 37, 256);
+        uint32_t w = p_weight(p, dt, 2, DIMS(192, 256), -0.1, 0.1);
+        uint32_t b = p_weight(p, dt, 1, DIMS(192), -1, 1);
+        uint32_t y = OUT(p, dt, 3, 2, 37, 192);
+        p_op(p, KILN_OP_LINEAR, bias ? 3 : 2, OPS(x, w, b), y, 1, ATTR(act), 0);
+        snprintf(name, sizeof name, "linear %s act %d bias %d", kiln_dtype_name(dt), act, bias);
+        compare(p, name, NULL);
+      }
+    }
+    /* A few rows: the GEMV kernel, with each activation and bias fused; K = 520 leaves a
+     * partial last round of 16-byte loads and N = 100 a partial last block of columns. */
+    static const int64_t gemv_rows[3] = {1, 3, 8};
+    for (int r = 0; r < 3; r++) {
+      for (int act = 0; act <= KILN_ACT_GELU_TANH; act++) {
+        for (int bias = 0; bias < 2; bias++) {
+          prog *p = p_new();
+          uint32_t x = IN(p, dt, 2, gemv_rows[r], 520);
+          uint32_t w = p_weight(p, dt, 2, DIMS(100, 520), -0.1, 0.1);
+          uint32_t b = p_weight(p, dt, 1, DIMS(100), -1, 1);
+          uint32_t y = OUT(p, dt, 2, gemv_rows[r], 100);
+          p_op(p, KILN_OP_LINEAR, bias ? 3 : 2, OPS(x, w, b), y, 1, ATTR(act), 0);
+          snprintf(name, sizeof name, "linear %lld rows %s act %d bias %d",
+                   (long long)gemv_rows[r], kiln_dtype_name(dt), act, bias);
+          compare(p, name, NULL);
+        }
+      }
+    }
+    for (int act = 0; act <= KILN_ACT_GELU_TANH; act++) {
+      prog *p = p_new(); /* K not a multiple of 8: cuBLASLt, erf GELU after it */
+      uint32_t x = IN(p, dt, 2, 1, 20);
+      uint32_t w = p_weight(p, dt, 2, DIMS(40, 20), -0.3, 0.3);
+      uint32_t b = p_weight(p, dt, 1, DIMS(40), -1, 1);
+      p_op(p, KILN_OP_LINEAR, 3, OPS(x, w, b), OUT(p, dt, 2, 1, 40), 1, ATTR(act), 0);
+      snprintf(name, sizeof name, "linear 1 row K 20 %s act %d", kiln_dtype_name(dt), act);
+      compare(p, name, NULL);
+    }
+    prog *p = p_new(); /* batch-1 GEMV, the MLP's shape */
+    uint32_t x = IN(p, dt, 2, 1, 1024);
+    uint32_t w = p_weight(p, dt, 2, DIMS(1024, 1024), -0.05, 0.05);
+    uint32_t y = OUT(p, dt, 2, 1, 1024);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(x, w), y, 1, ATTR(KILN_ACT_NONE), 0);
+    snprintf(name, sizeof name, "linear gemv %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    p = p_new();
+    uint32_t a = IN(p, dt, 4, 2, 3, 17, 32), bm = IN(p, dt, 4, 2, 3, 32, 24);
+    p_op(p, KILN_OP_MATMUL, 2, OPS(a, bm), OUT(p, dt, 4, 2, 3, 17, 24), 0, NULL, 0);
+    snprintf(name, sizeof name, "matmul batched %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    p = p_new();
+    a = IN(p, dt, 4, 2, 3, 17, 32);
+    bm = IN(p, dt, 2, 32, 24);
+    p_op(p, KILN_OP_MATMUL, 2, OPS(a, bm), OUT(p, dt, 4, 2, 3, 17, 24), 0, NULL, 0);
+    snprintf(name, sizeof name, "matmul broadcast b %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    p = p_new();
+    a = IN(p, dt, 4, 2, 1, 17, 32);
+    bm = IN(p, dt, 4, 1, 3, 32, 24);
+    p_op(p, KILN_OP_MATMUL, 2, OPS(a, bm), OUT(p, dt, 4, 2, 3, 17, 24), 0, NULL, 0);
+    snprintf(name, sizeof name, "matmul partial broadcast %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+  }
+  prog *p = p_new(); /* TF32 when the metadata allows it: looser, still close */
+  p->allow_tf32 = 1;
+  uint32_t x = IN(p, KILN_F32, 2, 64, 256);
+  uint32_t w = p_weight(p, KILN_F32, 2, DIMS(128, 256), -0.1, 0.1);
+  p_op(p, KILN_OP_LINEAR, 2, OPS(x, w), OUT(p, KILN_F32, 2, 64, 128), 1, ATTR(0), 0);
+  tol_override = 2e-3;
+  last_error = 0.0;
+  compare(p, "linear f32 allow_tf32", NULL);
+  tol_override = 0.0;
+  printf("allow_tf32: error %.2e, above what f32 gives, so TF32 was used\n", last_error);
+  CHECK(last_error > 2e-5);
+}
+
+static void test_pointwise(void) {
+  char name[96];
+  static const kiln_op_kind bin[4] = {KILN_OP_ADD, KILN_OP_SUB, KILN_OP_MUL, KILN_OP_DIV};
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    for (int k = 0; k < 4; k++) {
+      prog *p = p_new(); /* same shape: the vectorized path, with a tail */
+      uint32_t a = IN(p, dt, 2, 33, 129), b = IN(p, dt, 2, 33, 129);
+      p_op(p, bin[k], 2, OPS(a, b), OUT(p, dt, 2, 33, 129), 0, NULL, 0.5);
+      snprintf(name, sizeof name, "%s same-shape %s", kiln_op_name(bin[k]), kiln_dtype_name(dt));
+      io_range r[2] = {{-1, 1}, {0.5, 2}};
+      compare(p, name, r);
+      p = p_new(); /* broadcast both ways */
+      a = IN(p, dt, 3, 4, 1, 8);
+      b = IN(p, dt, 2, 3, 1);
+      p_op(p, bin[k], 2, OPS(a, b), OUT(p, dt, 3, 4, 3, 8), 0, NULL, 1.0);
+      snprintf(name, sizeof name, "%s broadcast %s", kiln_op_name(bin[k]), kiln_dtype_name(dt));
+      compare(p, name, r);
+    }
+    static const kiln_op_kind un[10] = {KILN_OP_RELU, KILN_OP_GELU, KILN_OP_SILU, KILN_OP_SIGMOID,
+                                        KILN_OP_TANH, KILN_OP_EXP, KILN_OP_SQRT, KILN_OP_RSQRT,
+                                        KILN_OP_NEG, KILN_OP_POW};
+    for (int k = 0; k < 10; k++) {
+      for (int approx = 0; approx < (un[k] == KILN_OP_GELU ? 2 : 1); approx++) {
+        prog *p = p_new();
+        uint32_t x = IN(p, dt, 3, 3, 7, 101);
+        p_op(p, un[k], 1, OPS(x), OUT(p, dt, 3, 3, 7, 101), 1, ATTR(approx), 2.5);
+        snprintf(name, sizeof name, "%s%s %s", kiln_op_name(un[k]), approx ? " tanh" : "",
+                 kiln_dtype_name(dt));
+        io_range r = {un[k] == KILN_OP_SQRT || un[k] == KILN_OP_RSQRT || un[k] == KILN_OP_POW ? 0.1 : -3, 3};
+        compare(p, name, &r);
+      }
+    }
+  }
+  prog *p = p_new();
+  uint32_t a = IN(p, KILN_I64, 2, 5, 9), b = IN(p, KILN_I64, 1, 9);
+  p_op(p, KILN_OP_ADD, 2, OPS(a, b), OUT(p, KILN_I64, 2, 5, 9), 0, NULL, 2.0);
+  io_range ri[2] = {{-1000, 1000}, {-1000, 1000}};
+  compare(p, "add i64 alpha 2", ri);
+  p = p_new();
+  a = IN(p, KILN_I32, 1, 77);
+  p_op(p, KILN_OP_NEG, 1, OPS(a), OUT(p, KILN_I32, 1, 77), 0, NULL, 0);
+  compare(p, "neg i32", ri);
+
+  static const kiln_dtype casts[][2] = {{KILN_F32, KILN_F16}, {KILN_F16, KILN_F32},
+                                        {KILN_F32, KILN_BF16}, {KILN_F32, KILN_I32},
+                                        {KILN_I64, KILN_F32}, {KILN_F32, KILN_BOOL},
+                                        {KILN_BOOL, KILN_F16}, {KILN_I64, KILN_I32}};
+  for (size_t k = 0; k < sizeof casts / sizeof casts[0]; k++) {
+    p = p_new();
+    uint32_t x = IN(p, casts[k][0], 2, 13, 17);
+    p_op(p, KILN_OP_CAST, 1, OPS(x), OUT(p, casts[k][1], 2, 13, 17), 1, ATTR(casts[k][1]), 0);
+    snprintf(name, sizeof name, "cast %s -> %s", kiln_dtype_name(casts[k][0]), kiln_dtype_name(casts[k][1]));
+    io_range r = {-100, 100};
+    compare(p, name, &r);
+  }
+  for (int t = 0; t < 3; t++) {
+    p = p_new();
+    uint32_t c = IN(p, KILN_BOOL, 2, 6, 1), x = IN(p, float_types[t], 3, 2, 6, 5),
+             y = IN(p, float_types[t], 1, 5);
+    p_op(p, KILN_OP_WHERE, 3, OPS(c, x, y), OUT(p, float_types[t], 3, 2, 6, 5), 0, NULL, 0);
+    snprintf(name, sizeof name, "where broadcast %s", kiln_dtype_name(float_types[t]));
+    compare(p, name, NULL);
+  }
+}
+
+/* POINTWISE chains: same-shape operands (vectorized, with a tail), broadcast operands, every
+ * unary step, and the init check refusing a malformed chain. */
+static void test_fused_pointwise(void) {
+  char name[96];
+  kiln_error err;
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    prog *p = p_new();
+    uint32_t x = IN(p, dt, 2, 33, 129), y = IN(p, dt, 2, 33, 129), z = IN(p, dt, 2, 33, 129);
+    int64_t same[5] = {KILN_PW_STEP(KILN_OP_MUL, 1, 0), KILN_PW_STEP(KILN_OP_SUB, 2, KILN_PW_REVERSED),
+                       KILN_PW_STEP(KILN_OP_GELU, 0, KILN_PW_GELU_TANH),
+                       KILN_PW_STEP(KILN_OP_ADD, 1, 0), KILN_PW_STEP(KILN_OP_TANH, 0, 0)};
+    p_op(p, KILN_OP_POINTWISE, 3, OPS(x, y, z), OUT(p, dt, 2, 33, 129), 5, same, 0);
+    snprintf(name, sizeof name, "pointwise same-shape %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    p = p_new();
+    x = IN(p, dt, 3, 4, 3, 8);
+    y = IN(p, dt, 2, 3, 1);
+    z = IN(p, dt, 1, 8);
+    int64_t bcast[4] = {KILN_PW_STEP(KILN_OP_MUL, 1, 0), KILN_PW_STEP(KILN_OP_ADD, 2, 0),
+                        KILN_PW_STEP(KILN_OP_SILU, 0, 0), KILN_PW_STEP(KILN_OP_DIV, 2, 0)};
+    p_op(p, KILN_OP_POINTWISE, 3, OPS(x, y, z), OUT(p, dt, 3, 4, 3, 8), 4, bcast, 0);
+    snprintf(name, sizeof name, "pointwise broadcast %s", kiln_dtype_name(dt));
+    io_range r[3] = {{-1, 1}, {-1, 1}, {0.5, 2}};
+    compare(p, name, r);
+
+    p = p_new();
+    x = IN(p, dt, 2, 7, 101);
+    int64_t unary[8] = {KILN_PW_STEP(KILN_OP_SQRT, 0, 0),  KILN_PW_STEP(KILN_OP_POW, 0, 0),
+                        KILN_PW_STEP(KILN_OP_RSQRT, 0, 0), KILN_PW_STEP(KILN_OP_NEG, 0, 0),
+                        KILN_PW_STEP(KILN_OP_EXP, 0, 0),   KILN_PW_STEP(KILN_OP_SIGMOID, 0, 0),
+                        KILN_PW_STEP(KILN_OP_GELU, 0, 0),  KILN_PW_STEP(KILN_OP_RELU, 0, 0)};
+    p_op(p, KILN_OP_POINTWISE, 1, OPS(x), OUT(p, dt, 2, 7, 101), 8, unary, 2.5);
+    snprintf(name, sizeof name, "pointwise eight unary steps %s", kiln_dtype_name(dt));
+    io_range rp = {0.1, 3};
+    compare(p, name, &rp);
+  }
+  prog *p = p_new(); /* an operand that does not broadcast to the output */
+  uint32_t x = IN(p, KILN_F32, 2, 4, 10), y = IN(p, KILN_F32, 1, 9);
+  int64_t steps[2] = {KILN_PW_STEP(KILN_OP_ADD, 1, 0), KILN_PW_STEP(KILN_OP_RELU, 0, 0)};
+  p_op(p, KILN_OP_POINTWISE, 2, OPS(x, y), OUT(p, KILN_F32, 2, 4, 10), 2, steps, 0);
+  kiln_engine *e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("pointwise [4,10] with [9]: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM &&
+        strstr(err.message, "op 0 (pointwise)"));
+  p_unload(e);
+  p_free(p);
+}
+
+static void test_normalize_reduce(void) {
+  char name[96];
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    for (int log = 0; log < 2; log++) {
+      kiln_op_kind k = log ? KILN_OP_LOG_SOFTMAX : KILN_OP_SOFTMAX;
+      for (int dim = 1; dim < 3; dim++) {
+        prog *p = p_new();
+        uint32_t x = IN(p, dt, 3, 4, 33, 300);
+        p_op(p, k, 1, OPS(x), OUT(p, dt, 3, 4, 33, 300), 1, ATTR(dim), 0);
+        snprintf(name, sizeof name, "%s dim %d %s", kiln_op_name(k), dim, kiln_dtype_name(dt));
+        io_range r = {-8, 8};
+        compare(p, name, &r);
+      }
+    }
+    prog *p = p_new();
+    uint32_t x = IN(p, dt, 3, 3, 40, 1024);
+    uint32_t w = p_weight(p, dt, 1, DIMS(1024), 0.5, 1.5), b = p_weight(p, dt, 1, DIMS(1024), -1, 1);
+    p_op(p, KILN_OP_LAYER_NORM, 3, OPS(x, w, b), OUT(p, dt, 3, 3, 40, 1024), 2, ATTR(1, 3), 1e-5);
+    snprintf(name, sizeof name, "layer_norm w+b %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 3, 5, 6, 64);
+    p_op(p, KILN_OP_LAYER_NORM, 1, OPS(x), OUT(p, dt, 3, 5, 6, 64), 2, ATTR(2, 0), 1e-5);
+    snprintf(name, sizeof name, "layer_norm 2 dims no affine %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 2, 17, 4096);
+    w = p_weight(p, dt, 1, DIMS(4096), 0.5, 1.5);
+    p_op(p, KILN_OP_RMS_NORM, 2, OPS(x, w), OUT(p, dt, 2, 17, 4096), 2, ATTR(1, 1), 1e-6);
+    snprintf(name, sizeof name, "rms_norm %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    static const kiln_op_kind red[3] = {KILN_OP_SUM, KILN_OP_MEAN, KILN_OP_AMAX};
+    for (int k = 0; k < 3; k++) {
+      p = p_new();
+      x = IN(p, dt, 3, 6, 50, 70);
+      p_op(p, red[k], 1, OPS(x), OUT(p, dt, 1, 6), 2, ATTR(6, 0), 0);
+      snprintf(name, sizeof name, "%s trailing dims %s", kiln_op_name(red[k]), kiln_dtype_name(dt));
+      compare(p, name, NULL);
+      p = p_new();
+      x = IN(p, dt, 3, 6, 50, 7);
+      p_op(p, red[k], 1, OPS(x), OUT(p, dt, 3, 1, 50, 1), 2, ATTR(5, 1), 0);
+      snprintf(name, sizeof name, "%s outer dims keepdim %s", kiln_op_name(red[k]), kiln_dtype_name(dt));
+      compare(p, name, NULL);
+    }
+  }
+  for (int t = 0; t < 3; t++) {
+    prog *p = p_new(); /* few outputs, long reductions: a block per output */
+    uint32_t x = IN(p, float_types[t], 2, 3, 100000);
+    p_op(p, KILN_OP_MEAN, 1, OPS(x), OUT(p, float_types[t], 1, 3), 2, ATTR(2, 0), 0);
+    snprintf(name, sizeof name, "mean of long rows %s", kiln_dtype_name(float_types[t]));
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, float_types[t], 2, 300, 500);
+    p_op(p, KILN_OP_AMAX, 1, OPS(x), OUT(p, float_types[t], 0, 0), 2, ATTR(3, 0), 0);
+    snprintf(name, sizeof name, "amax of everything %s", kiln_dtype_name(float_types[t]));
+    compare(p, name, NULL);
+  }
+  prog *p = p_new();
+  uint32_t x = IN(p, KILN_I64, 2, 9, 100000);
+  p_op(p, KILN_OP_SUM, 1, OPS(x), OUT(p, KILN_I64, 1, 9), 2, ATTR(2, 0), 0);
+  io_range r = {-1e6, 1e6};
+  compare(p, "sum i64", &r);
+}
+
+static void test_layout_gather(void) {
+  char name[96];
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    const char *dn = kiln_dtype_name(dt);
+    prog *p = p_new();
+    uint32_t x = IN(p, dt, 4, 2, 3, 4, 5);
+    p_op(p, KILN_OP_PERMUTE, 1, OPS(x), OUT(p, dt, 4, 2, 4, 3, 5), 4, ATTR(0, 2, 1, 3), 0);
+    snprintf(name, sizeof name, "permute 0213 %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 3, 7, 9, 11);
+    p_op(p, KILN_OP_PERMUTE, 1, OPS(x), OUT(p, dt, 3, 11, 7, 9), 3, ATTR(2, 0, 1), 0);
+    snprintf(name, sizeof name, "permute 201 %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 2, 3, 1);
+    p_op(p, KILN_OP_EXPAND, 1, OPS(x), OUT(p, dt, 3, 2, 3, 4), 3, ATTR(2, 3, 4), 0);
+    snprintf(name, sizeof name, "expand %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    uint32_t a = IN(p, dt, 3, 2, 3, 4), b = IN(p, dt, 3, 2, 5, 4), c = IN(p, dt, 3, 2, 1, 4);
+    p_op(p, KILN_OP_CAT, 3, OPS(a, b, c), OUT(p, dt, 3, 2, 9, 4), 1, ATTR(1), 0);
+    snprintf(name, sizeof name, "cat dim 1 %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 3, 4, 20, 6);
+    p_op(p, KILN_OP_SLICE, 1, OPS(x), OUT(p, dt, 3, 4, 6, 6), 4, ATTR(1, 3, 15, 2), 0);
+    snprintf(name, sizeof name, "slice step 2 %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 3, 4, 20, 6);
+    p_op(p, KILN_OP_SELECT, 1, OPS(x), OUT(p, dt, 2, 4, 6), 2, ATTR(1, 7), 0);
+    snprintf(name, sizeof name, "select %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 2, 6, 10);
+    uint32_t m = MID(p, dt, 3, 3, 2, 10);
+    p_op(p, KILN_OP_RESHAPE, 1, OPS(x), m, 3, ATTR(3, 2, 10), 0);
+    p_op(p, KILN_OP_COPY, 1, OPS(m), OUT(p, dt, 3, 3, 2, 10), 0, NULL, 0);
+    snprintf(name, sizeof name, "reshape + copy %s", dn);
+    compare(p, name, NULL);
+
+    p = p_new();
+    uint32_t w = p_weight(p, dt, 2, DIMS(50, 96), -1, 1);
+    uint32_t idx = IN(p, KILN_I64, 2, 3, 7);
+    p_op(p, KILN_OP_EMBEDDING, 2, OPS(w, idx), OUT(p, dt, 3, 3, 7, 96), 0, NULL, 0);
+    snprintf(name, sizeof name, "embedding i64 %s", dn);
+    io_range r = {0, 49.4};
+    compare(p, name, &r);
+    p = p_new();
+    x = IN(p, dt, 3, 4, 30, 5);
+    idx = IN(p, KILN_I32, 1, 12);
+    p_op(p, KILN_OP_INDEX_SELECT, 2, OPS(x, idx), OUT(p, dt, 3, 4, 12, 5), 1, ATTR(1), 0);
+    snprintf(name, sizeof name, "index_select i32 %s", dn);
+    io_range r2[2] = {{-1, 1}, {0, 29.4}};
+    compare(p, name, r2);
+  }
+}
+
+static void test_attention(void) {
+  char name[96];
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    const char *dn = kiln_dtype_name(dt);
+    for (int causal = 0; causal < 2; causal++) {
+      prog *p = p_new();
+      uint32_t q = IN(p, dt, 4, 2, 4, 45, 64), k = IN(p, dt, 4, 2, 4, 45, 64), v = IN(p, dt, 4, 2, 4, 45, 64);
+      p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 2, 4, 45, 64), 2, ATTR(causal, 0), 0);
+      snprintf(name, sizeof name, "sdpa causal %d %s", causal, dn);
+      io_range r[3] = {{-2, 2}, {-2, 2}, {-1, 1}};
+      compare(p, name, r);
+    }
+    prog *p = p_new(); /* L != S, Ev != E, bool mask broadcast over batch, scale given */
+    uint32_t q = IN(p, dt, 3, 3, 21, 128), k = IN(p, dt, 3, 3, 70, 128), v = IN(p, dt, 3, 3, 70, 32);
+    uint32_t m = IN(p, KILN_BOOL, 2, 21, 70);
+    p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 3, 3, 21, 32), 2, ATTR(0, 1), 0.2);
+    snprintf(name, sizeof name, "sdpa bool mask L!=S Ev!=E %s", dn);
+    io_range r[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {-0.5, 1}};
+    compare(p, name, r);
+    p = p_new(); /* additive float mask, k/v shared across heads */
+    q = IN(p, dt, 4, 2, 8, 16, 32);
+    k = IN(p, dt, 4, 2, 1, 40, 32);
+    v = IN(p, dt, 4, 2, 1, 40, 32);
+    m = IN(p, dt, 4, 2, 1, 1, 40);
+    p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 2, 8, 16, 32), 2, ATTR(0, 1), 0);
+    snprintf(name, sizeof name, "sdpa float mask, shared kv %s", dn);
+    io_range r2[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {-3, 0}};
+    compare(p, name, r2);
+    p = p_new(); /* causal with L < S, head dim 128, batch and heads, additive mask on top */
+    q = IN(p, dt, 4, 2, 3, 20, 128);
+    k = IN(p, dt, 4, 2, 3, 50, 128);
+    v = IN(p, dt, 4, 2, 3, 50, 64);
+    m = IN(p, dt, 4, 2, 1, 20, 50);
+    p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 2, 3, 20, 64), 2, ATTR(1, 1), 0);
+    snprintf(name, sizeof name, "sdpa causal L<S E128 float mask %s", dn);
+    compare(p, name, r2);
+    p = p_new(); /* k and v shared by every batch matrix: a zero batch stride */
+    q = IN(p, dt, 4, 2, 4, 16, 64);
+    k = IN(p, dt, 2, 30, 64);
+    v = IN(p, dt, 2, 30, 64);
+    p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 2, 4, 16, 64), 2, ATTR(0, 0), 0);
+    snprintf(name, sizeof name, "sdpa kv shared by all %s", dn);
+    compare(p, name, r);
+    for (int shared = 0; shared < 2; shared++) {
+      /* Rows 5 and 17 with every key masked give zeros, as on the CPU: on the tensor-core path
+       * (k, v per batch) and on the fused kernel (k, v shared by the heads only). */
+      p = p_new();
+      q = IN(p, dt, 4, 2, 2, 24, 64);
+      k = IN(p, dt, 4, 2, shared ? 1 : 2, 24, 64);
+      v = IN(p, dt, 4, 2, shared ? 1 : 2, 24, 64);
+      m = p_weight(p, KILN_BOOL, 2, DIMS(24, 24), -0.5, 1);
+      memset(p->weights + p->tensors[m].offset + 5 * 24, 0, 24);
+      memset(p->weights + p->tensors[m].offset + 17 * 24, 0, 24);
+      p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 2, 2, 24, 64), 2, ATTR(0, 1), 0);
+      snprintf(name, sizeof name, "sdpa fully masked rows %s %s", shared ? "fused" : "gemm", dn);
+      compare(p, name, r);
+    }
+    p = p_new(); /* the GPT block's shape */
+    q = IN(p, dt, 4, 1, 16, 512, 128);
+    k = IN(p, dt, 4, 1, 16, 512, 128);
+    v = IN(p, dt, 4, 1, 16, 512, 128);
+    p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 1, 16, 512, 128), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "sdpa causal 16x512x128 %s", dn);
+    compare(p, name, NULL);
+  }
+}
+
+/* A small program used by the residency and failure tests: out = relu(x @ w^T + b) + x. */
+static prog *small_prog(void) {
+  prog *p = p_new();
+  uint32_t x = IN(p, KILN_F32, 2, 8, 64);
+  uint32_t w = p_weight(p, KILN_F32, 2, DIMS(64, 64), -0.2, 0.2);
+  uint32_t b = p_weight(p, KILN_F32, 1, DIMS(64), -1, 1);
+  uint32_t h = MID(p, KILN_F32, 2, 8, 64);
+  p_op(p, KILN_OP_LINEAR, 3, OPS(x, w, b), h, 1, ATTR(KILN_ACT_RELU), 0);
+  p_op(p, KILN_OP_ADD, 2, OPS(h, x), OUT(p, KILN_F32, 2, 8, 64), 0, NULL, 1.0);
+  return p;
+}
+
+/* Runs the small program on engine e with host buffers and checks it against the CPU. */
+static int small_run_ok(kiln_engine *e, const prog *p) {
+  float x[8 * 64], want[8 * 64], got[8 * 64];
+  fill(x, KILN_F32, 8 * 64, -1, 1);
+  kiln_error err;
+  kiln_engine *cpu = p_load(p, &kiln_cpu_backend, 0, &err);
+  void *in[1] = {x}, *wo[1] = {want}, *go[1] = {got};
+  int ok = cpu && p_execute(cpu, p, in, wo, &err) == KILN_OK;
+  p_unload(cpu);
+  kiln_status st = p_execute(e, p, in, go, &err);
+  if (st != KILN_OK) fprintf(stderr, "small run: %s\n", err.message);
+  return ok && st == KILN_OK && rel_error(got, want, KILN_F32, 8 * 64) <= 1e-4;
+}
+
+static void test_residency(void) {
+  kiln_error err;
+  prog *p = small_prog();
+  kiln_engine *e = p_load(p, &kiln_cuda_backend, 0, &err);
+  CHECK(e != NULL);
+  if (!e) return;
+  kiln_cuda_stats s0, s1, s2, s3;
+  kiln_cuda_engine_stats(e, &s0, &err);
+  CHECK(small_run_ok(e, p)); /* host buffers: staged */
+  kiln_cuda_engine_stats(e, &s1, &err);
+  CHECK(s1.staged - s0.staged == 2 && s1.bound == s0.bound);
+  printf("host buffers: staged %llu, bound %llu\n", (unsigned long long)(s1.staged - s0.staged),
+         (unsigned long long)(s1.bound - s0.bound));
+
+  float *dx, *dy, hx[8 * 64], hy[8 * 64];
+  cudaMalloc((void **)&dx, sizeof hx);
+  cudaMalloc((void **)&dy, sizeof hy);
+  fill(hx, KILN_F32, 8 * 64, -1, 1);
+  cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice);
+  void *din[1] = {dx}, *dout[1] = {dy};
+  CHECK(p_execute(e, p, din, dout, &err) == KILN_OK);
+  CHECK(p_execute(e, p, din, dout, &err) == KILN_OK);
+  kiln_cuda_engine_stats(e, &s2, &err);
+  printf("device buffers, two runs: staged %llu, bound %llu, graph updates %llu, replays %llu\n",
+         (unsigned long long)(s2.staged - s1.staged), (unsigned long long)(s2.bound - s1.bound),
+         (unsigned long long)(s2.graph_updates - s1.graph_updates),
+         (unsigned long long)(s2.graph_replays - s1.graph_replays));
+  CHECK(s2.staged == s1.staged && s2.bound - s1.bound == 4);
+  CHECK(s2.graph_updates - s1.graph_updates == 1 && s2.graph_replays - s1.graph_replays == 2);
+
+  /* An unaligned device buffer is usable but copied once into aligned engine memory. */
+  float *dx2;
+  cudaMalloc((void **)&dx2, sizeof hx + 16);
+  cudaMemcpy((char *)dx2 + 4, hx, sizeof hx, cudaMemcpyHostToDevice);
+  void *uin[1] = {(char *)dx2 + 4};
+  CHECK(p_execute(e, p, uin, dout, &err) == KILN_OK);
+  kiln_cuda_engine_stats(e, &s3, &err);
+  CHECK(s3.staged - s2.staged == 1 && s3.bound - s2.bound == 1);
+  cudaMemcpy(hy, dy, sizeof hy, cudaMemcpyDeviceToHost);
+  float ref[8 * 64];
+  void *hin[1] = {hx}, *hout[1] = {ref};
+  CHECK(p_execute(e, p, hin, hout, &err) == KILN_OK);
+  CHECK(memcmp(ref, hy, sizeof hy) == 0);
+
+  /* Memory the device cannot reach: a virtual range reserved and backed on this device but
+   * never granted access (cuMemSetAccess), which is what another card's memory is before
+   * the caller enables peer access. */
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t gran = 0;
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle h = 0;
+  int vmm = cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS &&
+            cuMemAddressReserve(&va, gran, 0, 0, 0) == CUDA_SUCCESS &&
+            cuMemCreate(&h, gran, &prop, 0) == CUDA_SUCCESS && cuMemMap(va, gran, 0, h, 0) == CUDA_SUCCESS;
+  CHECK(vmm);
+  if (vmm) {
+    void *vin[1] = {(void *)(uintptr_t)va};
+    kiln_status st = p_execute(e, p, vin, dout, &err);
+    printf("unmapped device range: %s: %s\n", kiln_status_name(st), err.message);
+    CHECK(st == KILN_ERR_INVALID_ARGUMENT);
+    CHECK(small_run_ok(e, p)); /* the process and the engine are still usable */
+    cuMemUnmap(va, gran);
+    cuMemRelease(h);
+    cuMemAddressFree(va, gran);
+  }
+
+  /* execute allocates nothing: with every allocation failing, runs still succeed, and the
+   * device's free memory is the same after many runs on both paths. */
+  size_t free0 = 0, free1 = 0, total = 0;
+  cudaMemGetInfo(&free0, &total);
+  kiln_cuda_fail_allocations_after(0);
+  int all_ok = 1;
+  for (int i = 0; i < 50; i++) {
+    all_ok &= small_run_ok(e, p);
+    float *alt = i % 2 ? dx : dx2; /* alternate addresses: graph updates each time */
+    void *ain[1] = {alt};
+    all_ok &= p_execute(e, p, ain, dout, &err) == KILN_OK;
+  }
+  kiln_engine *refused = p_load(p, &kiln_cuda_backend, 0, &err);
+  CHECK(refused == NULL && err.status == KILN_ERR_OUT_OF_MEMORY); /* the hook does fail init */
+  kiln_cuda_fail_allocations_after(-1);
+  cudaMemGetInfo(&free1, &total);
+  CHECK(all_ok);
+  CHECK(free0 == free1);
+  printf("100 runs with allocation failure injected: %s; device free memory %s\n",
+         all_ok ? "all ok" : "FAILED", free0 == free1 ? "unchanged" : "CHANGED");
+  cudaFree(dx);
+  cudaFree(dx2);
+  cudaFree(dy);
+  p_unload(e);
+  p_free(p);
+}
+
+/* Refusals: a plan whose shapes disagree is refused at init (never a device fault), and an
+ * index out of its table is reported after the run, leaving the engine usable. */
+static void test_refusals(void) {
+  kiln_error err;
+  prog *p = p_new(); /* linear whose weight has the wrong K */
+  uint32_t x = IN(p, KILN_F32, 2, 4, 32);
+  uint32_t w = p_weight(p, KILN_F32, 2, DIMS(16, 31), -1, 1);
+  p_op(p, KILN_OP_LINEAR, 2, OPS(x, w), OUT(p, KILN_F32, 2, 4, 16), 1, ATTR(0), 0);
+  kiln_engine *e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("linear with K 32 vs 31: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM && strstr(err.message, "op 0 (linear)"));
+  p_unload(e);
+  p_free(p);
+
+  p = p_new(); /* slice reaching past its input */
+  x = IN(p, KILN_F32, 2, 4, 10);
+  p_op(p, KILN_OP_SLICE, 1, OPS(x), OUT(p, KILN_F32, 2, 4, 6), 4, ATTR(1, 5, 11, 1), 0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("slice past the end: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM);
+  p_unload(e);
+  p_free(p);
+
+  p = p_new(); /* a binary op whose input does not broadcast */
+  x = IN(p, KILN_F32, 2, 4, 10);
+  uint32_t y = IN(p, KILN_F32, 1, 9);
+  p_op(p, KILN_OP_ADD, 2, OPS(x, y), OUT(p, KILN_F32, 2, 4, 10), 0, NULL, 1.0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("add [4,10] + [9]: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM);
+  p_unload(e);
+  p_free(p);
+
+  p = p_new(); /* embedding index out of range */
+  w = p_weight(p, KILN_F32, 2, DIMS(10, 8), -1, 1);
+  uint32_t idx = IN(p, KILN_I64, 1, 3);
+  p_op(p, KILN_OP_EMBEDDING, 2, OPS(w, idx), OUT(p, KILN_F32, 2, 3, 8), 0, NULL, 0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  CHECK(e != NULL);
+  if (e) {
+    int64_t bad[3] = {1, 10, 2}, good[3] = {1, 9, 2};
+    float out[24];
+    void *in[1] = {bad}, *outs[1] = {out};
+    kiln_status st = p_execute(e, p, in, outs, &err);
+    printf("embedding index 10 of 10 rows: %s: %s\n", kiln_status_name(st), err.message);
+    CHECK(st == KILN_ERR_INVALID_ARGUMENT);
+    in[0] = good;
+    CHECK(p_execute(e, p, in, outs, &err) == KILN_OK); /* the flag was reset: usable again */
+  }
+  p_unload(e);
+  p_free(p);
+}
+
+static void test_init_failures(void) {
+  kiln_error err;
+  prog *p = small_prog();
+  /* Every allocation init makes, made to fail in turn: an error each time, nothing leaked. */
+  size_t free0 = 0, free1 = 0, total = 0;
+  kiln_engine *e = p_load(p, &kiln_cuda_backend, 0, &err);
+  kiln_cuda_stats st;
+  kiln_cuda_engine_stats(e, &st, &err);
+  long n = (long)st.init_allocs + 4;
+  p_unload(e);
+  cudaMemGetInfo(&free0, &total);
+  int refused = 0, loaded = 0;
+  for (long k = 0; k <= n + 4; k++) {
+    kiln_cuda_fail_allocations_after(k);
+    e = p_load(p, &kiln_cuda_backend, 0, &err);
+    kiln_cuda_fail_allocations_after(-1);
+    if (e) {
+      loaded++;
+      CHECK(small_run_ok(e, p));
+      p_unload(e);
+    } else {
+      refused++;
+      CHECK(err.status == KILN_ERR_OUT_OF_MEMORY);
+    }
+  }
+  cudaMemGetInfo(&free1, &total);
+  printf("allocation failure at each of %ld points: %d refused with out of memory, %d loaded; "
+         "device free memory %s\n", n, refused, loaded, free0 == free1 ? "unchanged" : "CHANGED");
+  CHECK(refused > 5 && loaded > 0 && free0 == free1);
+
+  /* A device that does not exist. */
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  e = p_load(p, &kiln_cuda_backend, count, &err);
+  printf("device id %d: %s: %s\n", count, kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_UNAVAILABLE && strstr(err.message, "does not exist"));
+
+  /* An arena larger than the device: a returned error, then another program runs. */
+  prog *big = p_new();
+  uint32_t x = IN(big, KILN_F32, 1, 1);
+  uint64_t huge = (uint64_t)total / 4 * 2; /* elements: twice the device's bytes */
+  uint32_t m = p_tensor(big, KILN_STORE_ARENA, KILN_F32, 1, DIMS((int64_t)huge));
+  p_op(big, KILN_OP_EXPAND, 1, OPS(x), m, 1, ATTR((int64_t)huge), 0);
+  p_op(big, KILN_OP_SUM, 1, OPS(m), OUT(big, KILN_F32, 1, 1), 2, ATTR(1, 1), 0);
+  e = p_load(big, &kiln_cuda_backend, 0, &err);
+  printf("arena of %llu bytes: %s: %s\n", (unsigned long long)big->arena_size,
+         kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_OUT_OF_MEMORY);
+  p_unload(e);
+  p_free(big);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  CHECK(e && small_run_ok(e, p));
+  p_unload(e);
+  p_free(p);
+}
+
+/* An input whose device buffer is far shorter than its shape: a 1 GiB range of addresses of
+ * which only the first granule is backed, so the kernel reading it faults for certain; the
+ * run must come back as an internal error naming the usual causes. */
+static int fault_check(void) {
+  kiln_error err;
+  prog *p = p_new();
+  int64_t n = (int64_t)1 << 28;
+  uint32_t x = IN(p, KILN_F32, 1, n);
+  p_op(p, KILN_OP_SUM, 1, OPS(x), OUT(p, KILN_F32, 1, 1), 2, ATTR(1, 1), 0);
+  kiln_engine *e = p_load(p, &kiln_cuda_backend, 0, &err);
+  CHECK(e != NULL);
+  if (!e) return check_report("test_cuda_ops --fault");
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t gran = 0;
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle h = 0;
+  CUmemAccessDesc access;
+  memset(&access, 0, sizeof access);
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  int ok = cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS &&
+           cuMemAddressReserve(&va, (size_t)n * 4, 0, 0, 0) == CUDA_SUCCESS &&
+           cuMemCreate(&h, gran, &prop, 0) == CUDA_SUCCESS && cuMemMap(va, gran, 0, h, 0) == CUDA_SUCCESS &&
+           cuMemSetAccess(va, gran, &access, 1) == CUDA_SUCCESS;
+  CHECK(ok);
+  float result = 0.0f;
+  void *in[1] = {(void *)(uintptr_t)va}, *outs[1] = {&result};
+  kiln_status st = p_execute(e, p, in, outs, &err);
+  printf("short device buffer: %s: %s\n", kiln_status_name(st), err.message);
+  CHECK(st == KILN_ERR_INTERNAL && strstr(err.message, "shorter than its shape") &&
+        strstr(err.message, "first error"));
+  return check_report("test_cuda_ops --fault");
+}
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IONBF, 0); /* a run cut short keeps what it printed */
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
+    fprintf(stderr, "test_cuda_ops: no CUDA device; run it on a GPU machine\n");
+    return 2;
+  }
+  if (argc > 1 && strcmp(argv[1], "--fault") == 0) return fault_check();
+  if (argc > 1 && strcmp(argv[1], "--matmul-attention") == 0) {
+    /* The matmul and attention cases alone: quick to run against a changed kernel. */
+    test_gemm();
+    test_attention();
+    return check_report("test_cuda_ops --matmul-attention");
+  }
+  test_gemm();
+  test_pointwise();
+  test_fused_pointwise();
+  test_normalize_reduce();
+  test_layout_gather();
+  test_attention();
+  test_residency();
+  test_refusals();
+  test_init_failures();
+  return check_report("test_cuda_ops");
+}

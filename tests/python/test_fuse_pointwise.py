@@ -1,0 +1,60 @@
+"""Pointwise-chain fusion seen from outside: `kiln inspect` names the fused steps of a built
+blob, and the fused blob computes on the reference engine what the unfused one does."""
+
+import os
+import subprocess
+
+import torch
+
+from kiln import _lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KILN = os.environ.get("KILN_CLI") or os.path.join(ROOT, "build", "kiln")
+
+
+def chain_blob(fuse):
+    """The chain pow(gelu_tanh(z - x * y), 2) over x[2,3,4], y[4], z[2,3,4]."""
+    with _lib.Builder() as b:
+        x = b.add_input("x", _lib.F32, (2, 3, 4))
+        y = b.add_input("y", _lib.F32, (4,))
+        z = b.add_input("z", _lib.F32, (2, 3, 4))
+        a = b.add_op("mul", [x, y])
+        c = b.add_op("sub", [z, a])
+        d = b.add_op("gelu", [c], [1])
+        b.mark_output(b.add_op("pow", [d], (), [2.0]), "out")
+        return b.build(fuse=fuse)
+
+
+def inspect(tmp_path, blob):
+    path = tmp_path / "chain.blob"
+    path.write_bytes(blob)
+    assert os.path.isfile(KILN), f"{KILN} is missing: build the kiln command line (make build)"
+    r = subprocess.run([KILN, "inspect", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return [line.strip() for line in r.stdout.splitlines() if line.strip().startswith("op ")]
+
+
+def test_inspect_shows_the_fused_steps(tmp_path):
+    ops = inspect(tmp_path, chain_blob(True))
+    assert ops == [
+        "op 0: pointwise(t0 [2, 3, 4], t1 [4], t2 [2, 3, 4]) -> t3 [2, 3, 4]; "
+        "fused [mul(in1) -> rsub(in2) -> gelu_tanh -> pow(2)]"
+    ]
+    unfused = inspect(tmp_path, chain_blob(False))
+    assert [line.split(":")[1].split("(")[0].strip() for line in unfused] == [
+        "mul", "sub", "gelu", "pow"
+    ]
+
+
+def test_fused_blob_matches_the_unfused_one():
+    torch.manual_seed(0)
+    inputs = [torch.randn(2, 3, 4), torch.randn(4), torch.randn(2, 3, 4)]
+    results = []
+    for fuse in (True, False):
+        out = torch.empty(2, 3, 4)
+        with _lib.Engine(chain_blob(fuse), device="cpu") as engine:
+            engine.execute(inputs, [out])
+        results.append(out)
+    assert torch.equal(results[0], results[1])
+    want = torch.nn.functional.gelu(inputs[2] - inputs[0] * inputs[1], approximate="tanh") ** 2
+    torch.testing.assert_close(results[0], want, rtol=1e-5, atol=1e-6)
