@@ -1,7 +1,7 @@
 # Two commands: `make demo` runs the main job, `make test` runs every test.
 PY := .venv/bin/python
 BUILD := build
-EXECUTORCH_CMAKE = $(shell $(PY) -c "import executorch, os; print(os.path.join(os.path.dirname(executorch.__file__), 'lib', 'cmake', 'executorch'))")
+EXECUTORCH_CMAKE = $(shell $(PY) -c "import executorch, os; print(os.path.join(list(executorch.__path__)[0], 'lib', 'cmake', 'executorch'))")
 
 .PHONY: setup build demo test
 setup:
@@ -16,3 +16,8 @@ demo: build
 
 test: build
 	scripts/test.sh
+
+# The two wheels, kiln-runtime and kiln, audited, into dist/.
+.PHONY: wheels
+wheels: build
+	$(PY) packaging/build_wheels.py --build-dir $(BUILD) --out dist

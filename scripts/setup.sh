@@ -7,10 +7,12 @@ need_apt=()
 for tool in cmake ninja clang gcc g++; do
   command -v "$tool" >/dev/null 2>&1 || need_apt+=("$tool")
 done
+# zlib's header: `kiln audit` inflates wheel members.
+[ -f /usr/include/zlib.h ] || need_apt+=(zlib)
 if [ ${#need_apt[@]} -gt 0 ]; then
   pkgs=()
   for t in "${need_apt[@]}"; do
-    case "$t" in ninja) pkgs+=(ninja-build) ;; clang) pkgs+=(clang libclang-rt-dev) ;; *) pkgs+=("$t") ;; esac
+    case "$t" in ninja) pkgs+=(ninja-build) ;; zlib) pkgs+=(zlib1g-dev) ;; clang) pkgs+=(clang libclang-rt-dev) ;; *) pkgs+=("$t") ;; esac
   done
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${pkgs[@]}"
 fi
