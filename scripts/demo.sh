@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: write a demo blob and inspect it.
+# The main job: export a demo model with Kiln, inspect it, run it through ExecuTorch, compare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build/kiln demo-blob build/demo.kiln
-build/kiln inspect build/demo.kiln
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+.venv/bin/python scripts/demo.py

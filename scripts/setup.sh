@@ -9,6 +9,10 @@ for tool in cmake ninja clang gcc g++; do
 done
 # zlib's header: `kiln audit` inflates wheel members.
 [ -f /usr/include/zlib.h ] || need_apt+=(zlib)
+# libFuzzer's runtime ships apart from clang itself.
+if command -v clang >/dev/null 2>&1 && [ ! -f "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a)" ]; then
+  need_apt+=(clang)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   pkgs=()
   for t in "${need_apt[@]}"; do
