@@ -202,17 +202,14 @@ def _dims(shape):
     return (ctypes.c_int64 * max(len(shape), 1))(*shape)
 
 
-class Builder:
-    """One kiln_builder; every refusal raises KilnError with the builder's message."""
+class _Owned:
+    """A C handle released by the subclass's _release function once, on close or collection."""
 
-    def __init__(self):
-        self._handle = lib.kiln_builder_create()
-        if not self._handle:
-            raise MemoryError("kiln: out of memory creating a builder")
+    _handle = None
 
     def close(self):
         if self._handle:
-            lib.kiln_builder_destroy(self._handle)
+            self._release(self._handle)
             self._handle = None
 
     def __enter__(self):
@@ -223,6 +220,19 @@ class Builder:
 
     def __del__(self):
         self.close()
+
+
+class Builder(_Owned):
+    """One kiln_builder; every refusal raises KilnError with the builder's message."""
+
+    def __init__(self):
+        self._handle = lib.kiln_builder_create()
+        if not self._handle:
+            raise MemoryError("kiln: out of memory creating a builder")
+
+    @staticmethod
+    def _release(handle):
+        lib.kiln_builder_destroy(handle)
 
     def add_input(self, name, dtype, shape):
         error = Error()
@@ -302,11 +312,10 @@ class Builder:
             lib.kiln_free(blob)
 
 
-class Engine:
+class Engine(_Owned):
     """A loaded blob; execute takes contiguous torch tensors in binding order."""
 
     def __init__(self, blob, device="cpu", device_id=-1):
-        self._handle = None
         if device not in DEVICES:
             raise ValueError(f"kiln: unknown device {device!r}; use one of {sorted(DEVICES)}")
         if device_id != -1:
@@ -325,19 +334,9 @@ class Engine:
             _raise(error)
         self._handle = handle
 
-    def close(self):
-        if self._handle:
-            lib.kiln_engine_destroy(self._handle)
-            self._handle = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
+    @staticmethod
+    def _release(handle):
+        lib.kiln_engine_destroy(handle)
 
     def metadata(self):
         """The blob metadata's scalar fields."""
