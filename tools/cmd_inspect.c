@@ -2,69 +2,16 @@
  * delegates, inspecting each KilnBackend blob inside it. Everything is checked before anything
  * is printed, so a refused file gives exit status 1 and one line on stderr. */
 #include "commands.h"
+#include "mapped_file.h"
 #include "pte_reader.h"
 
+#include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
 #include "kiln/kiln.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-/* ------------------------------------------------------------------ the file */
-
-typedef struct mapped_file {
-  const uint8_t *data;
-  size_t size;
-  void *map;
-} mapped_file;
-
-/* Copies s into out (cap bytes) with control characters shown as '?'. */
-static const char *clean(const char *s, char *out, size_t cap) {
-  size_t n = 0;
-  for (; *s && n + 1 < cap; s++) out[n++] = (unsigned char)*s < 0x20 || *s == 0x7F ? '?' : *s;
-  out[n] = '\0';
-  return out;
-}
-
-static kiln_status map_file(const char *path, mapped_file *f, kiln_error *err) {
-  char shown[128];
-  memset(f, 0, sizeof *f);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT, "cannot open %.120s: %.64s",
-                     clean(path, shown, sizeof shown), strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
-                     "%.120s is not a regular file: pass a blob or a .pte file",
-                     clean(path, shown, sizeof shown));
-  }
-  f->size = (size_t)st.st_size;
-  if (f->size > 0) {
-    f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (f->map == MAP_FAILED) {
-      f->map = NULL;
-      close(fd);
-      return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY, "cannot map %.120s (%llu bytes): %.64s",
-                       clean(path, shown, sizeof shown), (unsigned long long)f->size,
-                       strerror(errno));
-    }
-    f->data = f->map;
-  }
-  close(fd);
-  return KILN_OK;
-}
-
-static void unmap_file(mapped_file *f) {
-  if (f->map) munmap(f->map, f->size);
-}
 
 /* ------------------------------------------------------------------ a Kiln blob */
 
@@ -161,14 +108,20 @@ static const char *activation_name(int64_t a) {
   return "unknown";
 }
 
-/* A fused chain as "; fused [mul(in1) -> add(in2) -> gelu_tanh]". */
-static void print_pointwise_steps(const kiln_op *op) {
+/* Fused steps as "; fused [mul(in1) -> add(in2) -> gelu_tanh]"; a norm's own place among its
+ * steps is shown by its name: "; fused [add(in3) -> layer_norm -> gelu_erf]". */
+static void print_fused_steps(const kiln_op *op) {
   char step[48];
-  uint32_t n = op->n_iattr < KILN_MAX_IATTR ? op->n_iattr : KILN_MAX_IATTR;
+  kiln_pw_span span;
+  int norm = op->kind != KILN_OP_POINTWISE;
+  if (!kiln_pw_span_of(op, &span)) return;
   printf("; fused [");
-  for (uint32_t k = 0; k < n; k++)
-    printf("%s%s", k ? " -> " : "", kiln_pointwise_step_str(op->iattr[k], op->fattr[0], step,
-                                                             sizeof step));
+  for (uint32_t k = 0; k <= span.n_steps; k++) {
+    if (norm && k == span.n_before) printf("%s%s", k ? " -> " : "", kiln_op_name(op->kind));
+    if (k < span.n_steps)
+      printf("%s%s", k || (norm && span.n_before == 0) ? " -> " : "",
+             kiln_pointwise_step_str(span.steps[k], span.exponent, step, sizeof step));
+  }
   printf("]");
 }
 
@@ -200,15 +153,19 @@ static void print_plan(const kiln_plan *plan, const char *in) {
     printf(") -> ");
     print_tensor_ref(plan, op->output);
     if (op->kind == KILN_OP_LINEAR) {
-      printf("; epilogue: %s, %s", n >= 3 ? "bias" : "no bias",
-             activation_name(op->n_iattr ? op->iattr[0] : KILN_ACT_NONE));
+      printf("; epilogue: %s, %s%s", kiln_linear_has_bias(op) ? "bias" : "no bias",
+             activation_name(op->n_iattr ? op->iattr[0] : KILN_ACT_NONE),
+             kiln_linear_has_residual(op) ? ", + residual" : "");
     } else if (op->kind == KILN_OP_POINTWISE) {
-      print_pointwise_steps(op);
+      print_fused_steps(op);
     } else if (op->n_iattr) {
+      kiln_pw_span span;
       uint32_t na = op->n_iattr < KILN_MAX_IATTR ? op->n_iattr : KILN_MAX_IATTR;
+      if (kiln_pw_span_of(op, &span)) na = 2; /* a norm's own attributes, then its steps */
       printf("; iattr [");
       for (uint32_t k = 0; k < na; k++) printf(k ? ", %lld" : "%lld", (long long)op->iattr[k]);
       printf("]");
+      print_fused_steps(op);
     }
     /* a pointwise pow step already shows fattr0 as its exponent */
     if (op->kind != KILN_OP_POINTWISE && (op->fattr[0] != 0.0 || op->fattr[1] != 0.0))
@@ -252,11 +209,11 @@ static kiln_status print_delegate(const kiln_pte_delegate *d, void *ctx, kiln_er
   print_state *ps = ctx;
   char name[72], id[72];
   if (ps->last_plan != d->plan) {
-    printf("  plan %u \"%s\":\n", (unsigned)d->plan, clean(d->plan_name, name, sizeof name));
+    printf("  plan %u \"%s\":\n", (unsigned)d->plan, kiln_clean_text(d->plan_name, name, sizeof name));
     ps->last_plan = d->plan;
   }
   printf("    delegate %u: backend %s, %s %u at byte %llu, %llu bytes, %u compile specs\n",
-         (unsigned)d->index, clean(d->id, id, sizeof id),
+         (unsigned)d->index, kiln_clean_text(d->id, id, sizeof id),
          d->location == KILN_PTE_INLINE ? "inline data" : "segment", (unsigned)d->data_index,
          (unsigned long long)(d->data - ps->file), (unsigned long long)d->size,
          (unsigned)d->n_compile_specs);
@@ -313,7 +270,7 @@ int kiln_cmd_inspect(int argc, char **argv) {
   }
   kiln_error err = {KILN_OK, ""};
   mapped_file f;
-  if (map_file(argv[1], &f, &err) != KILN_OK) {
+  if (kiln_map_file(argv[1], &f, &err) != KILN_OK) {
     fprintf(stderr, "%s\n", err.message);
     return 1;
   }
@@ -327,10 +284,10 @@ int kiln_cmd_inspect(int argc, char **argv) {
     kiln_fail(&err, KILN_ERR_INVALID_PROGRAM,
               "%.120s is neither a Kiln blob (magic KILNBLOB) nor an ExecuTorch program "
               "(identifier ET12): pass a blob or a .pte file",
-              clean(argv[1], shown, sizeof shown));
+              kiln_clean_text(argv[1], shown, sizeof shown));
     fprintf(stderr, "%s\n", err.message);
     rc = 1;
   }
-  unmap_file(&f);
+  kiln_unmap_file(&f);
   return rc;
 }

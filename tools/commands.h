@@ -6,5 +6,6 @@
 int kiln_cmd_inspect(int argc, char **argv);
 int kiln_cmd_demo_blob(int argc, char **argv);
 int kiln_cmd_audit(int argc, char **argv);
+int kiln_cmd_profile(int argc, char **argv);
 
 #endif

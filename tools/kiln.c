@@ -28,6 +28,7 @@ static const command commands[] = {
      "inspect FILE       print a Kiln blob, or the delegates of an ExecuTorch .pte"},
     {"demo-blob", kiln_cmd_demo_blob, "demo-blob PATH     write a small demonstration blob"},
     {"audit", kiln_cmd_audit, "audit ...          check a built delegate library or wheel"},
+    {"profile", kiln_cmd_profile, "profile FILE       time each op of a blob or .pte's Kiln blobs on the GPU"},
 };
 
 static void usage(FILE *to) {

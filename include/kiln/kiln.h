@@ -179,7 +179,9 @@ KILN_API kiln_status kiln_metadata_write(const kiln_metadata *md, char **out, si
 /* Ops, their inputs and attributes (iattr integers, fattr reals). Dims are normalized to
  * be non-negative by the builder. All tensors in a plan are contiguous. */
 typedef enum kiln_op_kind {
-  KILN_OP_LINEAR = 0,   /* x[...,K], w[N,K], bias[N]? -> [...,N]; iattr0 = kiln_activation */
+  KILN_OP_LINEAR = 0,   /* x[...,K], w[N,K], bias[N]?, residual? -> [...,N]; iattr0 =
+                           kiln_activation; iattr1 = 1: the last input, of the output's shape
+                           and dtype, is added after the bias (activation NONE), one rounding */
   KILN_OP_MATMUL,       /* a[...,M,K], b[...,K,N] (batch dims broadcast) -> [...,M,N] */
   KILN_OP_ADD,          /* a + alpha*b, broadcasting; fattr0 = alpha */
   KILN_OP_SUB,          /* a - alpha*b, broadcasting; fattr0 = alpha */
@@ -198,10 +200,15 @@ typedef enum kiln_op_kind {
   KILN_OP_CAST,         /* iattr0 = target kiln_dtype */
   KILN_OP_SOFTMAX,      /* iattr0 = dim */
   KILN_OP_LOG_SOFTMAX,  /* iattr0 = dim */
-  KILN_OP_LAYER_NORM,   /* x, weight?, bias?; iattr0 = normalized trailing dims, iattr1 = bit0
-                           weight present, bit1 bias present; fattr0 = eps */
-  KILN_OP_RMS_NORM,     /* x, weight?; iattr0 = normalized trailing dims, iattr1 = bit0 weight;
-                           fattr0 = eps */
+  KILN_OP_LAYER_NORM,   /* x, weight?, bias?, operands...; iattr0 = normalized trailing dims,
+                           iattr1 = bit0 weight present, bit1 bias present; fattr0 = eps. Fused
+                           pointwise steps (see POINTWISE) when n_iattr > 2: iattr2 = how many
+                           of the steps iattr3.. apply to x before normalizing, the rest apply
+                           after weight and bias; binary steps read the operands after x,
+                           weight and bias (each broadcasts to x, same dtype); fattr1 = the
+                           exponent of its one POW step, else 0. All in f32, one rounding. */
+  KILN_OP_RMS_NORM,     /* x, weight?, operands...; iattr0 = normalized trailing dims, iattr1 =
+                           bit0 weight; fattr0 = eps; fused steps as LAYER_NORM */
   KILN_OP_SUM,          /* iattr0 = bitmask of reduced dims, iattr1 = keepdim */
   KILN_OP_MEAN,         /* as SUM */
   KILN_OP_AMAX,         /* as SUM */
@@ -333,7 +340,7 @@ typedef struct kiln_build_options {
   int32_t device_id;              /* recorded in the metadata */
   int32_t min_compute_capability; /* 0: the lowest the kernels are built for */
   int allow_tf32;
-  int fuse;                       /* 1: fuse GEMM epilogues and pointwise chains */
+  int fuse; /* 1: fuse GEMM epilogues, pointwise chains, and pointwise ops into norms */
 } kiln_build_options;
 
 KILN_API void kiln_build_options_default(kiln_build_options *opts);

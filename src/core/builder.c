@@ -3,10 +3,12 @@
 #include "core/alloc.h"
 #include "core/fold.h"
 #include "core/fuse.h"
+#include "core/fuse_norm.h"
 #include "core/fuse_pointwise.h"
 #include "core/graph.h"
 #include "core/internal.h"
 #include "core/memplan.h"
+#include "core/view.h"
 #include "core/shape.h"
 
 #include <stdlib.h>
@@ -399,14 +401,16 @@ static kiln_status pack_weights(const kiln_graph *g, build_parts *p, kiln_error 
   return KILN_OK;
 }
 
-/* The live ops in order, renumbered, and the arena laid out by liveness. */
+/* The live ops in order, renumbered, and the arena laid out by liveness; a view (view.h) of an
+ * arena tensor shares its input's block. */
 static kiln_status plan_ops_and_arena(const kiln_graph *g, build_parts *p, kiln_error *err) {
   kiln_plan *plan = &p->plan;
   kiln_mem_block *blocks = kiln_calloc(plan->n_tensors, sizeof *blocks);
   int32_t *block_of = kiln_calloc(plan->n_tensors, sizeof *block_of);
+  uint64_t *view_at = kiln_calloc(plan->n_tensors, sizeof *view_at); /* bytes into the block */
   uint32_t n_blocks = 0, step = 0;
   kiln_status s = KILN_OK;
-  if (!blocks || !block_of) {
+  if (!blocks || !block_of || !view_at) {
     s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                   "builder: out of memory planning %u tensors; free memory and retry",
                   (unsigned)plan->n_tensors);
@@ -424,17 +428,26 @@ static kiln_status plan_ops_and_arena(const kiln_graph *g, build_parts *p, kiln_
       if (block_of[op->inputs[k]] >= 0) blocks[block_of[op->inputs[k]]].last = step;
     }
     if (plan->tensors[op->output].storage == KILN_STORE_ARENA) {
-      blocks[n_blocks] = (kiln_mem_block){plan->tensors[op->output].nbytes, step, step, 0};
-      block_of[op->output] = (int32_t)n_blocks++;
+      uint64_t at;
+      if (block_of[op->inputs[0]] >= 0 &&
+          kiln_op_is_view(op, &plan->tensors[op->inputs[0]], &at)) {
+        /* a view: inside its input's block, which now lives as long as the view is read */
+        block_of[op->output] = block_of[op->inputs[0]];
+        view_at[op->output] = view_at[op->inputs[0]] + at;
+      } else {
+        blocks[n_blocks] = (kiln_mem_block){plan->tensors[op->output].nbytes, step, step, 0};
+        block_of[op->output] = (int32_t)n_blocks++;
+      }
     }
     step++;
   }
   if ((s = kiln_memplan(blocks, n_blocks, KILN_ARENA_ALIGN, &plan->arena_size, err))) goto done;
   for (uint32_t t = 0; t < plan->n_tensors; t++)
-    if (block_of[t] >= 0) plan->tensors[t].offset = blocks[block_of[t]].offset;
+    if (block_of[t] >= 0) plan->tensors[t].offset = blocks[block_of[t]].offset + view_at[t];
 done:
   free(blocks);
   free(block_of);
+  free(view_at);
   return s;
 }
 
@@ -477,13 +490,15 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
 }
 
 /* Rewrites g: constants folded, GEMMs recognized, epilogues fused, dead code removed, then
- * pointwise chains fused (after the epilogues, so a GEMM keeps its activation). */
+ * pointwise chains fused (after the epilogues, so a GEMM keeps its activation), then pointwise
+ * ops next to a norm fused into it. */
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, kiln_error *err) {
   kiln_status s;
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_epilogues(g, err))) return s;
   if ((s = kiln_graph_remove_dead(g, err))) return s;
-  return opts->fuse ? kiln_fuse_pointwise(g, err) : KILN_OK;
+  if (opts->fuse && (s = kiln_fuse_pointwise(g, err))) return s;
+  return opts->fuse ? kiln_fuse_norms(g, err) : KILN_OK;
 }
 
 kiln_status kiln_builder_build(kiln_builder *b, const kiln_build_options *opts, void **blob,

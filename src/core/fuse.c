@@ -1,4 +1,5 @@
-/* Epilogue fusion: an activation right after a GEMM runs inside the GEMM's epilogue. */
+/* Epilogue fusion: an activation right after a GEMM runs inside the GEMM's epilogue, and so
+ * does a residual added to a GEMM's result. */
 #include "core/fuse.h"
 
 #include "core/alloc.h"
@@ -10,6 +11,39 @@ static kiln_activation epilogue_of(const kiln_op *op) {
   if (op->kind == KILN_OP_RELU) return KILN_ACT_RELU;
   if (op->kind == KILN_OP_GELU) return op->iattr[0] ? KILN_ACT_GELU_TANH : KILN_ACT_GELU_ERF;
   return KILN_ACT_NONE;
+}
+
+static int same_desc(const kiln_tensor_desc *a, const kiln_tensor_desc *b) {
+  if (a->dtype != b->dtype || a->rank != b->rank) return 0;
+  for (int32_t d = 0; d < a->rank; d++)
+    if (a->dims[d] != b->dims[d]) return 0;
+  return 1;
+}
+
+/* y = linear(x) read only by y + r (alpha 1), r of y's shape and dtype: the LINEAR takes r as
+ * its residual and moves to the add's place, where r has been computed. */
+static void fuse_residuals(kiln_graph *g, uint32_t *uses) {
+  for (uint32_t i = 0; i < g->n_ops; i++) {
+    const kiln_op *add = &g->ops[i];
+    if (g->dead[i] || add->kind != KILN_OP_ADD || add->fattr[0] != 1.0) continue;
+    for (uint32_t side = 0; side < 2; side++) {
+      uint32_t y = add->inputs[side], r = add->inputs[1 - side];
+      const kiln_gtensor *t = &g->tensors[y];
+      if (t->node != KILN_NODE_OP || uses[y] != 1 || y == r) continue;
+      kiln_op lin = g->ops[t->producer];
+      if (lin.kind != KILN_OP_LINEAR || lin.iattr[0] != KILN_ACT_NONE || lin.n_iattr > 1 ||
+          !same_desc(&g->tensors[r].desc, &t->desc) || !same_desc(&t->desc, &g->tensors[add->output].desc))
+        continue;
+      g->dead[t->producer] = 1;
+      uses[y] = 0;
+      lin.inputs[lin.n_inputs++] = r;
+      lin.iattr[1] = 1;
+      lin.n_iattr = 2;
+      lin.output = add->output;
+      g->ops[i] = lin;
+      break;
+    }
+  }
 }
 
 kiln_status kiln_fuse_epilogues(kiln_graph *g, kiln_error *err) {
@@ -37,6 +71,7 @@ kiln_status kiln_fuse_epilogues(kiln_graph *g, kiln_error *err) {
     g->tensors[act->output].producer = x->producer;
     g->dead[i] = 1;
   }
+  fuse_residuals(g, uses);
   free(uses);
   return KILN_OK;
 }

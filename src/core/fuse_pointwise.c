@@ -1,7 +1,6 @@
 /* Pointwise-chain fusion: a run of single-use pointwise ops becomes one POINTWISE op. */
 #include "core/fuse_pointwise.h"
 
-#include "core/alloc.h"
 #include "core/pointwise_steps.h"
 #include "core/shape.h"
 
@@ -59,6 +58,24 @@ static int64_t chain_input(const kiln_graph *g, const kiln_op *op) {
   return -1;
 }
 
+int kiln_pointwise_of(const kiln_graph *g, const kiln_op *op, kiln_op *out) {
+  int64_t x;
+  chain c;
+  if (op->kind == KILN_OP_POINTWISE) {
+    *out = *op;
+    return 1;
+  }
+  if ((x = chain_input(g, op)) < 0) return 0;
+  memset(&c, 0, sizeof c);
+  c.op.kind = KILN_OP_POINTWISE;
+  c.op.n_inputs = 1;
+  c.op.inputs[0] = (uint32_t)x;
+  c.op.output = op->output;
+  if (!add_step(g, op, (uint32_t)x, &c)) return 0;
+  *out = c.op;
+  return 1;
+}
+
 /* Grows a chain from op `first`; when it reaches two steps, its last op becomes the POINTWISE
  * op and the others die. uses counts output bindings too, so a value read once by a live op
  * is read by nothing else. */
@@ -87,22 +104,10 @@ static void fuse_from(kiln_graph *g, uint32_t first, const uint32_t *uses,
 }
 
 kiln_status kiln_fuse_pointwise(kiln_graph *g, kiln_error *err) {
-  size_t n = g->n_tensors ? g->n_tensors : 1;
-  uint32_t *uses = kiln_malloc(sizeof *uses * n);
-  int32_t *reader = kiln_malloc(sizeof *reader * n);
-  if (!uses || !reader) {
-    free(uses);
-    free(reader);
-    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
-                     "builder: out of memory for %u tensors while fusing pointwise chains; free "
-                     "memory and retry",
-                     (unsigned)g->n_tensors);
-  }
-  kiln_graph_count_uses(g, uses);
-  for (uint32_t t = 0; t < g->n_tensors; t++) reader[t] = -1;
-  for (uint32_t i = 0; i < g->n_ops; i++)
-    for (uint32_t k = 0; !g->dead[i] && k < g->ops[i].n_inputs; k++)
-      reader[g->ops[i].inputs[k]] = (int32_t)i;
+  uint32_t *uses;
+  int32_t *reader;
+  kiln_status s = kiln_graph_readers(g, "pointwise chains", &uses, &reader, err);
+  if (s != KILN_OK) return s;
   for (uint32_t i = 0; i < g->n_ops; i++)
     if (!g->dead[i]) fuse_from(g, i, uses, reader);
   free(uses);

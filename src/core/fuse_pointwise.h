@@ -10,4 +10,8 @@
  * KILN_OP_POINTWISE op in the last op's place. Longer chains split; a second POW ends one. */
 kiln_status kiln_fuse_pointwise(kiln_graph *g, kiln_error *err);
 
+/* Writes op as a POINTWISE op into *out: a copy of a POINTWISE op, or the one step a lone
+ * pointwise op is, reading the operand of its output's shape as x. 0 when op cannot be one. */
+int kiln_pointwise_of(const kiln_graph *g, const kiln_op *op, kiln_op *out);
+
 #endif

@@ -116,3 +116,26 @@ kiln_status kiln_graph_remove_dead(kiln_graph *g, kiln_error *err) {
   free(needed);
   return KILN_OK;
 }
+
+kiln_status kiln_graph_readers(const kiln_graph *g, const char *pass, uint32_t **uses,
+                               int32_t **reader, kiln_error *err) {
+  size_t n = g->n_tensors ? g->n_tensors : 1;
+  *uses = kiln_malloc(sizeof **uses * n);
+  *reader = kiln_malloc(sizeof **reader * n);
+  if (!*uses || !*reader) {
+    free(*uses);
+    free(*reader);
+    *uses = NULL;
+    *reader = NULL;
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "builder: out of memory for %u tensors while fusing %.20s; free memory and "
+                     "retry",
+                     (unsigned)g->n_tensors, pass);
+  }
+  kiln_graph_count_uses(g, *uses);
+  for (uint32_t t = 0; t < g->n_tensors; t++) (*reader)[t] = -1;
+  for (uint32_t i = 0; i < g->n_ops; i++)
+    for (uint32_t k = 0; !g->dead[i] && k < g->ops[i].n_inputs; k++)
+      (*reader)[g->ops[i].inputs[k]] = (int32_t)i;
+  return KILN_OK;
+}

@@ -47,6 +47,11 @@ void kiln_graph_release(kiln_graph *g);
 
 /* uses[t] = reads of t by live ops plus 1 for each output binding naming t. */
 void kiln_graph_count_uses(const kiln_graph *g, uint32_t *uses);
+/* For a fusion pass: *uses as kiln_graph_count_uses fills it, and *reader with, per tensor, the
+ * last live op reading it (-1 for none), in two arrays from malloc the caller frees; out of
+ * memory is an error naming `pass`. */
+kiln_status kiln_graph_readers(const kiln_graph *g, const char *pass, uint32_t **uses,
+                               int32_t **reader, kiln_error *err);
 /* 1 when tensor t is named by an output binding. */
 int kiln_graph_is_output(const kiln_graph *g, int32_t t);
 /* Marks dead every op whose output reaches no output binding. */

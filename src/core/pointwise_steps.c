@@ -1,6 +1,7 @@
-/* KILN_OP_POINTWISE steps: validation and display. */
+/* Pointwise steps of POINTWISE and fused norm ops: validation and display. */
 #include "core/pointwise_steps.h"
 
+#include <stdint.h>
 #include <stdio.h>
 
 #define KNOWN_BITS                                                                        \
@@ -35,26 +36,54 @@ static int step_ok(int64_t step) {
   return !(step & KILN_PW_GELU_TANH) || kind == KILN_OP_GELU;
 }
 
+int kiln_pw_span_of(const kiln_op *op, kiln_pw_span *span) {
+  int64_t flags;
+  if (op->kind == KILN_OP_POINTWISE) {
+    span->steps = op->iattr;
+    span->n_steps = op->n_iattr < KILN_MAX_IATTR ? op->n_iattr : KILN_MAX_IATTR;
+    span->n_before = 0;
+    span->first_operand = 1;
+    span->exponent = op->fattr[0];
+    return 1;
+  }
+  if ((op->kind != KILN_OP_LAYER_NORM && op->kind != KILN_OP_RMS_NORM) || op->n_iattr <= 2)
+    return 0;
+  flags = op->iattr[1];
+  span->steps = op->iattr + 3;
+  span->n_steps = (op->n_iattr < KILN_MAX_IATTR ? op->n_iattr : KILN_MAX_IATTR) - 3;
+  span->n_before = op->iattr[2] >= 0 && op->iattr[2] <= KILN_MAX_IATTR ? (uint32_t)op->iattr[2]
+                                                                        : UINT32_MAX;
+  span->first_operand = 1u + (uint32_t)(flags & 1) + (uint32_t)((flags >> 1) & 1);
+  span->exponent = op->fattr[1];
+  return 1;
+}
+
 kiln_pw_fault kiln_pointwise_check(const kiln_op *op, uint32_t *where) {
   uint32_t read = 0; /* bit k: some step reads input k */
   int pows = 0;
-  for (uint32_t s = 0; s < op->n_iattr && s < KILN_MAX_IATTR; s++) {
-    int64_t step = op->iattr[s];
+  kiln_pw_span span;
+  *where = 0;
+  if (!kiln_pw_span_of(op, &span)) /* a plain norm keeps fattr1 for a step's exponent */
+    return op->fattr[1] != 0.0 ? KILN_PW_BAD_FATTR : KILN_PW_FINE;
+  if (span.n_steps == 0 || span.n_before > span.n_steps) return KILN_PW_BAD_SPLIT;
+  for (uint32_t s = 0; s < span.n_steps; s++) {
+    int64_t step = span.steps[s];
     kiln_op_kind kind = KILN_PW_STEP_KIND(step);
     uint32_t slot = KILN_PW_STEP_INPUT(step);
     *where = s;
     if (!step_ok(step)) return KILN_PW_BAD_STEP;
-    if (kiln_pw_is_binary(kind) ? slot < 1 || slot >= op->n_inputs : slot != 0)
+    if (kiln_pw_is_binary(kind) ? slot < span.first_operand || slot >= op->n_inputs : slot != 0)
       return KILN_PW_BAD_INPUT;
     if (kind == KILN_OP_POW && pows++) return KILN_PW_SECOND_POW;
     read |= 1u << slot;
   }
-  for (uint32_t k = 1; k < op->n_inputs; k++) {
+  for (uint32_t k = span.first_operand; k < op->n_inputs; k++) {
     *where = k;
     if (!((read >> k) & 1u)) return KILN_PW_UNUSED_INPUT;
   }
   *where = 0;
-  if (op->fattr[1] != 0.0 || (!pows && op->fattr[0] != 0.0)) return KILN_PW_BAD_FATTR;
+  if (!pows && span.exponent != 0.0) return KILN_PW_BAD_FATTR;
+  if (op->kind == KILN_OP_POINTWISE && op->fattr[1] != 0.0) return KILN_PW_BAD_FATTR;
   return KILN_PW_FINE;
 }
 

@@ -1,4 +1,5 @@
-/* The steps of a KILN_OP_POINTWISE op: which ops a step may be, one check shared by the plan
+/* The pointwise steps an op carries: KILN_OP_POINTWISE's whole chain, or the steps fused before
+ * and after a LAYER_NORM or RMS_NORM. Which ops a step may be, one check shared by the plan
  * parser and the engines, and the text `kiln inspect` prints for a step. */
 #ifndef KILN_POINTWISE_STEPS_H
 #define KILN_POINTWISE_STEPS_H
@@ -11,15 +12,25 @@
 extern "C" {
 #endif
 
-/* What is wrong with a POINTWISE op's steps, found by kiln_pointwise_check. */
+/* What is wrong with an op's steps, found by kiln_pointwise_check. */
 typedef enum kiln_pw_fault {
   KILN_PW_FINE = 0,
   KILN_PW_BAD_STEP,     /* not a step op, unknown flag bits, or a flag the op does not take */
-  KILN_PW_BAD_INPUT,    /* a binary step's slot outside 1..n_inputs-1, or a unary step's not 0 */
-  KILN_PW_SECOND_POW,   /* fattr0 holds one exponent */
-  KILN_PW_UNUSED_INPUT, /* an extra input that no step reads */
-  KILN_PW_BAD_FATTR     /* fattr0 set without a POW step, or fattr1 set */
+  KILN_PW_BAD_INPUT,    /* a binary step's slot outside the operands, or a unary step's not 0 */
+  KILN_PW_SECOND_POW,   /* one exponent is stored */
+  KILN_PW_UNUSED_INPUT, /* an operand that no step reads */
+  KILN_PW_BAD_FATTR,    /* the exponent set without a POW step, or POINTWISE's fattr1 set */
+  KILN_PW_BAD_SPLIT     /* a norm's count of steps before it exceeds its steps, or no steps */
 } kiln_pw_fault;
+
+/* The steps of one op, and where its operands start among its inputs. */
+typedef struct kiln_pw_span {
+  const int64_t *steps;
+  uint32_t n_steps;
+  uint32_t n_before;      /* norms: steps applied to x before normalizing; the rest after */
+  uint32_t first_operand; /* binary steps read inputs first_operand..n_inputs-1 */
+  double exponent;        /* of the one POW step */
+} kiln_pw_span;
 
 /* 1 for ADD, SUB, MUL, DIV: the steps that read an extra input. */
 static inline int kiln_pw_is_binary(kiln_op_kind kind) {
@@ -29,8 +40,14 @@ static inline int kiln_pw_is_binary(kiln_op_kind kind) {
 /* 1 when kind may be a step (the float unary ops and the four binary ones). */
 int kiln_pw_step_kind_ok(kiln_op_kind kind);
 
-/* Checks op's steps (iattr[0..n_iattr)) and fattr against its input count; on a fault *where
- * is the step at fault, or the input for KILN_PW_UNUSED_INPUT. */
+/* Fills span with op's steps: 1 for POINTWISE and for a norm with fused steps (n_iattr > 2:
+ * iattr2 = steps before the norm, iattr3.. the steps), 0 for every other op. A norm's operands
+ * start after x, weight and bias. */
+int kiln_pw_span_of(const kiln_op *op, kiln_pw_span *span);
+
+/* Checks the steps of a POINTWISE op or a norm (a plain norm passes when its fattr1 is 0)
+ * against its input count; on a fault *where is the step at fault (an index into the span),
+ * or the input for KILN_PW_UNUSED_INPUT. */
 kiln_pw_fault kiln_pointwise_check(const kiln_op *op, uint32_t *where);
 
 /* Writes a step as text into buf: "mul(in1)", "rsub(in2)" (operand - chain), "gelu_tanh",

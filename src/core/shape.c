@@ -2,6 +2,7 @@
 #include "core/shape.h"
 
 #include "core/internal.h"
+#include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
 
 #include <math.h>
@@ -13,7 +14,7 @@ typedef struct op_arity {
 } op_arity;
 
 static const op_arity arity[KILN_OP_COUNT] = {
-    [KILN_OP_LINEAR] = {2, 3, 0, 1},
+    [KILN_OP_LINEAR] = {2, 4, 0, 2},
     [KILN_OP_MATMUL] = {2, 2, 0, 0},
     [KILN_OP_ADD] = {2, 2, 0, 0},
     [KILN_OP_SUB] = {2, 2, 0, 0},
@@ -32,8 +33,8 @@ static const op_arity arity[KILN_OP_COUNT] = {
     [KILN_OP_CAST] = {1, 1, 1, 1},
     [KILN_OP_SOFTMAX] = {1, 1, 1, 1},
     [KILN_OP_LOG_SOFTMAX] = {1, 1, 1, 1},
-    [KILN_OP_LAYER_NORM] = {1, 3, 2, 2},
-    [KILN_OP_RMS_NORM] = {1, 2, 2, 2},
+    [KILN_OP_LAYER_NORM] = {1, KILN_MAX_OP_INPUTS, 2, KILN_MAX_IATTR},
+    [KILN_OP_RMS_NORM] = {1, KILN_MAX_OP_INPUTS, 2, KILN_MAX_IATTR},
     [KILN_OP_SUM] = {1, 1, 2, 2},
     [KILN_OP_MEAN] = {1, 1, 2, 2},
     [KILN_OP_AMAX] = {1, 1, 2, 2},
@@ -209,7 +210,19 @@ static kiln_status infer_linear(const infer_ctx *c, kiln_tensor_desc *out) {
                      "%lld; the weight must be [N,K] with K = the input's last dim%.24s",
                      c->stage, c->index, c->name, (long long)x->dims[x->rank - 1],
                      shape_of(w, t.a), (long long)w->dims[1], c->remedy);
-  if (c->op->n_inputs == 3 && (c->in[2]->rank != 1 || c->in[2]->dims[0] != w->dims[0]))
+  int residual = kiln_linear_has_residual(c->op);
+  if (c->op->n_iattr > 1 && (s = need_flag(c, 1, 1))) return s;
+  if (residual && (c->op->n_inputs < 3 || c->op->iattr[0] != KILN_ACT_NONE))
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): a residual (iattr1 1) needs a third input and no "
+                     "activation, but the op has %u inputs and activation %lld%.24s",
+                     c->stage, c->index, c->name, (unsigned)c->op->n_inputs,
+                     (long long)c->op->iattr[0], c->remedy);
+  if (!residual && c->op->n_inputs > 3)
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): 4 inputs need iattr1 1 (x, w, bias, residual)%.24s",
+                     c->stage, c->index, c->name, c->remedy);
+  if (kiln_linear_has_bias(c->op) && (c->in[2]->rank != 1 || c->in[2]->dims[0] != w->dims[0]))
     return kiln_fail(c->err, c->status,
                      "%.7s op %u (%.12s): the bias has shape %.40s but the weight %.40s needs "
                      "[%lld]%.24s",
@@ -217,6 +230,17 @@ static kiln_status infer_linear(const infer_ctx *c, kiln_tensor_desc *out) {
                      (long long)w->dims[0], c->remedy);
   set_shape(out, x->dtype, x->rank, x->dims);
   out->dims[x->rank - 1] = w->dims[0];
+  if (residual) {
+    const kiln_tensor_desc *r = c->in[c->op->n_inputs - 1];
+    int same = r->rank == out->rank;
+    for (int32_t d = 0; same && d < r->rank; d++) same = r->dims[d] == out->dims[d];
+    if (!same)
+      return kiln_fail(c->err, c->status,
+                       "%.7s op %u (%.12s): the residual has shape %.40s but the output is "
+                       "%.40s%.24s",
+                       c->stage, c->index, c->name, shape_of(r, t.a), shape_of(out, t.b),
+                       c->remedy);
+  }
   return KILN_OK;
 }
 
@@ -297,43 +321,6 @@ static kiln_status infer_softmax(const infer_ctx *c, kiln_tensor_desc *out) {
   kiln_status s = need_float(c, 0);
   if (s || (s = need_dim(c, c->op->iattr[0], 0))) return s;
   set_shape(out, c->in[0]->dtype, c->in[0]->rank, c->in[0]->dims);
-  return KILN_OK;
-}
-
-static kiln_status infer_norm(const infer_ctx *c, kiln_tensor_desc *out) {
-  const kiln_tensor_desc *x = c->in[0];
-  int64_t k = c->op->iattr[0], flags = c->op->iattr[1];
-  int max_flags = c->op->kind == KILN_OP_LAYER_NORM ? 3 : 1;
-  uint32_t want_inputs;
-  shape_text t;
-  kiln_status s = need_floats_alike(c, c->op->n_inputs);
-  if (s || (s = need_flag(c, 1, max_flags))) return s;
-  if (k < 1 || k > x->rank)
-    return kiln_fail(c->err, c->status,
-                     "%.7s op %u (%.12s): normalizes %lld trailing dims but input 0 %.40s has "
-                     "rank %d%.24s",
-                     c->stage, c->index, c->name, (long long)k, shape_of(x, t.a), (int)x->rank,
-                     c->remedy);
-  want_inputs = 1 + (unsigned)(flags & 1) + (unsigned)((flags >> 1) & 1);
-  if (c->op->n_inputs != want_inputs)
-    return kiln_fail(c->err, c->status,
-                     "%.7s op %u (%.12s): flags %lld (1 weight, 2 bias) mean %u inputs but the op "
-                     "has %u%.24s",
-                     c->stage, c->index, c->name, (long long)flags, want_inputs,
-                     (unsigned)c->op->n_inputs, c->remedy);
-  for (uint32_t i = 1; i < c->op->n_inputs; i++) {
-    const kiln_tensor_desc *p = c->in[i];
-    int same = p->rank == k;
-    for (int32_t d = 0; same && d < k; d++) same = p->dims[d] == x->dims[x->rank - k + d];
-    if (!same)
-      return kiln_fail(c->err, c->status,
-                       "%.7s op %u (%.12s): input %u has shape %.40s but must equal the "
-                       "normalized dims %.40s%.24s",
-                       c->stage, c->index, c->name, (unsigned)i, shape_of(p, t.a),
-                       kiln_shape_str((int32_t)k, x->dims + x->rank - k, t.b, sizeof t.b),
-                       c->remedy);
-  }
-  set_shape(out, x->dtype, x->rank, x->dims);
   return KILN_OK;
 }
 
@@ -595,23 +582,25 @@ static kiln_status infer_sdpa(const infer_ctx *c, kiln_tensor_desc *out) {
 /* Messages for the faults kiln_pointwise_check finds. */
 static kiln_status pointwise_fault(const infer_ctx *c, kiln_pw_fault fault, uint32_t where) {
   const kiln_op *op = c->op;
+  kiln_pw_span span = {op->iattr, 0, 0, 1, 0.0};
+  kiln_pw_span_of(op, &span);
   switch (fault) {
   case KILN_PW_BAD_STEP:
     return kiln_fail(c->err, c->status,
                      "%.7s op %u (%.12s): step %u is %lld, not a float unary, add, sub, mul or "
                      "div step with its own flags%.24s",
-                     c->stage, c->index, c->name, (unsigned)where, (long long)op->iattr[where],
+                     c->stage, c->index, c->name, (unsigned)where, (long long)span.steps[where],
                      c->remedy);
   case KILN_PW_BAD_INPUT:
     return kiln_fail(c->err, c->status,
-                     "%.7s op %u (%.12s): step %u reads input %u but the op has %u inputs (binary "
-                     "steps read 1..%u, unary steps 0)%.24s",
+                     "%.7s op %u (%.12s): step %u reads input %u but binary steps read inputs "
+                     "%u..%u and unary steps 0%.24s",
                      c->stage, c->index, c->name, (unsigned)where,
-                     (unsigned)KILN_PW_STEP_INPUT(op->iattr[where]), (unsigned)op->n_inputs,
+                     (unsigned)KILN_PW_STEP_INPUT(span.steps[where]), (unsigned)span.first_operand,
                      (unsigned)op->n_inputs - 1, c->remedy);
   case KILN_PW_SECOND_POW:
     return kiln_fail(c->err, c->status,
-                     "%.7s op %u (%.12s): step %u is a second pow but fattr0 holds one "
+                     "%.7s op %u (%.12s): step %u is a second pow but the op holds one "
                      "exponent%.24s",
                      c->stage, c->index, c->name, (unsigned)where, c->remedy);
   case KILN_PW_UNUSED_INPUT:
@@ -620,25 +609,25 @@ static kiln_status pointwise_fault(const infer_ctx *c, kiln_pw_fault fault, uint
                      c->name, (unsigned)where, c->remedy);
   case KILN_PW_BAD_FATTR:
     return kiln_fail(c->err, c->status,
-                     "%.7s op %u (%.12s): fattr %g, %g must be the pow exponent and 0 (0 and 0 "
-                     "without a pow step)%.24s",
+                     "%.7s op %u (%.12s): fattr %g, %g: the pow exponent is set without a pow "
+                     "step, or a pointwise op's fattr1 is not 0%.24s",
                      c->stage, c->index, c->name, op->fattr[0], op->fattr[1], c->remedy);
+  case KILN_PW_BAD_SPLIT:
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): %lld steps before the norm but it carries %u steps "
+                     "(at least 1)%.24s",
+                     c->stage, c->index, c->name, (long long)op->iattr[2],
+                     (unsigned)span.n_steps, c->remedy);
   case KILN_PW_FINE: break;
   }
   return KILN_OK;
 }
 
-/* POINTWISE: float steps on x; each extra operand broadcasts to x without enlarging it. */
-static kiln_status infer_fused_pointwise(const infer_ctx *c, kiln_tensor_desc *out) {
+/* Inputs first..n-1 (step operands) broadcast to input 0 without enlarging it. */
+static kiln_status need_operands_fit(const infer_ctx *c, uint32_t first) {
   const kiln_tensor_desc *x = c->in[0];
-  uint32_t where = 0;
   shape_text t;
-  kiln_pw_fault fault;
-  kiln_status s = need_floats_alike(c, c->op->n_inputs);
-  if (s) return s;
-  fault = kiln_pointwise_check(c->op, &where);
-  if ((s = pointwise_fault(c, fault, where))) return s;
-  for (uint32_t i = 1; i < c->op->n_inputs; i++) {
+  for (uint32_t i = first; i < c->op->n_inputs; i++) {
     int32_t rank = x->rank;
     int64_t dims[KILN_MAX_RANK];
     int same;
@@ -652,6 +641,60 @@ static kiln_status infer_fused_pointwise(const infer_ctx *c, kiln_tensor_desc *o
                        c->stage, c->index, c->name, (unsigned)i, shape_of(c->in[i], t.a),
                        shape_of(x, t.b), c->remedy);
   }
+  return KILN_OK;
+}
+
+/* POINTWISE: float steps on x; each extra operand broadcasts to x without enlarging it. */
+static kiln_status infer_fused_pointwise(const infer_ctx *c, kiln_tensor_desc *out) {
+  const kiln_tensor_desc *x = c->in[0];
+  uint32_t where = 0;
+  kiln_pw_fault fault = kiln_pointwise_check(c->op, &where);
+  kiln_status s = need_floats_alike(c, c->op->n_inputs);
+  if (s || (s = pointwise_fault(c, fault, where)) || (s = need_operands_fit(c, 1))) return s;
+  set_shape(out, x->dtype, x->rank, x->dims);
+  return KILN_OK;
+}
+
+/* LAYER_NORM, RMS_NORM: weight and bias of the normalized dims' shape, then the operands of
+ * the steps fused before and after the norm (see POINTWISE). */
+static kiln_status infer_norm(const infer_ctx *c, kiln_tensor_desc *out) {
+  const kiln_tensor_desc *x = c->in[0];
+  int64_t k = c->op->iattr[0], flags = c->op->iattr[1];
+  int max_flags = c->op->kind == KILN_OP_LAYER_NORM ? 3 : 1;
+  uint32_t want_inputs, where = 0;
+  kiln_pw_span span;
+  kiln_pw_fault fault;
+  int fused = kiln_pw_span_of(c->op, &span);
+  shape_text t;
+  kiln_status s = need_floats_alike(c, c->op->n_inputs);
+  if (s || (s = need_flag(c, 1, max_flags))) return s;
+  if (k < 1 || k > x->rank)
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): normalizes %lld trailing dims but input 0 %.40s has "
+                     "rank %d%.24s",
+                     c->stage, c->index, c->name, (long long)k, shape_of(x, t.a), (int)x->rank,
+                     c->remedy);
+  want_inputs = 1 + (unsigned)(flags & 1) + (unsigned)((flags >> 1) & 1);
+  if (fused ? c->op->n_inputs < want_inputs : c->op->n_inputs != want_inputs)
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): flags %lld (1 weight, 2 bias) mean %u inputs%.22s but "
+                     "the op has %u%.24s",
+                     c->stage, c->index, c->name, (long long)flags, want_inputs,
+                     fused ? " before step operands" : "", (unsigned)c->op->n_inputs, c->remedy);
+  for (uint32_t i = 1; i < want_inputs; i++) {
+    const kiln_tensor_desc *p = c->in[i];
+    int same = p->rank == k;
+    for (int32_t d = 0; same && d < k; d++) same = p->dims[d] == x->dims[x->rank - k + d];
+    if (!same)
+      return kiln_fail(c->err, c->status,
+                       "%.7s op %u (%.12s): input %u has shape %.40s but must equal the "
+                       "normalized dims %.40s%.24s",
+                       c->stage, c->index, c->name, (unsigned)i, shape_of(p, t.a),
+                       kiln_shape_str((int32_t)k, x->dims + x->rank - k, t.b, sizeof t.b),
+                       c->remedy);
+  }
+  fault = kiln_pointwise_check(c->op, &where);
+  if ((s = pointwise_fault(c, fault, where)) || (s = need_operands_fit(c, want_inputs))) return s;
   set_shape(out, x->dtype, x->rank, x->dims);
   return KILN_OK;
 }

@@ -3,6 +3,7 @@
  * runs the ops in order and copies aliased outputs back into their inputs, allocating
  * nothing. */
 #include "core/alloc.h"
+#include "core/view.h"
 #include "cpu/cpu_ops.h"
 
 #include <stdlib.h>
@@ -87,6 +88,14 @@ static kiln_status resolve(kiln_engine *e, const kiln_tensor_view *inputs,
   return KILN_OK;
 }
 
+/* 1 when op is a view whose output the memory plan placed on its input's bytes: nothing to
+ * copy (and copying a range onto itself is no job for memcpy). */
+static int holds_already(const kiln_cpu_run *r, const kiln_op *op) {
+  uint64_t at;
+  return kiln_op_is_view(op, kiln_cpu_desc(r, op->inputs[0]), &at) &&
+         (const uint8_t *)r->data[op->output] == (const uint8_t *)r->data[op->inputs[0]] + at;
+}
+
 static kiln_status run_op(const kiln_cpu_run *r, uint32_t index, kiln_error *err) {
   const kiln_op *op = &r->plan->ops[index];
   switch (op->kind) {
@@ -115,12 +124,12 @@ static kiln_status run_op(const kiln_cpu_run *r, uint32_t index, kiln_error *err
   case KILN_OP_MEAN:
   case KILN_OP_AMAX: kiln_cpu_reduce(r, op); break;
   case KILN_OP_RESHAPE:
-  case KILN_OP_COPY: kiln_cpu_copy(r, op); break;
+  case KILN_OP_COPY: if (!holds_already(r, op)) kiln_cpu_copy(r, op); break;
   case KILN_OP_PERMUTE: kiln_cpu_permute(r, op); break;
   case KILN_OP_EXPAND: kiln_cpu_expand(r, op); break;
   case KILN_OP_CAT: kiln_cpu_cat(r, op); break;
   case KILN_OP_SLICE:
-  case KILN_OP_SELECT: kiln_cpu_slice(r, op); break;
+  case KILN_OP_SELECT: if (!holds_already(r, op)) kiln_cpu_slice(r, op); break;
   case KILN_OP_EMBEDDING: return kiln_cpu_embedding(r, index, op, err);
   case KILN_OP_INDEX_SELECT: return kiln_cpu_index_select(r, index, op, err);
   case KILN_OP_WHERE: kiln_cpu_where(r, op); break;

@@ -2,6 +2,7 @@
  * storage bounds, input counts, dtypes and the attributes used as indices. After them,
  * execute can fail only on data. Also sizes the scratch the ops share. */
 #include "core/internal.h"
+#include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
 #include "cpu/cpu_ops.h"
 
@@ -79,14 +80,13 @@ static int is_permutation(const kiln_op *op, int32_t rank) {
   return 1;
 }
 
-/* 1 when POINTWISE's steps are sound, x has the output's shape and every extra input
- * broadcasts (right-aligned) to it. */
-static int pointwise_ok(const kiln_plan *p, const kiln_op *op) {
+/* 1 when input 0 has the output's shape and inputs first..n-1 broadcast (right-aligned) to
+ * it. */
+static int operands_fit(const kiln_plan *p, const kiln_op *op, uint32_t first) {
   const kiln_tensor_desc *out = &p->tensors[op->output];
-  uint32_t where;
-  if (kiln_pointwise_check(op, &where) != KILN_PW_FINE) return 0;
   for (uint32_t k = 0; k < op->n_inputs; k++) {
     const kiln_tensor_desc *t = &p->tensors[op->inputs[k]];
+    if (k && k < first) continue;
     if (t->rank > out->rank || (k == 0 && t->rank != out->rank)) return 0;
     for (int32_t d = 0; d < t->rank; d++) {
       int64_t want = out->dims[out->rank - t->rank + d];
@@ -96,25 +96,42 @@ static int pointwise_ok(const kiln_plan *p, const kiln_op *op) {
   return 1;
 }
 
+/* 1 when a norm's flags, inputs and fused steps agree (weight and bias shapes are the
+ * engine's kernels' own check). */
+static int norm_ok(const kiln_plan *p, const kiln_op *op) {
+  const int64_t *a = op->iattr;
+  int64_t max_flags = op->kind == KILN_OP_LAYER_NORM ? 3 : 1;
+  uint32_t base = 1u + (uint32_t)(a[1] & 1) + (uint32_t)((a[1] >> 1) & 1), where;
+  kiln_pw_span span;
+  int fused = kiln_pw_span_of(op, &span);
+  if (a[0] < 0 || a[0] > p->tensors[op->inputs[0]].rank || a[1] < 0 || a[1] > max_flags)
+    return 0;
+  if (fused ? op->n_inputs < base : op->n_inputs != base) return 0;
+  return kiln_pointwise_check(op, &where) == KILN_PW_FINE && operands_fit(p, op, base);
+}
+
 /* 1 when the op's attributes are usable as indices into its tensors' dims. */
 static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
   const kiln_tensor_desc *x = &p->tensors[op->inputs[0]];
   const kiln_tensor_desc *out = &p->tensors[op->output];
   const int64_t *a = op->iattr;
   switch (op->kind) {
-  case KILN_OP_LINEAR:
+  case KILN_OP_LINEAR: {
+    const kiln_tensor_desc *res = &p->tensors[op->inputs[op->n_inputs - 1]];
+    int residual = kiln_linear_has_residual(op), ok = res->rank == out->rank;
+    for (int32_t d = 0; ok && d < res->rank; d++) ok = res->dims[d] == out->dims[d];
     return a[0] >= KILN_ACT_NONE && a[0] <= KILN_ACT_GELU_TANH && x->rank >= 1 &&
-           p->tensors[op->inputs[1]].rank == 2;
+           p->tensors[op->inputs[1]].rank == 2 && (a[1] == 0 || a[1] == 1) &&
+           op->n_inputs <= 3u + (uint32_t)residual &&
+           (!residual || (ok && a[0] == KILN_ACT_NONE && op->n_inputs >= 3));
+  }
   case KILN_OP_MATMUL: return x->rank >= 1 && p->tensors[op->inputs[1]].rank >= 1;
   case KILN_OP_GELU: return a[0] == 0 || a[0] == 1;
   case KILN_OP_CAST: return a[0] == (int64_t)out->dtype;
   case KILN_OP_SOFTMAX:
   case KILN_OP_LOG_SOFTMAX: return a[0] >= 0 && a[0] < (x->rank > 0 ? x->rank : 1);
   case KILN_OP_LAYER_NORM:
-    return a[0] >= 0 && a[0] <= x->rank && (a[1] & ~3) == 0 &&
-           op->n_inputs == 1u + (uint32_t)(a[1] & 1) + (uint32_t)((a[1] >> 1) & 1);
-  case KILN_OP_RMS_NORM:
-    return a[0] >= 0 && a[0] <= x->rank && (a[1] & ~1) == 0 && op->n_inputs == 1u + (uint32_t)a[1];
+  case KILN_OP_RMS_NORM: return norm_ok(p, op);
   case KILN_OP_SUM:
   case KILN_OP_MEAN:
   case KILN_OP_AMAX: return a[0] >= 0 && a[0] < ((int64_t)1 << x->rank) && (a[1] == 0 || a[1] == 1);
@@ -134,7 +151,10 @@ static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
     return (a[1] == 0 || a[1] == 1) && op->n_inputs == 3u + (uint32_t)a[1] && out->rank >= 2 &&
            x->rank >= 2 && p->tensors[op->inputs[1]].rank >= 2 &&
            p->tensors[op->inputs[2]].rank >= 2;
-  case KILN_OP_POINTWISE: return pointwise_ok(p, op);
+  case KILN_OP_POINTWISE: {
+    uint32_t where;
+    return kiln_pointwise_check(op, &where) == KILN_PW_FINE && operands_fit(p, op, 1);
+  }
   default: return 1;
   }
 }
@@ -163,7 +183,7 @@ static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_c
   *max_in = 1;
   *cls = OUT_FLOAT;
   switch (kind) {
-  case KILN_OP_LINEAR: *min_in = 2, *max_in = 3; break;
+  case KILN_OP_LINEAR: *min_in = 2, *max_in = 4; break;
   case KILN_OP_MATMUL:
   case KILN_OP_DIV: *min_in = *max_in = 2; break;
   case KILN_OP_ADD:
@@ -174,8 +194,8 @@ static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_c
   case KILN_OP_CAST:
   case KILN_OP_SUM:
   case KILN_OP_AMAX: *cls = OUT_ANY; break;
-  case KILN_OP_LAYER_NORM: *max_in = 3; break;
-  case KILN_OP_RMS_NORM: *max_in = 2; break;
+  case KILN_OP_LAYER_NORM:
+  case KILN_OP_RMS_NORM: *max_in = KILN_MAX_OP_INPUTS; break;
   case KILN_OP_RESHAPE:
   case KILN_OP_PERMUTE:
   case KILN_OP_EXPAND:

@@ -1,16 +1,20 @@
 /* LINEAR (with its fused bias and activation epilogue) and MATMUL with broadcast batch dims.
  * Dot products accumulate in double so the oracle's own rounding stays far below any
  * tolerance a GPU result is held to. */
+#include "core/linear_inputs.h"
 #include "cpu/cpu_ops.h"
 
-/* y = act(x @ w^T + bias): both operands are read along contiguous rows of K. */
+/* y = act(x @ w^T + bias) (+ residual, added in f32 to the f32 result): both operands are
+ * read along contiguous rows of K. */
 void kiln_cpu_linear(const kiln_cpu_run *r, const kiln_op *op) {
   const kiln_tensor_desc *x = kiln_cpu_desc(r, op->inputs[0]);
   const kiln_tensor_desc *w = kiln_cpu_desc(r, op->inputs[1]);
-  const kiln_tensor_desc *bias = op->n_inputs > 2 ? kiln_cpu_desc(r, op->inputs[2]) : NULL;
+  const kiln_tensor_desc *bias = kiln_linear_has_bias(op) ? kiln_cpu_desc(r, op->inputs[2]) : NULL;
+  uint32_t ri = op->inputs[op->n_inputs - 1];
+  const kiln_tensor_desc *res = kiln_linear_has_residual(op) ? kiln_cpu_desc(r, ri) : NULL;
   const kiln_tensor_desc *out = kiln_cpu_desc(r, op->output);
   const void *px = r->data[op->inputs[0]], *pw = r->data[op->inputs[1]];
-  const void *pb = bias ? r->data[op->inputs[2]] : NULL;
+  const void *pb = bias ? r->data[op->inputs[2]] : NULL, *pr = res ? r->data[ri] : NULL;
   void *po = r->data[op->output];
   int64_t rows = kiln_cpu_extent(x, 0, x->rank - 1), k_dim = x->dims[x->rank - 1];
   int64_t n_dim = w->dims[0];
@@ -20,8 +24,9 @@ void kiln_cpu_linear(const kiln_cpu_run *r, const kiln_op *op) {
       for (int64_t k = 0; k < k_dim; k++)
         acc += (double)kiln_cpu_ldf(px, x->dtype, i * k_dim + k) *
                (double)kiln_cpu_ldf(pw, w->dtype, j * k_dim + k);
-      kiln_cpu_stf(po, out->dtype, i * n_dim + j,
-                   kiln_cpu_activate((kiln_activation)op->iattr[0], (float)acc));
+      float y = kiln_cpu_activate((kiln_activation)op->iattr[0], (float)acc);
+      if (res) y += kiln_cpu_ldf(pr, res->dtype, i * n_dim + j);
+      kiln_cpu_stf(po, out->dtype, i * n_dim + j, y);
     }
   }
 }

@@ -5,6 +5,7 @@
 #define KILN_CPU_OPS_H
 
 #include "core/engine_internal.h"
+#include "core/pointwise_steps.h"
 #include "cpu/half.h"
 
 #include <math.h>
@@ -126,7 +127,17 @@ void kiln_cpu_where(const kiln_cpu_run *r, const kiln_op *op);
 float kiln_cpu_binary_f32(kiln_op_kind kind, float a, float b, float alpha);
 float kiln_cpu_unary_f32(const kiln_op *op, float x);
 
-/* cpu_fused_pointwise.c: POINTWISE, every step in f32 and one rounding to the output dtype. */
+/* cpu_fused_pointwise.c: POINTWISE, every step in f32 and one rounding to the output dtype;
+ * and the steps of an op decoded once and run on one element, shared with the norms. */
+typedef struct kiln_cpu_steps {
+  kiln_pw_span span;
+  kiln_op unary[KILN_PW_MAX_STEPS]; /* each unary step as the op kiln_cpu_unary_f32 reads */
+} kiln_cpu_steps;
+/* 0 when op carries no steps. */
+int kiln_cpu_steps_init(kiln_cpu_steps *st, const kiln_op *op);
+/* Steps [from, to) on v; off[k] is operand input k's element offset. */
+float kiln_cpu_steps_run(const kiln_cpu_run *r, const kiln_op *op, const kiln_cpu_steps *st,
+                         uint32_t from, uint32_t to, float v, const int64_t *off);
 void kiln_cpu_fused_pointwise(const kiln_cpu_run *r, const kiln_op *op);
 
 /* cpu_gemm.c */

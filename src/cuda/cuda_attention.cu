@@ -1,8 +1,8 @@
 /* Fused scaled-dot-product attention, flash style: each warp owns query rows, K and V come
  * through shared memory 32 keys at a time, and an online softmax keeps a running max and
- * sum per row, so the [L, S] score matrix never reaches device memory. It runs the shapes the
- * tensor-core path (cuda_attention_gemm.c) does not take; that path's softmax step is the
- * row kernel at the end of this file. */
+ * sum per row, so the [L, S] score matrix never reaches device memory. It runs the shapes
+ * neither tensor-core path (cuda_flash_attention.cu, cuda_attention_gemm.c) takes; the
+ * cuBLASLt path's softmax step is the row kernel at the end of this file. */
 #include "cuda_device.cuh"
 
 #include <string.h>
@@ -144,13 +144,24 @@ __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
   }
 }
 
-/* Batch strides of t (its last two dims excluded) broadcast to out's batch dims. */
-static void kcu_attn_batch_strides(const kcu_tensor *t, const kcu_tensor *out, int64_t *st) {
+void kcu_attn_batch_strides(const kcu_tensor *t, const kcu_tensor *out, int64_t *st) {
   kcu_tensor lead = *t;
   lead.rank = t->rank >= 2 ? t->rank - 2 : 0;
   int64_t inner = t->rank >= 2 ? t->dims[t->rank - 2] * t->dims[t->rank - 1] : 1;
   kcu_broadcast_strides(&lead, out->rank - 2, out->dims, st);
   for (int d = 0; d < out->rank - 2; d++) st[d] *= inner;
+}
+
+int kcu_attn_mask_strides(const kcu_tensor *mask, const kcu_tensor *out, int64_t S, int64_t *mb,
+                          int64_t *m_row, int64_t *m_col) {
+  int64_t full[KILN_MAX_RANK], st[KILN_MAX_RANK];
+  for (int d = 0; d < out->rank; d++) full[d] = out->dims[d];
+  full[out->rank - 1] = S;
+  kcu_broadcast_strides(mask, out->rank, full, st);
+  for (int d = 0; d < out->rank - 2; d++) mb[d] = st[d];
+  *m_row = st[out->rank - 2];
+  *m_col = st[out->rank - 1];
+  return mask->dtype == KILN_BOOL ? 1 : 2;
 }
 
 cudaError_t kcu_attention_prepare(int max_head) {
@@ -179,14 +190,7 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
   kcu_attn_batch_strides(v, out, a.vb);
   kcu_attn_batch_strides(out, out, a.ob);
   if (mask) {
-    int64_t full[KILN_MAX_RANK], st[KILN_MAX_RANK];
-    for (int d = 0; d < out->rank; d++) full[d] = out->dims[d];
-    full[out->rank - 1] = a.S;
-    kcu_broadcast_strides(mask, out->rank, full, st);
-    for (int d = 0; d < a.nb; d++) a.mb[d] = st[d];
-    a.m_row = st[out->rank - 2];
-    a.m_col = st[out->rank - 1];
-    a.mask_kind = mask->dtype == KILN_BOOL ? 1 : 2;
+    a.mask_kind = kcu_attn_mask_strides(mask, out, a.S, a.mb, &a.m_row, &a.m_col);
     a.dm = mask->dtype;
   }
   a.causal = causal;
@@ -276,14 +280,7 @@ cudaError_t kcu_attention_softmax(cudaStream_t s, float *scores, kiln_dtype p_dt
     rows *= out->dims[d];
   }
   if (mask) {
-    int64_t full[KILN_MAX_RANK], st[KILN_MAX_RANK];
-    for (int d = 0; d < out->rank; d++) full[d] = out->dims[d];
-    full[out->rank - 1] = S;
-    kcu_broadcast_strides(mask, out->rank, full, st);
-    for (int d = 0; d < a.nb; d++) a.mb[d] = st[d];
-    a.m_row = st[out->rank - 2];
-    a.m_col = st[out->rank - 1];
-    a.mask_kind = mask->dtype == KILN_BOOL ? 1 : 2;
+    a.mask_kind = kcu_attn_mask_strides(mask, out, S, a.mb, &a.m_row, &a.m_col);
     a.dm = mask->dtype;
   }
   a.dp = p_dtype;

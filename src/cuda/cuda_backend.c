@@ -13,6 +13,7 @@
 
 #include "core/engine_internal.h"
 #include "cuda_attention_gemm.h"
+#include "core/view.h"
 #include "cuda_check.h"
 #include "cuda_gemm.h"
 #include "cuda_ops.h"
@@ -171,14 +172,8 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
     return kcu_unary(st, op->kind, &in[0], &out, (float)op->fattr[0]);
   case KILN_OP_SOFTMAX: case KILN_OP_LOG_SOFTMAX:
     return kcu_softmax(st, &in[0], &out, (int32_t)op->iattr[0], op->kind == KILN_OP_LOG_SOFTMAX);
-  case KILN_OP_LAYER_NORM: case KILN_OP_RMS_NORM: {
-    int64_t flags = op->n_iattr > 1 ? op->iattr[1] : 0;
-    uint32_t next = 1;
-    const kcu_tensor *w = (flags & 1) ? &in[next++] : NULL;
-    const kcu_tensor *b = (flags & 2) ? &in[next++] : NULL;
-    return kcu_norm(st, &in[0], w, b, &out, (int32_t)op->iattr[0], (float)op->fattr[0],
-                    op->kind == KILN_OP_RMS_NORM);
-  }
+  case KILN_OP_LAYER_NORM: case KILN_OP_RMS_NORM:
+    return kcu_norm(st, op, in, &out);
   case KILN_OP_SUM: case KILN_OP_MEAN: case KILN_OP_AMAX:
     return kcu_reduce(st, op->kind, &in[0], &out, (uint32_t)op->iattr[0]);
   case KILN_OP_EMBEDDING:
@@ -192,16 +187,26 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
     float scale = (float)op->fattr[0];
     if (scale == 0.0f) scale = 1.0f / sqrtf((float)in[0].dims[in[0].rank - 1]);
     int causal = op->n_iattr > 0 && op->iattr[0] != 0;
+    const kcu_tensor *mask = has_mask ? &in[3] : NULL;
+    /* The flash kernel wherever it takes the shape. Init chose it from plan offsets, so here
+     * it can fail only on an address not 16-byte aligned; such an op has no score buffer and
+     * runs on the fused kernel. */
+    if (kcu_flash_fits(&in[0], &in[1], &in[2], mask, &out))
+      return kcu_flash_attention(st, &in[0], &in[1], &in[2], mask, &out, causal, scale);
     if (s->attn[i].active)
-      return kcu_attn_gemm_run(&s->attn[i], s->lt, st, in, has_mask ? &in[3] : NULL, &out, causal,
-                               scale, s->attn_scratch, s->workspace, s->workspace_size);
-    return kcu_attention(st, &in[0], &in[1], &in[2], has_mask ? &in[3] : NULL, &out, causal,
-                         scale);
+      return kcu_attn_gemm_run(&s->attn[i], s->lt, st, in, mask, &out, causal, scale,
+                               s->attn_scratch, s->workspace, s->workspace_size);
+    return kcu_attention(st, &in[0], &in[1], &in[2], mask, &out, causal, scale);
   }
   case KILN_OP_POINTWISE:
     return kcu_fused_pointwise(st, op, in, &out);
-  default:
+  default: {
+    uint64_t at; /* a view the memory plan placed on its input's bytes: nothing to move */
+    if (kiln_op_is_view(op, &p->tensors[op->inputs[0]], &at) &&
+        (const char *)out.data == (const char *)in[0].data + at)
+      return cudaSuccess;
     return kcu_layout(st, op, in, op->n_inputs, &out);
+  }
   }
 }
 
@@ -370,14 +375,40 @@ static kiln_status kcu_setup_io(kcu_state *s, const kiln_engine *e, kiln_error *
   return st;
 }
 
+/* Whether SDPA op i will run on the flash kernel, decided on the plan: arena and weight
+ * tensors lie at their offsets from 256-byte-aligned bases and caller buffers are bound only
+ * when 256-byte aligned (else staged), so the offsets stand in for the addresses. */
+static int kcu_flash_planned(const kiln_plan *p, uint32_t i) {
+  const kiln_op *op = &p->ops[i];
+  int has_mask = op->n_iattr > 1 && op->iattr[1];
+  uint32_t ids[5] = {op->inputs[0], op->inputs[1], op->inputs[2], op->output,
+                     has_mask ? op->inputs[3] : op->output};
+  kcu_tensor t[5];
+  for (int k = 0; k < 5; k++) {
+    const kiln_tensor_desc *d = &p->tensors[ids[k]];
+    int placed = d->storage == KILN_STORE_ARENA || d->storage == KILN_STORE_WEIGHT;
+    memset(&t[k], 0, sizeof t[k]);
+    t[k].data = (void *)(uintptr_t)(placed ? d->offset : 0);
+    t[k].dtype = d->dtype;
+    t[k].rank = d->rank;
+    t[k].numel = 1;
+    for (int r = 0; r < d->rank; r++) {
+      t[k].dims[r] = d->dims[r];
+      t[k].numel *= d->dims[r];
+    }
+  }
+  return kcu_flash_fits(&t[0], &t[1], &t[2], has_mask ? &t[4] : NULL, &t[3]);
+}
+
 static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error *err) {
   const kiln_plan *p = &e->plan;
-  int gemms = 0, attention = 0;
+  int gemms = 0, attention = 0, attn_gemm = 0;
   for (uint32_t i = 0; i < p->n_ops; i++) {
     kiln_status st = kcu_check_op(p, i, err);
     if (st != KILN_OK) return st;
     gemms |= p->ops[i].kind == KILN_OP_LINEAR || p->ops[i].kind == KILN_OP_MATMUL;
     attention |= p->ops[i].kind == KILN_OP_SDPA;
+    attn_gemm |= p->ops[i].kind == KILN_OP_SDPA && !kcu_flash_planned(p, i);
   }
   s->gemm = (kcu_gemm *)kcu_calloc(s, p->n_ops, sizeof(kcu_gemm));
   s->attn = (kcu_attn_gemm *)kcu_calloc(s, p->n_ops, sizeof(kcu_attn_gemm));
@@ -385,7 +416,7 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "out of host memory for the matmul table of %u ops; free memory and load "
                      "again", p->n_ops);
-  if (gemms || attention) {
+  if (gemms || attn_gemm) {
     if (kcu_injected() || cublasLtCreate(&s->lt) != CUBLAS_STATUS_SUCCESS) {
       s->lt = NULL;
       return kcu_oom(s, 0, "cuBLASLt handle", err);
@@ -404,6 +435,7 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
   uint64_t scratch = 0;
   for (uint32_t i = 0; i < p->n_ops; i++) {
     if (p->ops[i].kind != KILN_OP_SDPA) continue;
+    if (kcu_flash_planned(p, i)) continue; /* no score buffer, no matmuls */
     kiln_status st = kcu_attn_gemm_init(&s->attn[i], s->lt, p, i, e->metadata.allow_tf32,
                                         s->workspace_size, err);
     if (st != KILN_OK) return st;
@@ -414,6 +446,7 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
   if (sst != KILN_OK) return sst;
   if (attention) {
     cudaError_t rc = kcu_attention_prepare(KCU_ATTN_MAX_HEAD);
+    if (rc == cudaSuccess) rc = kcu_flash_prepare();
     if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "attention kernel setup", err);
   }
   return KILN_OK;
@@ -686,4 +719,34 @@ kiln_status kiln_cuda_engine_stats(const kiln_engine *e, kiln_cuda_stats *out, k
 const void *kiln_cuda_engine_arena(const kiln_engine *e) {
   return e && e->backend == &kiln_cuda_backend && e->impl ? ((const kcu_state *)e->impl)->arena
                                                           : NULL;
+}
+
+kiln_status kiln_cuda_profile_ops(kiln_engine *e, int reps, double *ms, kiln_error *err) {
+  if (!e || e->backend != &kiln_cuda_backend || !e->impl)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "the engine does not run on CUDA; load it with the CUDA device to profile "
+                     "its ops");
+  kcu_state *s = (kcu_state *)e->impl;
+  const kiln_plan *p = &e->plan;
+  void *in_addr[KILN_MAX_BINDINGS], *out_addr[KILN_MAX_BINDINGS];
+  cudaEvent_t start = NULL, stop = NULL;
+  for (uint32_t i = 0; i < s->n_in; i++) in_addr[i] = s->in[i].dev;
+  for (uint32_t i = 0; i < s->n_out; i++) out_addr[i] = s->out[i].dev;
+  cudaError_t rc = cudaSetDevice(s->device);
+  if (rc == cudaSuccess) rc = cudaEventCreate(&start);
+  if (rc == cudaSuccess) rc = cudaEventCreate(&stop);
+  for (uint32_t i = 0; rc == cudaSuccess && i < p->n_ops; i++) {
+    float elapsed = 0.0f;
+    rc = kcu_run_op(s, p, i, in_addr, out_addr); /* untimed: caches and clocks settle */
+    if (rc == cudaSuccess) rc = cudaEventRecord(start, s->stream);
+    for (int r = 0; rc == cudaSuccess && r < reps; r++) rc = kcu_run_op(s, p, i, in_addr, out_addr);
+    if (rc == cudaSuccess) rc = cudaEventRecord(stop, s->stream);
+    if (rc == cudaSuccess) rc = cudaEventSynchronize(stop);
+    if (rc == cudaSuccess) rc = cudaEventElapsedTime(&elapsed, start, stop);
+    ms[i] = (double)elapsed / (reps > 0 ? reps : 1);
+  }
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "profiling the ops", err);
+  return KILN_OK;
 }

@@ -24,6 +24,12 @@ kiln_status kiln_cuda_engine_stats(const kiln_engine *e, kiln_cuda_stats *out, k
  * fails; n < 0 turns failures off. Process-wide, for single-threaded tests only. */
 void kiln_cuda_fail_allocations_after(long n);
 
+/* Times each op of the plan alone: one untimed launch, then `reps` timed ones, on the engine's
+ * own device buffers (inputs hold whatever they last held). ms[i] (one entry per op) gets op
+ * i's mean milliseconds. It synchronizes the engine's stream and takes no lock: call it only
+ * while no other thread executes the engine. */
+kiln_status kiln_cuda_profile_ops(kiln_engine *e, int reps, double *ms, kiln_error *err);
+
 /* Device address of the engine's arena (NULL when the plan needs none). */
 const void *kiln_cuda_engine_arena(const kiln_engine *e);
 

@@ -3,6 +3,7 @@
  * while a refusal here is an ordinary error that loses nothing. */
 #include "cuda_check.h"
 
+#include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
 #include "cuda_ops.h"
 
@@ -41,8 +42,9 @@ static kiln_status kcu_check_gemm(const kiln_plan *p, const kiln_op *op, uint32_
   const kiln_tensor_desc *x = &p->tensors[op->inputs[0]], *w = &p->tensors[op->inputs[1]];
   const kiln_tensor_desc *out = &p->tensors[op->output];
   const char *name = kiln_op_name(op->kind);
-  if (!kcu_float(out->dtype) || x->dtype != out->dtype || w->dtype != out->dtype ||
-      (op->n_inputs > 2 && p->tensors[op->inputs[2]].dtype != out->dtype))
+  int same_dtypes = 1;
+  for (uint32_t k = 0; k < op->n_inputs; k++) same_dtypes &= p->tensors[op->inputs[k]].dtype == out->dtype;
+  if (!kcu_float(out->dtype) || !same_dtypes)
     return kiln_fail(err, KILN_ERR_UNSUPPORTED,
                      "op %u (%.16s): the CUDA engine multiplies f32, f16 or bf16 operands of one "
                      "dtype; cast the operands to the output dtype before export", i, name);
@@ -54,12 +56,20 @@ static kiln_status kcu_check_gemm(const kiln_plan *p, const kiln_op *op, uint32_
         out->dims[out->rank - 1] != w->dims[0] || kcu_count(out) != kcu_count(x) / w->dims[1] * w->dims[0])
       return KCU_BAD("op %u (linear): weight, input and output shapes disagree; re-export the "
                      "program", i);
-    if (op->n_inputs > 2) {
+    if (kiln_linear_has_bias(op)) {
       const kiln_tensor_desc *b = &p->tensors[op->inputs[2]];
       if (kcu_count(b) != w->dims[0])
         return KCU_BAD("op %u (linear): bias has %lld elements, the weight %lld rows; re-export "
                        "the program", i, (long long)kcu_count(b), (long long)w->dims[0]);
     }
+    if (op->n_iattr > 1 && op->iattr[1] != 0 &&
+        (!kiln_linear_has_residual(op) || op->iattr[0] != KILN_ACT_NONE || op->n_inputs < 3 ||
+         !kcu_same_dims(&p->tensors[op->inputs[op->n_inputs - 1]], out)))
+      return KCU_BAD("op %u (linear): the residual flag %lld needs a last input of the output's "
+                     "shape and no activation; re-export the program", i, (long long)op->iattr[1]);
+    if (op->n_inputs > 3 && !kiln_linear_has_residual(op))
+      return KCU_BAD("op %u (linear): 4 inputs without the residual flag; re-export the program",
+                     i);
     if (op->n_iattr > 0 && (op->iattr[0] < 0 || op->iattr[0] > KILN_ACT_GELU_TANH))
       return KCU_BAD("op %u (linear): activation %lld is not a kiln_activation; re-export the "
                      "program", i, (long long)op->iattr[0]);
@@ -241,6 +251,15 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
                        "the program", i, name, (long long)n);
       next++;
     }
+    uint32_t step;
+    kiln_pw_span span;
+    int fused = kiln_pw_span_of(op, &span), ok = kiln_pointwise_check(op, &step) == KILN_PW_FINE &&
+                                                 (fused ? next <= op->n_inputs : next == op->n_inputs);
+    for (uint32_t k = next; ok && k < op->n_inputs; k++)
+      ok = p->tensors[op->inputs[k]].dtype == x->dtype && kcu_broadcasts(&p->tensors[op->inputs[k]], x);
+    if (!ok)
+      return KCU_BAD("op %u (%.16s): fused steps, operand dtypes or shapes do not fit the input; "
+                     "re-export the program", i, name);
     if (n && kcu_count(x) / n > 0x7fffffffLL)
       return kiln_fail(err, KILN_ERR_UNSUPPORTED, "op %u (%.16s): more than 2^31 rows; split "
                        "the input before export", i, name);

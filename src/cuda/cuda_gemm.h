@@ -18,7 +18,9 @@ typedef struct kcu_gemm {
   int n_candidates;
   kiln_activation post; /* an activation no cuBLASLt epilogue computes exactly (erf GELU) */
   int has_bias;
-  int gemv;             /* LINEAR of at most KCU_GEMV_MAX_ROWS rows: the GEMV kernel, with `act` */
+  int residual;         /* LINEAR adding its last input: cuBLASLt's C with beta 1 */
+  int gemv_ok;          /* LINEAR of at most KCU_GEMV_MAX_ROWS rows: the GEMV kernel may run it */
+  int gemv;             /* it does (with `act`): faster than cuBLASLt when timed at init */
   kiln_activation act;
   int64_t M, N, K;
   /* Batches that strided cuBLASLt cannot express (partial broadcast) run one call each. */
@@ -57,9 +59,14 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
 cudaError_t kcu_gemm_run(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
                          const kcu_tensor *in, uint32_t n_in, const kcu_tensor *out,
                          void *workspace, size_t workspace_size);
-/* Times each candidate algorithm on the engine's own buffers and keeps the fastest (init). */
+/* Times each candidate algorithm, and the GEMV kernel where it may run, on the engine's own
+ * buffers and keeps the fastest (init). */
 void kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_tensor *in,
                    uint32_t n_in, const kcu_tensor *out, void *workspace, size_t workspace_size);
 void kcu_gemm_release(kcu_gemm *g);
+
+/* Tests set this to make the GEMV choice without timing: 0 never, 1 always where it may run;
+ * -1 (the default) times both. */
+extern int kcu_test_gemv_choice;
 
 #endif

@@ -45,10 +45,10 @@ cudaError_t kcu_fused_pointwise(cudaStream_t s, const kiln_op *op, const kcu_ten
 /* cuda_normalize.cu */
 cudaError_t kcu_softmax(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *out, int32_t dim,
                         int log);
-/* LAYER_NORM (rms = 0) or RMS_NORM (rms = 1) over the trailing `ndims` dims. */
-cudaError_t kcu_norm(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *weight,
-                     const kcu_tensor *bias, const kcu_tensor *out, int32_t ndims, float eps,
-                     int rms);
+/* LAYER_NORM or RMS_NORM op over its trailing dims, with its fused steps (in: x, weight?,
+ * bias?, step operands). */
+cudaError_t kcu_norm(cudaStream_t s, const kiln_op *op, const kcu_tensor *in,
+                     const kcu_tensor *out);
 
 /* cuda_reduce.cu: SUM, MEAN, AMAX over the dims in `mask`. */
 cudaError_t kcu_reduce(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
@@ -85,6 +85,12 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
                           int causal, float scale);
 /* Raises the kernel's dynamic shared memory limit once, at init. */
 cudaError_t kcu_attention_prepare(int max_head);
+/* For the attention launchers: the element strides of t's matrices (its last two dims) over
+ * out's batch dims, broadcast; and the strides of a mask broadcast to out's batch dims (mb)
+ * and to [L, S] (m_row, m_col), returning the mask kind (1 bool, 2 additive). */
+void kcu_attn_batch_strides(const kcu_tensor *t, const kcu_tensor *out, int64_t *st);
+int kcu_attn_mask_strides(const kcu_tensor *mask, const kcu_tensor *out, int64_t S, int64_t *mb,
+                          int64_t *m_row, int64_t *m_col);
 /* Turns f32 scores [batch, L, S] (batch and L as out's leading dims) into probabilities in
  * place: scale, causal and mask applied, a stable softmax per row in f32, each row written as
  * p_dtype from the start of its own score row (so rows keep their byte stride). A row with
@@ -92,6 +98,19 @@ cudaError_t kcu_attention_prepare(int max_head);
 cudaError_t kcu_attention_softmax(cudaStream_t s, float *scores, kiln_dtype p_dtype,
                                   const kcu_tensor *mask, const kcu_tensor *out, int64_t S,
                                   int causal, float scale);
+
+/* cuda_flash_attention.cu: attention on the tensor cores (mma.sync), flash style: no score
+ * matrix in memory. Takes q, k, v and out of one dtype, f16 or bf16, head dims E == Ev in
+ * {64, 128}, any L and S >= 1, k and v broadcast over batch dims, the same masks as
+ * kcu_attention, and 16-byte aligned q, k, v and out. kcu_flash_fits says whether it takes a
+ * shape (host only, no device call); kcu_flash_prepare raises the kernels' dynamic shared
+ * memory limit once, at init. */
+int kcu_flash_fits(const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v,
+                   const kcu_tensor *mask, const kcu_tensor *out);
+cudaError_t kcu_flash_prepare(void);
+cudaError_t kcu_flash_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
+                                const kcu_tensor *v, const kcu_tensor *mask,
+                                const kcu_tensor *out, int causal, float scale);
 
 /* cuda_gemv.cu: y[M,N] = act(x[M,K] w[N,K]^T + bias) for a few rows, f32 accumulation, bias
  * (may be NULL) and activation fused; operands contiguous and 16-byte aligned. */

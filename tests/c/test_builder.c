@@ -587,6 +587,10 @@ static void test_no_fusion(void) {
     if (build(b, NULL, &x) && (mode == 6 || mode == 8)) {
       /* a MUL is no GEMM: with its RELU or ADD it becomes one pointwise chain instead */
       CHECK(x.plan.n_ops == 1 && plan_op(&x, 0)->kind == KILN_OP_POINTWISE);
+    } else if (x.blob && mode == 4) {
+      /* not a bias, but an operand of the output's shape: the linear's residual */
+      CHECK(x.plan.n_ops == 1 && plan_op(&x, 0)->kind == KILN_OP_LINEAR);
+      CHECK(plan_op(&x, 0)->n_inputs == 3 && plan_op(&x, 0)->iattr[1] == 1);
     } else if (x.blob) {
       CHECK(x.plan.n_ops == (mode == 0 || mode == 7 ? 3u : 2u));
       CHECK(plan_op(&x, 0)->n_inputs == (mode == 1 ? 3u : 2u));

@@ -169,6 +169,105 @@ static void g_shared_reader(kiln_builder *b, kiln_dtype dt) {
   out(b, unary(b, KILN_OP_NEG, binary(b, KILN_OP_MUL, a, e)), "out");
 }
 
+
+/* A norm over the last dim: LAYER_NORM with weight and bias, or RMS_NORM with neither. */
+static int32_t norm(kiln_builder *b, kiln_op_kind kind, const int32_t *inputs, uint32_t n,
+                    int64_t flags) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t id = kiln_builder_add_op(b, kind, inputs, n, (const int64_t[]){1, flags}, 2,
+                                   (const double[]){1e-5}, 1, &err);
+  if (id < 0) fprintf(stderr, "add_op: %s\n", err.message);
+  CHECK(id >= 0);
+  return id;
+}
+
+/* layer_norm(x + r, w, b), then gelu and * s[3,1]: the add fuses before the norm, the chain
+ * that pointwise fusion made of gelu and mul after it. */
+static void g_norm_both(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 3, D(2, 3, 8)), r = in(b, "r", dt, 3, D(2, 3, 8));
+  int32_t w = in(b, "w", dt, 1, D(8)), bias = in(b, "b", dt, 1, D(8));
+  int32_t s = in(b, "s", dt, 2, D(3, 1));
+  int32_t n = norm(b, KILN_OP_LAYER_NORM, T(binary(b, KILN_OP_ADD, x, r), w, bias), 3, 3);
+  out(b, binary(b, KILN_OP_MUL, unary(b, KILN_OP_GELU, n), s), "y");
+}
+
+/* rms_norm((x - m) * a) then x3 and neg: a two-step chain before, a pow chain after, the
+ * exponent in fattr1; the norm takes the later chain's place, after the exp that feeds it. */
+static void g_norm_rms_pow(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 2, D(4, 16)), m = in(b, "m", dt, 1, D(16));
+  int32_t a = in(b, "a", dt, 2, D(4, 1)), z = in(b, "z", dt, 2, D(4, 16));
+  int32_t n = norm(b, KILN_OP_RMS_NORM, T(binary(b, KILN_OP_MUL, binary(b, KILN_OP_SUB, x, m), a)),
+                   1, 0);
+  int32_t p = op(b, KILN_OP_POW, T(n), 1, 0, 0, (const double[]){3.0}, 1);
+  int32_t late = unary(b, KILN_OP_EXP, z);
+  out(b, unary(b, KILN_OP_NEG, binary(b, KILN_OP_ADD, p, late)), "y");
+}
+
+/* What stays apart: a norm read twice (an output too) keeps its readers; x + r that is an
+ * output stays an op; z - norm reads the norm as the operand, not as x; a pow on both sides
+ * keeps the second; norm * norm reads it as an operand too; six steps after a norm do not fit
+ * in five. */
+static void g_norm_apart(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 2, D(3, 8)), r = in(b, "r", dt, 2, D(3, 8));
+  int32_t z = in(b, "z", dt, 2, D(3, 8));
+  int32_t h = binary(b, KILN_OP_ADD, x, r);
+  int32_t n1 = norm(b, KILN_OP_RMS_NORM, T(h), 1, 0);
+  out(b, h, "h");
+  out(b, n1, "n1");
+  out(b, unary(b, KILN_OP_RELU, n1), "relu_n1");
+  out(b, binary(b, KILN_OP_SUB, z, norm(b, KILN_OP_RMS_NORM, T(z), 1, 0)), "z_minus");
+  int32_t pw = op(b, KILN_OP_POW, T(x), 1, 0, 0, (const double[]){2.0}, 1);
+  int32_t n3 = norm(b, KILN_OP_RMS_NORM, T(pw), 1, 0);
+  out(b, op(b, KILN_OP_POW, T(n3), 1, 0, 0, (const double[]){0.5}, 1), "pows");
+  int32_t sq = norm(b, KILN_OP_RMS_NORM, T(z), 1, 0);
+  out(b, binary(b, KILN_OP_MUL, sq, sq), "squared");
+  int32_t v = norm(b, KILN_OP_RMS_NORM, T(r), 1, 0);
+  static const kiln_op_kind six[6] = {KILN_OP_NEG, KILN_OP_TANH, KILN_OP_SIGMOID,
+                                      KILN_OP_RELU, KILN_OP_SILU, KILN_OP_EXP};
+  for (int i = 0; i < 6; i++) v = unary(b, six[i], v);
+  out(b, v, "six");
+}
+
+
+/* linear(x, w, bias) + r, and r2 + linear(x, w) with r2 computed after the linear; a linear
+ * with an activation, a linear whose output is also read elsewhere and a linear plus a
+ * broadcast row keep their adds. */
+static void g_residual(kiln_builder *b, kiln_dtype dt) {
+  kiln_error err = {KILN_OK, ""};
+  float wdata[24], bdata[4];
+  for (int i = 0; i < 24; i++) wdata[i] = (float)(i % 7) / 8.0f - 0.375f;
+  for (int i = 0; i < 4; i++) bdata[i] = (float)i / 4.0f;
+  int32_t x = in(b, "x", dt, 2, D(3, 6)), r = in(b, "r", dt, 2, D(3, 4));
+  int32_t w = kiln_builder_add_constant(b, KILN_F32, 2, D(4, 6), wdata, sizeof wdata, &err);
+  int32_t bias = kiln_builder_add_constant(b, KILN_F32, 1, D(4), bdata, sizeof bdata, &err);
+  CHECK(w >= 0 && bias >= 0);
+  out(b, binary(b, KILN_OP_ADD, op(b, KILN_OP_LINEAR, T(x, w, bias), 3, 0, 1, NULL, 0), r), "a");
+  int32_t y = binary(b, KILN_OP_LINEAR, x, w);
+  int32_t r2 = unary(b, KILN_OP_TANH, r);
+  out(b, binary(b, KILN_OP_ADD, r2, y), "b");
+  int32_t g = op(b, KILN_OP_LINEAR, T(x, w), 2, KILN_ACT_RELU, 1, NULL, 0);
+  out(b, binary(b, KILN_OP_ADD, g, r), "c");
+  int32_t twice = binary(b, KILN_OP_LINEAR, x, w);
+  out(b, twice, "d");
+  out(b, binary(b, KILN_OP_ADD, twice, r), "e");
+  int32_t row = in(b, "row", dt, 1, D(4)); /* broadcast: not a residual */
+  out(b, binary(b, KILN_OP_ADD, binary(b, KILN_OP_LINEAR, x, w), row), "f");
+}
+
+
+/* neg(x) for x[3,2,4], then select(0, 2) and reshape to [8] (views inside neg's block) and
+ * relu; a slice of dim 1 (after a dim of 3) is no view and copies, then exp. */
+static void g_views(kiln_builder *b, kiln_dtype dt) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t a = unary(b, KILN_OP_NEG, in(b, "x", dt, 3, D(3, 2, 4)));
+  int32_t sel = kiln_builder_add_op(b, KILN_OP_SELECT, T(a), 1, D(0, 2), 2, NULL, 0, &err);
+  int32_t flat = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(sel), 1, D(8), 1, NULL, 0, &err);
+  int32_t sl = kiln_builder_add_op(b, KILN_OP_SLICE, T(a), 1, D(1, 1, 2, 1), 4, NULL, 0, &err);
+  CHECK(sel >= 0 && flat >= 0 && sl >= 0);
+  out(b, unary(b, KILN_OP_RELU, flat), "relu");
+  out(b, unary(b, KILN_OP_EXP, sl), "exp");
+}
+
 /* ---------------------------------------------------------------- building and running */
 
 typedef struct built {
@@ -508,15 +607,16 @@ static void g_refusal_base(kiln_builder *b, kiln_dtype dt) {
   g_mul_add_gelu(b, dt);
 }
 
-/* Rewrites the POINTWISE op of a g_refusal_base plan with edit, re-serializes the plan and
+/* Rewrites op 0 (of kind `kind`) of make's fused plan with edit, re-serializes the plan and
  * checks the parser's status and exact message. */
-static void expect_refused(void (*edit)(kiln_op *op), const char *msg) {
+static void expect_refused_in(graph_fn make, kiln_op_kind kind, void (*edit)(kiln_op *op),
+                              const char *msg) {
   built x;
   void *bytes = NULL;
   size_t size = 0;
   kiln_error err = {KILN_OK, ""};
-  if (!build(g_refusal_base, KILN_F32, 1, &x)) return;
-  CHECK(x.plan.n_ops == 1 && x.plan.ops[0].kind == KILN_OP_POINTWISE);
+  if (!build(make, KILN_F32, 1, &x)) return;
+  CHECK(x.plan.n_ops == 1 && x.plan.ops[0].kind == kind);
   edit(&x.plan.ops[0]);
   if (kiln_plan_serialize(&x.plan, &bytes, &size, &err) == KILN_OK) {
     kiln_plan back;
@@ -527,6 +627,10 @@ static void expect_refused(void (*edit)(kiln_op *op), const char *msg) {
   }
   free(bytes);
   release(&x);
+}
+
+static void expect_refused(void (*edit)(kiln_op *op), const char *msg) {
+  expect_refused_in(g_refusal_base, KILN_OP_POINTWISE, edit, msg);
 }
 
 static void edit_nothing(kiln_op *op) { (void)op; }
@@ -598,25 +702,25 @@ static void test_plan_refusals(void) {
                  "plan op 0 (pointwise): step 1 is 1099511628290, not a float unary, add, sub, "
                  "mul or div step with its own flags; re-export the program");
   expect_refused(edit_input_past_end,
-                 "plan op 0 (pointwise): step 1 reads input 5 but the op has 3 inputs (binary "
-                 "steps read 1..2, unary steps 0); re-export the program");
+                 "plan op 0 (pointwise): step 1 reads input 5 but binary steps read inputs 1..2 "
+                 "and unary steps 0; re-export the program");
   expect_refused(edit_binary_reads_x,
-                 "plan op 0 (pointwise): step 0 reads input 0 but the op has 3 inputs (binary "
-                 "steps read 1..2, unary steps 0); re-export the program");
+                 "plan op 0 (pointwise): step 0 reads input 0 but binary steps read inputs 1..2 "
+                 "and unary steps 0; re-export the program");
   expect_refused(edit_unary_with_input,
-                 "plan op 0 (pointwise): step 2 reads input 1 but the op has 3 inputs (binary "
-                 "steps read 1..2, unary steps 0); re-export the program");
+                 "plan op 0 (pointwise): step 2 reads input 1 but binary steps read inputs 1..2 "
+                 "and unary steps 0; re-export the program");
   expect_refused(edit_two_pows,
-                 "plan op 0 (pointwise): step 3 is a second pow but fattr0 holds one exponent; "
+                 "plan op 0 (pointwise): step 3 is a second pow but the op holds one exponent; "
                  "re-export the program");
   expect_refused(edit_unused_input,
                  "plan op 0 (pointwise): input 2 is read by no step; re-export the program");
   expect_refused(edit_fattr_without_pow,
-                 "plan op 0 (pointwise): fattr 3, 0 must be the pow exponent and 0 (0 and 0 "
-                 "without a pow step); re-export the program");
+                 "plan op 0 (pointwise): fattr 3, 0: the pow exponent is set without a pow step, "
+                 "or a pointwise op's fattr1 is not 0; re-export the program");
   expect_refused(edit_fattr1,
-                 "plan op 0 (pointwise): fattr 2, 1 must be the pow exponent and 0 (0 and 0 "
-                 "without a pow step); re-export the program");
+                 "plan op 0 (pointwise): fattr 2, 1: the pow exponent is set without a pow step, "
+                 "or a pointwise op's fattr1 is not 0; re-export the program");
   expect_refused(edit_no_steps,
                  "plan op 0 (pointwise): takes 1 to 8 integer attributes but has 0; re-export "
                  "the program");
@@ -677,6 +781,185 @@ static void test_cpu_init_refusals(void) {
   }
 }
 
+
+/* ---------------------------------------------------------------- norm fusion */
+
+static const kiln_op *find_op(const built *x, kiln_op_kind kind, uint32_t nth) {
+  for (uint32_t i = 0; i < x->plan.n_ops; i++)
+    if (x->plan.ops[i].kind == kind && nth-- == 0) return &x->plan.ops[i];
+  return NULL;
+}
+
+static void test_norm_fuses(void) {
+  built x;
+  if (build(g_norm_both, KILN_F32, 1, &x)) {
+    const kiln_op *p = plan_op(&x, 0);
+    CHECK(x.plan.n_ops == 1 && p->kind == KILN_OP_LAYER_NORM);
+    /* x, w, b, then the operands r and s */
+    CHECK(p->n_inputs == 5 && p->inputs[0] == 0 && p->inputs[1] == 2 && p->inputs[2] == 3);
+    CHECK(p->inputs[3] == 1 && p->inputs[4] == 4);
+    CHECK(p->n_iattr == 6 && p->iattr[0] == 1 && p->iattr[1] == 3 && p->iattr[2] == 1);
+    CHECK(p->iattr[3] == KILN_PW_STEP(KILN_OP_ADD, 3, 0));
+    CHECK(p->iattr[4] == KILN_PW_STEP(KILN_OP_GELU, 0, 0));
+    CHECK(p->iattr[5] == KILN_PW_STEP(KILN_OP_MUL, 4, 0));
+    CHECK(p->fattr[1] == 0.0 && p->output == x.plan.outputs[0]);
+  }
+  release(&x);
+  check_same_as_unfused(g_norm_both, KILN_F32, -2.0, 2.0);
+
+  if (build(g_norm_rms_pow, KILN_F32, 1, &x)) {
+    const kiln_op *p = find_op(&x, KILN_OP_RMS_NORM, 0);
+    CHECK(x.plan.n_ops == 2 && plan_op(&x, 0)->kind == KILN_OP_EXP && p == plan_op(&x, 1));
+    if (p) {
+      CHECK(p->n_inputs == 4 && p->inputs[0] == 0 && p->inputs[1] == 1 && p->inputs[2] == 2);
+      CHECK(p->inputs[3] == plan_op(&x, 0)->output);
+      CHECK(p->n_iattr == 8 && p->iattr[2] == 2);
+      CHECK(p->iattr[3] == KILN_PW_STEP(KILN_OP_SUB, 1, 0));
+      CHECK(p->iattr[4] == KILN_PW_STEP(KILN_OP_MUL, 2, 0));
+      CHECK(p->iattr[5] == KILN_PW_STEP(KILN_OP_POW, 0, 0));
+      CHECK(p->iattr[6] == KILN_PW_STEP(KILN_OP_ADD, 3, 0));
+      CHECK(p->iattr[7] == KILN_PW_STEP(KILN_OP_NEG, 0, 0));
+      CHECK(p->fattr[0] == 1e-5 && p->fattr[1] == 3.0);
+    }
+  }
+  release(&x);
+  check_same_as_unfused(g_norm_rms_pow, KILN_F32, 0.25, 2.0);
+
+  if (build(g_norm_apart, KILN_F32, 1, &x)) {
+    const kiln_op *n1 = find_op(&x, KILN_OP_RMS_NORM, 0), *n2 = find_op(&x, KILN_OP_RMS_NORM, 1);
+    const kiln_op *n3 = find_op(&x, KILN_OP_RMS_NORM, 2), *n5 = find_op(&x, KILN_OP_RMS_NORM, 3);
+    const kiln_op *n4 = find_op(&x, KILN_OP_RMS_NORM, 4);
+    CHECK(n1 && n2 && n3 && n4 && n5 && !find_op(&x, KILN_OP_RMS_NORM, 5));
+    CHECK(n5 && n5->n_iattr == 2 && find_op(&x, KILN_OP_MUL, 0));
+    CHECK(find_op(&x, KILN_OP_ADD, 0) && find_op(&x, KILN_OP_RELU, 0));
+    CHECK(find_op(&x, KILN_OP_SUB, 0) && find_op(&x, KILN_OP_POW, 0));
+    if (n1 && n2 && n3 && n4) {
+      CHECK(n1->n_iattr == 2 && n2->n_iattr == 2);
+      /* the pow before the third norm fuses; the pow after it stays */
+      CHECK(n3->n_iattr == 4 && n3->iattr[2] == 1 && n3->fattr[1] == 2.0);
+      CHECK(find_op(&x, KILN_OP_POW, 0)->fattr[0] == 0.5);
+      /* six steps after the fourth: pointwise fusion made one chain of six, too long to join */
+      CHECK(n4->n_iattr == 2 && find_op(&x, KILN_OP_POINTWISE, 0));
+    }
+  }
+  release(&x);
+  check_same_as_unfused(g_norm_apart, KILN_F32, 0.25, 2.0);
+}
+
+/* A fused norm plan edited by hand is refused with the step at fault named. */
+static void expect_norm_refused(void (*edit)(kiln_op *op), const char *msg) {
+  expect_refused_in(g_norm_both, KILN_OP_LAYER_NORM, edit, msg);
+}
+
+static void edit_norm_split(kiln_op *op) { op->iattr[2] = 4; }
+static void edit_norm_reads_weight(kiln_op *op) { op->iattr[3] = KILN_PW_STEP(KILN_OP_ADD, 1, 0); }
+static void edit_norm_exponent(kiln_op *op) { op->fattr[1] = 2.0; }
+static void edit_norm_operand(kiln_op *op) { op->inputs[4] = 2; } /* w[8] for s[3,1]: fits */
+static void edit_norm_no_steps(kiln_op *op) {
+  op->n_iattr = 3;
+  op->iattr[3] = op->iattr[4] = op->iattr[5] = 0;
+}
+static void edit_plain_norm_exponent(kiln_op *op) {
+  op->n_iattr = 2;
+  op->iattr[2] = op->iattr[3] = op->iattr[4] = op->iattr[5] = 0;
+  op->n_inputs = 3;
+  op->inputs[3] = op->inputs[4] = 0;
+  op->fattr[1] = 2.0;
+}
+static void edit_norm_flags(kiln_op *op) { op->iattr[1] = 1; } /* b becomes an operand */
+
+static void test_norm_refusals(void) {
+  expect_norm_refused(edit_norm_split,
+                      "plan op 0 (layer_norm): 4 steps before the norm but it carries 3 steps "
+                      "(at least 1); re-export the program");
+  expect_norm_refused(edit_norm_no_steps,
+                      "plan op 0 (layer_norm): 1 steps before the norm but it carries 0 steps "
+                      "(at least 1); re-export the program");
+  expect_norm_refused(edit_norm_reads_weight,
+                      "plan op 0 (layer_norm): step 0 reads input 1 but binary steps read inputs "
+                      "3..4 and unary steps 0; re-export the program");
+  expect_norm_refused(edit_norm_exponent,
+                      "plan op 0 (layer_norm): fattr 1e-05, 2: the pow exponent is set without a "
+                      "pow step, or a pointwise op's fattr1 is not 0; re-export the program");
+  expect_norm_refused(edit_plain_norm_exponent,
+                      "plan op 0 (layer_norm): fattr 1e-05, 2: the pow exponent is set without a "
+                      "pow step, or a pointwise op's fattr1 is not 0; re-export the program");
+  expect_norm_refused(edit_norm_flags,
+                      "plan op 0 (layer_norm): input 2 is read by no step; re-export the program");
+  {
+    /* w[8] as the mul's operand broadcasts: the plan stays valid */
+    built x;
+    void *bytes = NULL;
+    size_t size = 0;
+    kiln_error err = {KILN_OK, ""};
+    kiln_plan back;
+    if (build(g_norm_both, KILN_F32, 1, &x)) {
+      edit_norm_operand(&x.plan.ops[0]);
+      CHECK(kiln_plan_serialize(&x.plan, &bytes, &size, &err) == KILN_OK);
+      CHECK(kiln_plan_parse(bytes, size, x.view.weights_size, &back, &err) == KILN_OK);
+      kiln_plan_release(&back);
+    }
+    free(bytes);
+    release(&x);
+  }
+}
+
+
+/* ---------------------------------------------------------------- residual epilogues */
+
+static void test_residual_fuses(void) {
+  built x;
+  if (build(g_residual, KILN_F32, 1, &x)) {
+    const kiln_op *a = find_op(&x, KILN_OP_LINEAR, 0), *b = find_op(&x, KILN_OP_LINEAR, 1);
+    const kiln_op *c = find_op(&x, KILN_OP_LINEAR, 2), *d = find_op(&x, KILN_OP_LINEAR, 3);
+    CHECK(a && b && c && d && find_op(&x, KILN_OP_LINEAR, 4) && !find_op(&x, KILN_OP_LINEAR, 5));
+    if (a && b && c && d) {
+      /* x, w, bias, r with iattr1 1; then x, w, tanh(r) in the add's place, after the tanh */
+      CHECK(a->n_inputs == 4 && a->n_iattr == 2 && a->iattr[1] == 1 && a->inputs[3] == 1);
+      CHECK(a->output == x.plan.outputs[0]);
+      CHECK(b->n_inputs == 3 && b->iattr[1] == 1 && b->inputs[2] == find_op(&x, KILN_OP_TANH, 0)->output);
+      CHECK(b > find_op(&x, KILN_OP_TANH, 0) && b->output == x.plan.outputs[1]);
+      CHECK(c->iattr[0] == KILN_ACT_RELU && c->n_inputs == 2);
+      CHECK(d->n_inputs == 2 && d->output == x.plan.outputs[3]);
+    }
+    CHECK(find_op(&x, KILN_OP_ADD, 2) && !find_op(&x, KILN_OP_ADD, 3));
+  }
+  release(&x);
+  check_same_as_unfused(g_residual, KILN_F32, -2.0, 2.0);
+}
+
+
+/* ---------------------------------------------------------------- views in the arena */
+
+static void test_views(void) {
+  built x;
+  void *outs[MAX_OUTS];
+  if (!build(g_views, KILN_F32, 1, &x)) return;
+  const kiln_op *neg = find_op(&x, KILN_OP_NEG, 0), *sel = find_op(&x, KILN_OP_SELECT, 0);
+  const kiln_op *flat = find_op(&x, KILN_OP_RESHAPE, 0), *sl = find_op(&x, KILN_OP_SLICE, 0);
+  CHECK(neg && sel && flat && sl);
+  if (neg && sel && flat && sl) {
+    const kiln_tensor_desc *t = x.plan.tensors;
+    uint64_t base = t[neg->output].offset;
+    /* select(0, 2) starts 2 * 2 * 4 floats in; the reshape of it starts where it does */
+    CHECK(t[sel->output].storage == KILN_STORE_ARENA && t[sel->output].offset == base + 64);
+    CHECK(t[flat->output].offset == base + 64);
+    /* the slice has a block of its own, clear of neg's 96 bytes */
+    CHECK(t[sl->output].offset >= base + 96 || t[sl->output].offset + 48 <= base);
+  }
+  uint32_t n = run_cpu(&x, -2.0, 2.0, outs);
+  CHECK(n == 2);
+  for (int64_t j = 0; n == 2 && j < 8; j++) {
+    float v = (float)input_value(0, 16 + j, -2.0, 2.0);
+    CHECK(((float *)outs[0])[j] == (-v > 0.0f ? -v : 0.0f));
+  }
+  for (int64_t i = 0; n == 2 && i < 3; i++)
+    for (int64_t j = 0; j < 4; j++)
+      CHECK(((float *)outs[1])[i * 4 + j] == expf(-(float)input_value(0, i * 8 + 4 + j, -2.0, 2.0)));
+  free_outs(outs, n);
+  release(&x);
+}
+
 int main(void) {
   test_chain_fuses();
   test_chain_boundaries();
@@ -684,5 +967,9 @@ int main(void) {
   test_fuse_off_and_oom();
   test_plan_refusals();
   test_cpu_init_refusals();
+  test_norm_fuses();
+  test_norm_refusals();
+  test_residual_fuses();
+  test_views();
   return check_report("test_fuse_pointwise");
 }

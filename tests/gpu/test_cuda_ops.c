@@ -3,8 +3,14 @@
  * engine's handling of caller memory, devices, out of memory and allocation failure.
  * Run on a GPU machine by scripts/gpu_test.sh; `--fault` runs the device-fault check, which
  * leaves the process's CUDA context unusable and so runs in a process of its own;
- * `--matmul-attention` runs only the matmul and attention cases. */
+ * `--matmul-attention` runs only the matmul and attention cases, `--only SUBSTRING` only the
+ * compared cases whose name contains SUBSTRING, and `--time-sdpa` times the attention paths on
+ * the benchmark's shapes. */
 #include "gpu_harness.h"
+
+#include "core/pointwise_steps.h"
+#include "cuda/cuda_attention_gemm.h"
+#include "cuda/cuda_ops.h"
 
 #include <cuda.h>
 
@@ -17,12 +23,21 @@ static int cuda_ok(cudaError_t rc, const char *what) {
 /* Tolerance for the next compare when not the dtype's (TF32), and its largest error. */
 static double tol_override, last_error;
 
+/* --only: a compared case runs only when its name contains this (NULL: every case). */
+static const char *only_filter;
+
+static int selected(const char *name) { return !only_filter || strstr(name, only_filter) != NULL; }
+
 typedef struct io_range {
   double lo, hi;
 } io_range;
 
 /* Runs p on both engines and compares every output; ranges[i] bounds input i's values. */
 static void compare(prog *p, const char *name, const io_range *ranges) {
+  if (!selected(name)) {
+    p_free(p);
+    return;
+  }
   kiln_error err;
   void *in[P_MAX_IO] = {0}, *cpu_out[P_MAX_IO] = {0}, *gpu_out[P_MAX_IO] = {0};
   void *d_in[P_MAX_IO] = {0}, *d_out[P_MAX_IO] = {0};
@@ -119,24 +134,44 @@ static void test_gemm(void) {
         compare(p, name, NULL);
       }
     }
+    /* A residual added in the epilogue (cuBLASLt's C, beta 1), with and without a bias; one
+     * row too, which the GEMV kernel would take without the residual. */
+    for (int bias = 0; bias < 2; bias++) {
+      for (int rows = 1; rows <= 37; rows += 36) {
+        prog *p = p_new();
+        uint32_t x = IN(p, dt, 3, 2, rows, 256), r = IN(p, dt, 3, 2, rows, 192);
+        uint32_t w = p_weight(p, dt, 2, DIMS(192, 256), -0.1, 0.1);
+        uint32_t b = p_weight(p, dt, 1, DIMS(192), -1, 1);
+        uint32_t y = OUT(p, dt, 3, 2, rows, 192);
+        if (bias) p_op(p, KILN_OP_LINEAR, 4, OPS(x, w, b, r), y, 2, ATTR(0, 1), 0);
+        else p_op(p, KILN_OP_LINEAR, 3, OPS(x, w, r), y, 2, ATTR(0, 1), 0);
+        snprintf(name, sizeof name, "linear + residual %d rows %s bias %d", rows,
+                 kiln_dtype_name(dt), bias);
+        compare(p, name, NULL);
+      }
+    }
     /* A few rows: the GEMV kernel, with each activation and bias fused; K = 520 leaves a
-     * partial last round of 16-byte loads and N = 100 a partial last block of columns. */
+     * partial last round of 16-byte loads and N = 100 a partial last block of columns. The
+     * same cases on cuBLASLt, which init may pick instead when it times faster. */
     static const int64_t gemv_rows[3] = {1, 3, 8};
-    for (int r = 0; r < 3; r++) {
+    for (int r = 0; r < 6; r++) {
+      kcu_test_gemv_choice = r < 3;
       for (int act = 0; act <= KILN_ACT_GELU_TANH; act++) {
         for (int bias = 0; bias < 2; bias++) {
           prog *p = p_new();
-          uint32_t x = IN(p, dt, 2, gemv_rows[r], 520);
+          uint32_t x = IN(p, dt, 2, gemv_rows[r % 3], 520);
           uint32_t w = p_weight(p, dt, 2, DIMS(100, 520), -0.1, 0.1);
           uint32_t b = p_weight(p, dt, 1, DIMS(100), -1, 1);
-          uint32_t y = OUT(p, dt, 2, gemv_rows[r], 100);
+          uint32_t y = OUT(p, dt, 2, gemv_rows[r % 3], 100);
           p_op(p, KILN_OP_LINEAR, bias ? 3 : 2, OPS(x, w, b), y, 1, ATTR(act), 0);
-          snprintf(name, sizeof name, "linear %lld rows %s act %d bias %d",
-                   (long long)gemv_rows[r], kiln_dtype_name(dt), act, bias);
+          snprintf(name, sizeof name, "linear %lld rows %s act %d bias %d on %s",
+                   (long long)gemv_rows[r % 3], kiln_dtype_name(dt), act, bias,
+                   r < 3 ? "gemv" : "cublaslt");
           compare(p, name, NULL);
         }
       }
     }
+    kcu_test_gemv_choice = -1;
     for (int act = 0; act <= KILN_ACT_GELU_TANH; act++) {
       prog *p = p_new(); /* K not a multiple of 8: cuBLASLt, erf GELU after it */
       uint32_t x = IN(p, dt, 2, 1, 20);
@@ -183,8 +218,10 @@ static void test_gemm(void) {
   last_error = 0.0;
   compare(p, "linear f32 allow_tf32", NULL);
   tol_override = 0.0;
-  printf("allow_tf32: error %.2e, above what f32 gives, so TF32 was used\n", last_error);
-  CHECK(last_error > 2e-5);
+  if (selected("linear f32 allow_tf32")) {
+    printf("allow_tf32: error %.2e, above what f32 gives, so TF32 was used\n", last_error);
+    CHECK(last_error > 2e-5);
+  }
 }
 
 static void test_pointwise(void) {
@@ -335,6 +372,30 @@ static void test_normalize_reduce(void) {
     p_op(p, KILN_OP_RMS_NORM, 2, OPS(x, w), OUT(p, dt, 2, 17, 4096), 2, ATTR(1, 1), 1e-6);
     snprintf(name, sizeof name, "rms_norm %s", kiln_dtype_name(dt));
     compare(p, name, NULL);
+    /* Fused steps: a residual add before a layer norm, gelu and a broadcast mul after it. */
+    p = p_new();
+    x = IN(p, dt, 3, 3, 40, 1024);
+    uint32_t res = IN(p, dt, 3, 3, 40, 1024), gate = IN(p, dt, 3, 3, 1, 1024);
+    w = p_weight(p, dt, 1, DIMS(1024), 0.5, 1.5), b = p_weight(p, dt, 1, DIMS(1024), -1, 1);
+    p_op(p, KILN_OP_LAYER_NORM, 5, OPS(x, w, b, res, gate), OUT(p, dt, 3, 3, 40, 1024), 6,
+         ATTR(1, 3, 1, KILN_PW_STEP(KILN_OP_ADD, 3, 0), KILN_PW_STEP(KILN_OP_GELU, 0, 0),
+              KILN_PW_STEP(KILN_OP_MUL, 4, 0)),
+         1e-5);
+    snprintf(name, sizeof name, "layer_norm fused add, gelu, mul %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+    /* An RMS norm over two dims: (x - m) * s before it, x^2 and silu after; m broadcasts by
+     * row, s by column. */
+    p = p_new();
+    x = IN(p, dt, 3, 7, 9, 130);
+    uint32_t m = IN(p, dt, 3, 7, 9, 1), sc = IN(p, dt, 1, 130);
+    kiln_op *op = p_op(p, KILN_OP_RMS_NORM, 3, OPS(x, m, sc), OUT(p, dt, 3, 7, 9, 130), 7,
+                       ATTR(2, 0, 2, KILN_PW_STEP(KILN_OP_SUB, 1, 0),
+                            KILN_PW_STEP(KILN_OP_MUL, 2, 0), KILN_PW_STEP(KILN_OP_POW, 0, 0),
+                            KILN_PW_STEP(KILN_OP_SILU, 0, 0)),
+                       1e-6);
+    op->fattr[1] = 2.0;
+    snprintf(name, sizeof name, "rms_norm fused sub, mul, pow, silu %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
 
     static const kiln_op_kind red[3] = {KILN_OP_SUM, KILN_OP_MEAN, KILN_OP_AMAX};
     for (int k = 0; k < 3; k++) {
@@ -378,6 +439,28 @@ static void test_layout_gather(void) {
     uint32_t x = IN(p, dt, 4, 2, 3, 4, 5);
     p_op(p, KILN_OP_PERMUTE, 1, OPS(x), OUT(p, dt, 4, 2, 4, 3, 5), 4, ATTR(0, 2, 1, 3), 0);
     snprintf(name, sizeof name, "permute 0213 %s", dn);
+    compare(p, name, NULL);
+    /* Copies whose innermost dim stays contiguous move 16 bytes at a time: a head permute, a
+     * cat along rows, a slice starting on a row; a slice starting one element in does not. */
+    p = p_new();
+    x = IN(p, dt, 4, 2, 33, 4, 64);
+    p_op(p, KILN_OP_PERMUTE, 1, OPS(x), OUT(p, dt, 4, 2, 4, 33, 64), 4, ATTR(0, 2, 1, 3), 0);
+    snprintf(name, sizeof name, "permute heads wide %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    uint32_t ca = IN(p, dt, 3, 2, 3, 8), cb = IN(p, dt, 3, 2, 5, 8);
+    p_op(p, KILN_OP_CAT, 2, OPS(ca, cb), OUT(p, dt, 3, 2, 8, 8), 1, ATTR(1), 0);
+    snprintf(name, sizeof name, "cat rows wide %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 3, 4, 20, 16);
+    p_op(p, KILN_OP_SLICE, 1, OPS(x), OUT(p, dt, 3, 4, 12, 16), 4, ATTR(1, 3, 15, 1), 0);
+    snprintf(name, sizeof name, "slice rows wide %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 3, 4, 20, 16);
+    p_op(p, KILN_OP_SLICE, 1, OPS(x), OUT(p, dt, 3, 4, 20, 8), 4, ATTR(2, 1, 9, 1), 0);
+    snprintf(name, sizeof name, "slice inner from 1 %s", dn);
     compare(p, name, NULL);
     p = p_new();
     x = IN(p, dt, 3, 7, 9, 11);
@@ -474,8 +557,9 @@ static void test_attention(void) {
     snprintf(name, sizeof name, "sdpa kv shared by all %s", dn);
     compare(p, name, r);
     for (int shared = 0; shared < 2; shared++) {
-      /* Rows 5 and 17 with every key masked give zeros, as on the CPU: on the tensor-core path
-       * (k, v per batch) and on the fused kernel (k, v shared by the heads only). */
+      /* Rows 5 and 17 with every key masked give zeros, as on the CPU: on the tensor-core paths
+       * (k, v per batch: cuBLASLt for f32, the flash kernel for f16 and bf16) and on the fused
+       * kernel (k, v shared by the heads only). */
       p = p_new();
       q = IN(p, dt, 4, 2, 2, 24, 64);
       k = IN(p, dt, 4, 2, shared ? 1 : 2, 24, 64);
@@ -495,6 +579,310 @@ static void test_attention(void) {
     snprintf(name, sizeof name, "sdpa causal 16x512x128 %s", dn);
     compare(p, name, NULL);
   }
+}
+
+/* The last op of p (SDPA) as the flash kernel's predicate sees it, every buffer at `base`. */
+static int flash_takes(const prog *p, uintptr_t base) {
+  const kiln_op *op = &p->ops[p->n_ops - 1];
+  int has_mask = op->n_iattr > 1 && op->iattr[1];
+  uint32_t ids[5] = {op->inputs[0], op->inputs[1], op->inputs[2], op->output,
+                     has_mask ? op->inputs[3] : op->output};
+  kcu_tensor t[5];
+  for (int k = 0; k < 5; k++) {
+    const kiln_tensor_desc *d = &p->tensors[ids[k]];
+    memset(&t[k], 0, sizeof t[k]);
+    t[k].data = (void *)base;
+    t[k].dtype = d->dtype;
+    t[k].rank = d->rank;
+    t[k].numel = (int64_t)p_count(d);
+    for (int r = 0; r < d->rank; r++) t[k].dims[r] = d->dims[r];
+  }
+  return kcu_flash_fits(&t[0], &t[1], &t[2], has_mask ? &t[4] : NULL, &t[3]);
+}
+
+/* A case meant for the flash kernel: its predicate takes the shape (and refuses it at an
+ * address off 16 bytes, which the engine then runs on the fused kernel), then the compare. */
+static void flash_compare(prog *p, const char *name, const io_range *ranges) {
+  if (selected(name)) {
+    int takes = flash_takes(p, 256), unaligned = flash_takes(p, 264);
+    if (!takes || unaligned) printf("%s: flash predicate %d, unaligned %d: FAIL\n", name, takes, unaligned);
+    CHECK(takes && !unaligned);
+  }
+  compare(p, name, ranges);
+}
+
+/* SDPA on the tensor-core flash kernel, f16 and bf16, head dims 64 and 128: whole tiles, the
+ * GPT block's causal 512, L and S off the 64-row tiles both ways, bool and additive masks
+ * with fully masked rows, and k and v broadcast over several batch dims. */
+static void test_flash_attention(void) {
+  char name[96];
+  io_range r[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {-0.5, 1}};
+  io_range ra[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {-3, 0}};
+  for (int t = 1; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    const char *dn = kiln_dtype_name(dt);
+    for (int64_t e = 64; e <= 128; e += 64) {
+      prog *p = p_new(); /* the encoder's shape, fewer heads */
+      uint32_t q = IN(p, dt, 4, 2, 4, 128, e), k = IN(p, dt, 4, 2, 4, 128, e),
+               v = IN(p, dt, 4, 2, 4, 128, e);
+      p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 2, 4, 128, e), 2, ATTR(0, 0), 0);
+      snprintf(name, sizeof name, "sdpa flash 128x128 E%d %s", (int)e, dn);
+      flash_compare(p, name, r);
+
+      p = p_new(); /* the GPT block's: causal, 512 keys, every tile position on the diagonal */
+      q = IN(p, dt, 4, 1, 2, 512, e);
+      k = IN(p, dt, 4, 1, 2, 512, e);
+      v = IN(p, dt, 4, 1, 2, 512, e);
+      p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 1, 2, 512, e), 2, ATTR(1, 0), 0);
+      snprintf(name, sizeof name, "sdpa flash causal 512x512 E%d %s", (int)e, dn);
+      flash_compare(p, name, r);
+
+      static const int64_t tails[2][2] = {{77, 45}, {45, 77}};
+      for (int s = 0; s < 2; s++) {
+        for (int causal = 0; causal < 2; causal++) {
+          int64_t L = tails[s][0], S = tails[s][1];
+          p = p_new();
+          q = IN(p, dt, 4, 2, 3, L, e);
+          k = IN(p, dt, 4, 2, 3, S, e);
+          v = IN(p, dt, 4, 2, 3, S, e);
+          p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 2, 3, L, e), 2, ATTR(causal, 0), 0);
+          snprintf(name, sizeof name, "sdpa flash L%d S%d causal %d E%d %s", (int)L, (int)S,
+                   causal, (int)e, dn);
+          flash_compare(p, name, r);
+        }
+      }
+
+      /* A bool mask [L, S] (true keeps) with rows 5 and 66 all false: zeros there, as on the
+       * CPU; 66 is in the second, partial query tile. Causal on top for E 128. */
+      p = p_new();
+      q = IN(p, dt, 4, 2, 2, 70, e);
+      k = IN(p, dt, 4, 2, 2, 90, e);
+      v = IN(p, dt, 4, 2, 2, 90, e);
+      uint32_t m = p_weight(p, KILN_BOOL, 2, DIMS(70, 90), -0.5, 1);
+      memset(p->weights + p->tensors[m].offset + 5 * 90, 0, 90);
+      memset(p->weights + p->tensors[m].offset + 66 * 90, 0, 90);
+      p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 2, 2, 70, e), 2, ATTR(e == 128, 1), 0);
+      snprintf(name, sizeof name, "sdpa flash bool mask masked rows causal %d E%d %s",
+               e == 128, (int)e, dn);
+      flash_compare(p, name, r);
+
+      /* An additive f32 mask (another dtype than q) with row 9 all -inf, and scale given. */
+      p = p_new();
+      q = IN(p, dt, 4, 2, 2, 70, e);
+      k = IN(p, dt, 4, 2, 2, 90, e);
+      v = IN(p, dt, 4, 2, 2, 90, e);
+      m = p_weight(p, KILN_F32, 2, DIMS(70, 90), -3, 0);
+      float *row9 = (float *)(p->weights + p->tensors[m].offset) + 9 * 90;
+      for (int j = 0; j < 90; j++) row9[j] = -INFINITY;
+      p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 2, 2, 70, e), 2, ATTR(0, 1), 0.1);
+      snprintf(name, sizeof name, "sdpa flash f32 mask -inf row E%d %s", (int)e, dn);
+      flash_compare(p, name, r);
+
+      /* An additive mask of q's dtype broadcast over heads and rows, causal, L < S. */
+      p = p_new();
+      q = IN(p, dt, 4, 2, 3, 40, e);
+      k = IN(p, dt, 4, 2, 3, 100, e);
+      v = IN(p, dt, 4, 2, 3, 100, e);
+      m = IN(p, dt, 4, 2, 1, 1, 100);
+      p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 2, 3, 40, e), 2, ATTR(1, 1), 0);
+      snprintf(name, sizeof name, "sdpa flash %s mask causal L<S E%d %s", dn, (int)e, dn);
+      flash_compare(p, name, ra);
+
+      /* Three batch dims; k broadcast over the first and last, v over the last two, a bool
+       * mask over the first two; causal, scale given. */
+      p = p_new();
+      q = IN(p, dt, 5, 2, 3, 2, 50, e);
+      k = IN(p, dt, 4, 3, 1, 60, e);
+      v = IN(p, dt, 5, 2, 1, 1, 60, e);
+      m = IN(p, KILN_BOOL, 3, 2, 50, 60);
+      p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 5, 2, 3, 2, 50, e), 2, ATTR(1, 1), 0.3);
+      snprintf(name, sizeof name, "sdpa flash batch dims kv broadcast E%d %s", (int)e, dn);
+      flash_compare(p, name, r);
+    }
+  }
+  /* Shapes it does not take: f32, E != Ev, head dim 32, mixed dtypes. */
+  prog *p = p_new();
+  uint32_t q = IN(p, KILN_F32, 3, 2, 64, 64), k = IN(p, KILN_F32, 3, 2, 64, 64),
+           v = IN(p, KILN_F32, 3, 2, 64, 64);
+  p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, KILN_F32, 3, 2, 64, 64), 2, ATTR(0, 0), 0);
+  CHECK(!flash_takes(p, 256));
+  p_free(p);
+  p = p_new();
+  q = IN(p, KILN_F16, 3, 2, 64, 64);
+  k = IN(p, KILN_F16, 3, 2, 64, 64);
+  v = IN(p, KILN_F16, 3, 2, 64, 32);
+  p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, KILN_F16, 3, 2, 64, 32), 2, ATTR(0, 0), 0);
+  CHECK(!flash_takes(p, 256));
+  p_free(p);
+  p = p_new();
+  q = IN(p, KILN_F16, 3, 2, 64, 32);
+  k = IN(p, KILN_F16, 3, 2, 64, 32);
+  v = IN(p, KILN_F16, 3, 2, 64, 32);
+  p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, KILN_F16, 3, 2, 64, 32), 2, ATTR(0, 0), 0);
+  CHECK(!flash_takes(p, 256));
+  p_free(p);
+  p = p_new();
+  q = IN(p, KILN_F16, 3, 2, 64, 64);
+  k = IN(p, KILN_BF16, 3, 2, 64, 64);
+  v = IN(p, KILN_F16, 3, 2, 64, 64);
+  p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, KILN_F16, 3, 2, 64, 64), 2, ATTR(0, 0), 0);
+  CHECK(!flash_takes(p, 256));
+  p_free(p);
+}
+
+/* ---------------------------------------------------------------- --time-sdpa */
+
+typedef struct sdpa_bench {
+  kcu_tensor in[3], out[3]; /* outputs of flash, the cuBLASLt path and the fused kernel */
+  cudaStream_t s;
+  int causal;
+  float scale;
+  cublasLtHandle_t lt;
+  kcu_attn_gemm ag;
+  void *ws, *scratch;
+  size_t ws_size;
+} sdpa_bench;
+
+static cudaError_t bench_call(sdpa_bench *b, int path) {
+  if (path == 0)
+    return kcu_flash_attention(b->s, &b->in[0], &b->in[1], &b->in[2], NULL, &b->out[0], b->causal, b->scale);
+  if (path == 1)
+    return kcu_attn_gemm_run(&b->ag, b->lt, b->s, b->in, NULL, &b->out[1], b->causal, b->scale,
+                             b->scratch, b->ws, b->ws_size);
+  return kcu_attention(b->s, &b->in[0], &b->in[1], &b->in[2], NULL, &b->out[2], b->causal, b->scale);
+}
+
+/* Microseconds per call, averaged over back-to-back calls after a warm-up; -1 on an error. */
+static double bench_us(sdpa_bench *b, int path) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaError_t rc = cudaSuccess;
+  for (int i = 0; i < 3 && rc == cudaSuccess; i++) rc = bench_call(b, path);
+  float ms = 0.0f;
+  int iters = 0;
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(b->s);
+  /* Enough calls for about 20 ms, at least 5. */
+  cudaEventRecord(e0, b->s);
+  rc = rc == cudaSuccess ? bench_call(b, path) : rc;
+  cudaEventRecord(e1, b->s);
+  if (rc == cudaSuccess) rc = cudaEventSynchronize(e1);
+  cudaEventElapsedTime(&ms, e0, e1);
+  iters = ms > 0.0f ? (int)(20.0f / ms) : 100;
+  if (iters < 5) iters = 5;
+  if (iters > 200) iters = 200;
+  cudaEventRecord(e0, b->s);
+  for (int i = 0; i < iters && rc == cudaSuccess; i++) rc = bench_call(b, path);
+  cudaEventRecord(e1, b->s);
+  if (rc == cudaSuccess) rc = cudaEventSynchronize(e1);
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  if (rc != cudaSuccess) {
+    fprintf(stderr, "path %d: %s\n", path, cudaGetErrorString(rc));
+    cudaGetLastError();
+    return -1.0;
+  }
+  return 1000.0 * ms / iters;
+}
+
+/* max|a - b| / max|b| over n 16-bit values of dtype dt in device memory. */
+static double device_rel_error(const void *a, const void *b, kiln_dtype dt, uint64_t n) {
+  void *ha = malloc(n * 2), *hb = malloc(n * 2);
+  if (!ha || !hb) die("out of memory");
+  cudaMemcpy(ha, a, n * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(hb, b, n * 2, cudaMemcpyDeviceToHost);
+  double e = rel_error(ha, hb, dt, n);
+  free(ha);
+  free(hb);
+  return e;
+}
+
+static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int64_t L,
+                            int64_t E, int causal, kiln_dtype dt) {
+  prog *p = p_new();
+  uint32_t q = IN(p, dt, 4, batch, heads, L, E), k = IN(p, dt, 4, batch, heads, L, E),
+           v = IN(p, dt, 4, batch, heads, L, E);
+  uint32_t o = OUT(p, dt, 4, batch, heads, L, E);
+  p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), o, 2, ATTR(causal, 0), 0);
+  kiln_plan pl;
+  memset(&pl, 0, sizeof pl);
+  pl.version = KILN_PLAN_VERSION;
+  pl.n_tensors = p->n_tensors;
+  pl.n_ops = p->n_ops;
+  pl.n_inputs = p->n_inputs;
+  pl.n_outputs = p->n_outputs;
+  pl.tensors = p->tensors;
+  pl.ops = p->ops;
+  pl.inputs = p->inputs;
+  pl.outputs = p->outputs;
+
+  sdpa_bench b;
+  memset(&b, 0, sizeof b);
+  uint64_t n = (uint64_t)(batch * heads * L * E);
+  void *host = malloc(n * 2);
+  if (!host) die("out of memory");
+  for (int t = 0; t < 6; t++) {
+    kcu_tensor *kt = t < 3 ? &b.in[t] : &b.out[t - 3];
+    kt->dtype = dt;
+    kt->rank = 4;
+    kt->dims[0] = batch;
+    kt->dims[1] = heads;
+    kt->dims[2] = L;
+    kt->dims[3] = E;
+    kt->numel = (int64_t)n;
+    if (!cuda_ok(cudaMalloc(&kt->data, n * 2), "cudaMalloc")) die("device");
+    if (t < 3) {
+      fill(host, dt, n, t == 2 ? -1 : -2, t == 2 ? 1 : 2);
+      cudaMemcpy(kt->data, host, n * 2, cudaMemcpyHostToDevice);
+    }
+  }
+  free(host);
+  b.causal = causal;
+  b.scale = 1.0f / sqrtf((float)E);
+  cudaStreamCreateWithFlags(&b.s, cudaStreamNonBlocking);
+  b.ws_size = (size_t)32 << 20;
+  kiln_error err;
+  int gemm = cublasLtCreate(&b.lt) == CUBLAS_STATUS_SUCCESS &&
+             cudaMalloc(&b.ws, b.ws_size) == cudaSuccess &&
+             kcu_attn_gemm_init(&b.ag, b.lt, &pl, 0, 0, b.ws_size, &err) == KILN_OK && b.ag.active &&
+             cudaMalloc(&b.scratch, b.ag.scratch_bytes) == cudaSuccess;
+  if (gemm) kcu_attn_gemm_tune(&b.ag, b.lt, b.s, b.in, &b.out[1], b.scratch, b.ws, b.ws_size);
+  cudaGetLastError();
+  double flash = bench_us(&b, 0), lt = gemm ? bench_us(&b, 1) : -1.0, fma = bench_us(&b, 2);
+  double flops = 4.0 * (double)batch * heads * L * L * E * (causal ? 0.5 : 1.0);
+  double e_lt = gemm ? device_rel_error(b.out[0].data, b.out[1].data, dt, n) : -1.0;
+  double e_fma = device_rel_error(b.out[0].data, b.out[2].data, dt, n);
+  printf("time-sdpa %-10s b%-3lld %-4s flash %8.1f us (%5.1f TFLOP/s)  cublasLt %8.1f us  fma %8.1f us"
+         "  flash vs cublasLt %.1e, vs fma %.1e\n",
+         label, (long long)batch, kiln_dtype_name(dt), flash, flops / (flash * 1e6), lt, fma, e_lt,
+         e_fma);
+  CHECK(flash > 0.0 && e_fma <= dtype_tolerance(dt));
+  kcu_attn_gemm_release(&b.ag);
+  if (b.lt) cublasLtDestroy(b.lt);
+  cudaFree(b.ws);
+  cudaFree(b.scratch);
+  for (int t = 0; t < 3; t++) {
+    cudaFree(b.in[t].data);
+    cudaFree(b.out[t].data);
+  }
+  cudaStreamDestroy(b.s);
+  p_free(p);
+}
+
+/* The attention of bench/bench.py's encoder (16 heads, L = S = 128, head dim 64) and GPT block
+ * (16 heads, L = S = 512, causal, head dim 128) at batch 1 and 32. */
+static int time_sdpa(void) {
+  if (!cuda_ok(kcu_flash_prepare(), "kcu_flash_prepare") ||
+      !cuda_ok(kcu_attention_prepare(KCU_ATTN_MAX_HEAD), "kcu_attention_prepare"))
+    return 1;
+  for (int t = 1; t < 3; t++) {
+    for (int b = 1; b <= 32; b += 31) {
+      time_sdpa_shape("encoder", b, 16, 128, 64, 0, float_types[t]);
+      time_sdpa_shape("gpt_block", b, 16, 512, 128, 1, float_types[t]);
+    }
+  }
+  return check_report("test_cuda_ops --time-sdpa");
 }
 
 /* A small program used by the residency and failure tests: out = relu(x @ w^T + b) + x. */
@@ -775,18 +1163,23 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (argc > 1 && strcmp(argv[1], "--fault") == 0) return fault_check();
+  if (argc > 1 && strcmp(argv[1], "--time-sdpa") == 0) return time_sdpa();
   if (argc > 1 && strcmp(argv[1], "--matmul-attention") == 0) {
     /* The matmul and attention cases alone: quick to run against a changed kernel. */
     test_gemm();
     test_attention();
+    test_flash_attention();
     return check_report("test_cuda_ops --matmul-attention");
   }
+  if (argc > 2 && strcmp(argv[1], "--only") == 0) only_filter = argv[2];
   test_gemm();
   test_pointwise();
   test_fused_pointwise();
   test_normalize_reduce();
   test_layout_gather();
   test_attention();
+  test_flash_attention();
+  if (only_filter) return check_report("test_cuda_ops --only");
   test_residency();
   test_refusals();
   test_init_failures();

@@ -58,3 +58,44 @@ def test_fused_blob_matches_the_unfused_one():
     assert torch.equal(results[0], results[1])
     want = torch.nn.functional.gelu(inputs[2] - inputs[0] * inputs[1], approximate="tanh") ** 2
     torch.testing.assert_close(results[0], want, rtol=1e-5, atol=1e-6)
+
+
+def norm_blob(fuse):
+    """layer_norm(h + r) over the last dim with weight and bias, then gelu: a post-norm's
+    residual add before the norm, an activation after it."""
+    with _lib.Builder() as b:
+        h = b.add_input("h", _lib.F32, (2, 5, 16))
+        r = b.add_input("r", _lib.F32, (2, 5, 16))
+        w = b.add_input("w", _lib.F32, (16,))
+        bias = b.add_input("b", _lib.F32, (16,))
+        n = b.add_op("layer_norm", [b.add_op("add", [h, r]), w, bias], [1, 3], [1e-5])
+        b.mark_output(b.add_op("gelu", [n]), "out")
+        return b.build(fuse=fuse)
+
+
+def test_inspect_shows_the_steps_fused_into_a_norm(tmp_path):
+    ops = inspect(tmp_path, norm_blob(True))
+    assert ops == [
+        "op 0: layer_norm(t0 [2, 5, 16], t2 [16], t3 [16], t1 [2, 5, 16]) -> t4 [2, 5, 16]; "
+        "iattr [1, 3]; fused [add(in3) -> layer_norm -> gelu_erf]; fattr [1e-05, 0]"
+    ]
+    unfused = inspect(tmp_path, norm_blob(False))
+    assert [line.split(":")[1].split("(")[0].strip() for line in unfused] == [
+        "add", "layer_norm", "gelu"
+    ]
+
+
+def test_fused_norm_matches_the_unfused_one_and_eager():
+    torch.manual_seed(0)
+    inputs = [torch.randn(2, 5, 16), torch.randn(2, 5, 16), torch.rand(16) + 0.5,
+              torch.randn(16)]
+    results = []
+    for fuse in (True, False):
+        out = torch.empty(2, 5, 16)
+        with _lib.Engine(norm_blob(fuse), device="cpu") as engine:
+            engine.execute(inputs, [out])
+        results.append(out)
+    assert torch.equal(results[0], results[1])
+    h, r, w, bias = inputs
+    want = torch.nn.functional.gelu(torch.nn.functional.layer_norm(h + r, (16,), w, bias))
+    torch.testing.assert_close(results[0], want, rtol=1e-5, atol=1e-5)

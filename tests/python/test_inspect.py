@@ -380,3 +380,20 @@ def test_help_lists_every_subcommand():
     assert r.stderr == 'kiln: unknown command "frobnicate": run kiln --help for the commands\n'
     assert run(KILN, "inspect").returncode == 2
     assert run(KILN).returncode == 2
+
+
+def test_profile_needs_a_gpu_and_a_kiln_blob(xnnpack, demo_blob):
+    """Without a GPU, `kiln profile` says so in one line; a program with no Kiln blob is refused
+    as such; a bad command line gets the usage."""
+    r = run(KILN, "profile", str(demo_blob))
+    if r.returncode == 0:  # a machine with a GPU: one timed line per op
+        assert re.search(r"^blob on cuda:\d+: \d+ ops", r.stdout, re.M), r.stdout
+    else:
+        assert r.returncode == 1 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+        assert r.stderr.startswith("no CUDA GPU found") or "without the CUDA engine" in r.stderr
+    r = run(KILN, "profile", str(xnnpack[0]))
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == "the program holds no KilnBackend blob: export it with Kiln's partitioner " \
+                       "first\n"
+    assert run(KILN, "profile", str(demo_blob), "--reps", "0").returncode == 2
+    assert run(KILN, "profile").returncode == 2

@@ -1,0 +1,371 @@
+/* SDPA on the tensor cores without a score matrix, FlashAttention-2's loop: a block of four
+ * warps owns 64 query rows (16 per warp) and walks K and V 64 keys at a time through shared
+ * memory (cp.async, double buffered). S = Q K^T and O += P V are mma.sync m16n8k16 with f32
+ * accumulators in registers; an online softmax in f32 (base 2, log2(e) folded into the scale)
+ * rescales O as a row's max grows, and P goes from S's accumulators into the next mma's A
+ * operand without leaving registers, because the two fragment layouts coincide.
+ * f16 and bf16, head dims 64 and 128 (E == Ev); tails of L and S are zero-filled and masked. */
+#include "cuda_device.cuh"
+
+#include <string.h>
+
+#define KCU_FLASH_WARPS 4
+#define KCU_FLASH_BQ 64 /* query rows per block, 16 per warp */
+#define KCU_FLASH_BK 64 /* keys per shared memory tile */
+#define KCU_FLASH_PAD 8 /* halves per row: the 8 rows one ldmatrix reads hit distinct banks */
+#define KCU_FLASH_MAXD 128
+#define KCU_FLASH_BATCH 6
+#define KCU_FLASH_LOG2E 1.4426950408889634f
+
+typedef struct kcu_flash_args {
+  int32_t nb;
+  int64_t bdims[KCU_FLASH_BATCH];
+  int64_t qb[KCU_FLASH_BATCH], kb[KCU_FLASH_BATCH], vb[KCU_FLASH_BATCH], mb[KCU_FLASH_BATCH],
+      ob[KCU_FLASH_BATCH];
+  int64_t batch, L, S, m_row, m_col;
+  int n_qtiles;
+  int mask_kind; /* 0 none, 1 bool (true keeps), 2 additive */
+  int dm, causal;
+  float scale_log2; /* scale * log2(e): scores become base-2 logits in one multiply */
+} kcu_flash_args;
+
+/* Dynamic shared memory: the Q tile and two K and two V tiles, rows padded. */
+static size_t kcu_flash_smem(int D) {
+  return (size_t)(KCU_FLASH_BQ + 4 * KCU_FLASH_BK) * (size_t)(D + KCU_FLASH_PAD) * 2u;
+}
+
+static __device__ __forceinline__ void kcu_cp_async16(uint32_t dst, const void *src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+static __device__ __forceinline__ void kcu_cp_commit(void) {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/* Waits until at most `pending` (0 or 1) of this thread's copy groups are in flight. */
+static __device__ __forceinline__ void kcu_cp_wait(int pending) {
+  if (pending) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void kcu_ldsm4(uint32_t *r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+static __device__ __forceinline__ void kcu_ldsm4_t(uint32_t *r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
+/* c[16x8] += a[16x16] b[16x8], f32 accumulators; bf16 is a compile-time constant. */
+static __device__ __forceinline__ void kcu_mma(float *c, const uint32_t *a, uint32_t b0,
+                                               uint32_t b1, const int bf16) {
+  if (bf16)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats as one register of two 16-bit values, the first in the low half. */
+static __device__ __forceinline__ uint32_t kcu_pack2(float x, float y, const int bf16) {
+  if (bf16) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *(uint32_t *)&h;
+  }
+  __half2 h = __floats2half2_rn(x, y);
+  return *(uint32_t *)&h;
+}
+
+/* Starts copying rows [row0, row0 + 64) of a [rows, D] matrix into a padded smem tile; rows
+ * past the end are zero-filled (a zero V row times a zero P adds nothing, where garbage could
+ * add NaN). */
+static __device__ __forceinline__ void kcu_flash_load(uint32_t dst, const unsigned short *src,
+                                                      int64_t row0, int64_t rows, const int D) {
+  const int chunks = D / 8; /* 16-byte chunks per row */
+#pragma unroll
+  for (int it = 0; it < KCU_FLASH_BK * chunks / (KCU_FLASH_WARPS * 32); it++) {
+    int c = (int)threadIdx.x + it * KCU_FLASH_WARPS * 32, r = c / chunks, col = c % chunks;
+    int ok = row0 + r < rows;
+    const unsigned short *g = ok ? src + (row0 + r) * D + col * 8 : src;
+    kcu_cp_async16(dst + (uint32_t)((r * (D + KCU_FLASH_PAD) + col * 8) * 2), g, ok ? 16 : 0);
+  }
+}
+
+/* D and bf16 are compile-time constants at each kernel below, so loops over head dims unroll
+ * and the fragment arrays stay in registers. */
+static __device__ __forceinline__ void kcu_flash_body(const kcu_flash_args *a, const void *q,
+                                                      const void *k, const void *v,
+                                                      const void *mask, void *out, const int D,
+                                                      const int bf16) {
+  extern __shared__ __align__(16) unsigned char kcu_flash_sm[];
+  const int ROWB = (D + KCU_FLASH_PAD) * 2; /* bytes per smem row */
+  const uint32_t TILEB = (uint32_t)(KCU_FLASH_BK * ROWB);
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int g = lane >> 2, t4 = lane & 3;     /* mma fragment row group and column pair */
+  int lm = lane >> 3, lr = lane & 7;    /* ldmatrix: which 8x8 matrix this lane addresses, its row */
+
+  /* Query tiles run last first: under causal masking they carry the most keys, and blocks
+   * are dispatched roughly in index order. */
+  int64_t blk = blockIdx.x;
+  int qtile = a->n_qtiles - 1 - (int)(blk / a->batch);
+  int64_t bi = blk % a->batch, rem = bi;
+  int64_t qo = 0, ko = 0, vo = 0, mo = 0, oo = 0;
+  for (int d = a->nb - 1; d >= 0; d--) {
+    int64_t c = rem % a->bdims[d];
+    rem /= a->bdims[d];
+    qo += c * a->qb[d]; ko += c * a->kb[d]; vo += c * a->vb[d]; mo += c * a->mb[d];
+    oo += c * a->ob[d];
+  }
+  const unsigned short *qg = (const unsigned short *)q + qo;
+  const unsigned short *kg = (const unsigned short *)k + ko;
+  const unsigned short *vg = (const unsigned short *)v + vo;
+  int64_t r0 = (int64_t)qtile * KCU_FLASH_BQ, wrow = r0 + warp * 16;
+  int64_t key_end = a->causal && r0 + KCU_FLASH_BQ < a->S ? r0 + KCU_FLASH_BQ : a->S;
+  int n_tiles = (int)((key_end + KCU_FLASH_BK - 1) / KCU_FLASH_BK);
+
+  uint32_t sq = (uint32_t)__cvta_generic_to_shared(kcu_flash_sm);
+  uint32_t sk = sq + TILEB, sv = sk + 2 * TILEB; /* buffer b at + b * TILEB */
+  kcu_flash_load(sq, qg, r0, a->L, D);
+  kcu_cp_commit();
+  kcu_flash_load(sk, kg, 0, a->S, D);
+  kcu_flash_load(sv, vg, 0, a->S, D);
+  kcu_cp_commit();
+  kcu_cp_wait(1);
+  __syncthreads();
+
+  /* This warp's 16 query rows as A fragments, one per 16 columns of the head dim. */
+  uint32_t qf[KCU_FLASH_MAXD / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++)
+    kcu_ldsm4(qf[ks], sq + (uint32_t)((warp * 16 + lr + (lm & 1) * 8) * ROWB +
+                                      (ks * 16 + (lm >> 1) * 8) * 2));
+
+  float o[KCU_FLASH_MAXD / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* rows g and g + 8 */
+
+  for (int t = 0; t < n_tiles; t++) {
+    uint32_t buf = (uint32_t)(t & 1) * TILEB;
+    if (t + 1 < n_tiles) {
+      uint32_t next = (uint32_t)((t + 1) & 1) * TILEB;
+      kcu_flash_load(sk + next, kg, (int64_t)(t + 1) * KCU_FLASH_BK, a->S, D);
+      kcu_flash_load(sv + next, vg, (int64_t)(t + 1) * KCU_FLASH_BK, a->S, D);
+      kcu_cp_commit();
+      kcu_cp_wait(1);
+    } else {
+      kcu_cp_wait(0);
+    }
+    __syncthreads();
+    int64_t t0 = (int64_t)t * KCU_FLASH_BK;
+    /* Keys at or past kmax in this tile are masked for all 16 rows of the warp (beyond S, or
+     * beyond the warp's last row when causal): their mma steps are skipped. */
+    int64_t lim = a->S - t0;
+    if (a->causal && wrow + 16 - t0 < lim) lim = wrow + 16 - t0;
+    int kmax = lim < KCU_FLASH_BK ? (int)lim : KCU_FLASH_BK;
+
+    float s[KCU_FLASH_BK / 8][4];
+#pragma unroll
+    for (int n = 0; n < KCU_FLASH_BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int np = 0; np < KCU_FLASH_BK / 16; np++) {
+      if (np * 16 >= kmax) continue;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ks++) {
+        uint32_t b[4]; /* K rows are B's columns: plain ldmatrix gives K^T's fragments */
+        kcu_ldsm4(b, sk + buf + (uint32_t)((np * 16 + lr + (lm >> 1) * 8) * ROWB +
+                                           (ks * 16 + (lm & 1) * 8) * 2));
+        kcu_mma(s[2 * np], qf[ks], b[0], b[1], bf16);
+        kcu_mma(s[2 * np + 1], qf[ks], b[2], b[3], bf16);
+      }
+    }
+
+    int check = a->mask_kind || t0 + KCU_FLASH_BK > a->S ||
+                (a->causal && t0 + KCU_FLASH_BK - 1 > wrow);
+    if (!check) {
+#pragma unroll
+      for (int n = 0; n < KCU_FLASH_BK / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) s[n][c] *= a->scale_log2;
+    } else {
+#pragma unroll
+      for (int n = 0; n < KCU_FLASH_BK / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          int64_t i = wrow + g + (c >> 1) * 8, j = t0 + n * 8 + 2 * t4 + (c & 1);
+          float x = s[n][c] * a->scale_log2;
+          if (j >= a->S || (a->causal && j > i)) {
+            x = -INFINITY;
+          } else if (a->mask_kind && i < a->L) { /* rows past L are padding: no mask row */
+            int64_t mi = mo + i * a->m_row + j * a->m_col;
+            if (a->mask_kind == 1) {
+              if (!((const unsigned char *)mask)[mi]) x = -INFINITY;
+            } else {
+              x += kcu_ld(mask, a->dm, mi) * KCU_FLASH_LOG2E;
+            }
+          }
+          s[n][c] = x;
+        }
+    }
+
+    /* Online softmax; the four lanes of a quad share a row. */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < KCU_FLASH_BK / 8; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      float m_new = fmaxf(m[h], mx);
+      float base = m_new == -INFINITY ? 0.0f : m_new; /* every key so far masked: p = 0, not NaN */
+      float corr = exp2f(m[h] - base);
+      m[h] = m_new;
+      l[h] *= corr;
+#pragma unroll
+      for (int n = 0; n < D / 8; n++) {
+        o[n][2 * h] *= corr;
+        o[n][2 * h + 1] *= corr;
+      }
+#pragma unroll
+      for (int n = 0; n < KCU_FLASH_BK / 8; n++) {
+        s[n][2 * h] = exp2f(s[n][2 * h] - base);
+        s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - base);
+        l[h] += s[n][2 * h] + s[n][2 * h + 1]; /* this lane's part; the quad sums at the end */
+      }
+    }
+
+    /* O += P V: S's accumulators for keys 16kk..16kk+15 are exactly P's A fragment. */
+#pragma unroll
+    for (int kk = 0; kk < KCU_FLASH_BK / 16; kk++) {
+      if (kk * 16 >= kmax) continue;
+      uint32_t pa[4] = {kcu_pack2(s[2 * kk][0], s[2 * kk][1], bf16),
+                        kcu_pack2(s[2 * kk][2], s[2 * kk][3], bf16),
+                        kcu_pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], bf16),
+                        kcu_pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], bf16)};
+#pragma unroll
+      for (int dp = 0; dp < D / 16; dp++) {
+        uint32_t b[4]; /* V is [key][d]: the transposing ldmatrix gives B's fragments */
+        kcu_ldsm4_t(b, sv + buf + (uint32_t)((kk * 16 + lr + (lm & 1) * 8) * ROWB +
+                                             (dp * 16 + (lm >> 1) * 8) * 2));
+        kcu_mma(o[2 * dp], pa, b[0], b[1], bf16);
+        kcu_mma(o[2 * dp + 1], pa, b[2], b[3], bf16);
+      }
+    }
+    __syncthreads(); /* the next iteration's copies overwrite this buffer */
+  }
+
+  /* Normalize, stage the warp's 16 rows in its own rows of the Q tile (only it read them),
+   * then write whole rows with 16-byte stores. */
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    inv[h] = l[h] > 0.0f ? 1.0f / l[h] : 0.0f; /* a fully masked row gives zeros */
+  }
+  unsigned char *stage = kcu_flash_sm + warp * 16 * ROWB;
+#pragma unroll
+  for (int n = 0; n < D / 8; n++)
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+      *(uint32_t *)(stage + (g + 8 * h) * ROWB + (n * 8 + 2 * t4) * 2) =
+          kcu_pack2(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h], bf16);
+  __syncwarp();
+  unsigned short *og = (unsigned short *)out + oo;
+  const int chunks = D / 8;
+#pragma unroll
+  for (int it = 0; it < 16 * chunks / 32; it++) {
+    int c = lane + it * 32, r = c / chunks, col = c % chunks;
+    int64_t row = wrow + r;
+    if (row < a->L)
+      *(uint4 *)(og + row * D + col * 8) = *(const uint4 *)(stage + r * ROWB + col * 16);
+  }
+}
+
+#define KCU_FLASH_KERNEL(name, D, BF16)                                                       \
+  __global__ void __launch_bounds__(KCU_FLASH_WARPS * 32)                                      \
+      name(kcu_flash_args a, const void *q, const void *k, const void *v, const void *mask,    \
+           void *out) {                                                                        \
+    kcu_flash_body(&a, q, k, v, mask, out, D, BF16);                                           \
+  }
+KCU_FLASH_KERNEL(kcu_flash_f16_64, 64, 0)
+KCU_FLASH_KERNEL(kcu_flash_f16_128, 128, 0)
+KCU_FLASH_KERNEL(kcu_flash_bf16_64, 64, 1)
+KCU_FLASH_KERNEL(kcu_flash_bf16_128, 128, 1)
+
+/* Batch strides of t (its last two dims excluded) broadcast to out's batch dims. */
+int kcu_flash_fits(const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v,
+                   const kcu_tensor *mask, const kcu_tensor *out) {
+  kiln_dtype dt = out->dtype;
+  if ((dt != KILN_F16 && dt != KILN_BF16) || q->dtype != dt || k->dtype != dt || v->dtype != dt)
+    return 0;
+  if (q->rank < 2 || k->rank < 2 || v->rank < 2 || out->rank != q->rank ||
+      out->rank - 2 > KCU_FLASH_BATCH)
+    return 0;
+  int64_t L = q->dims[q->rank - 2], E = q->dims[q->rank - 1], S = k->dims[k->rank - 2];
+  if ((E != 64 && E != 128) || k->dims[k->rank - 1] != E || v->dims[v->rank - 1] != E ||
+      v->dims[v->rank - 2] != S || out->dims[out->rank - 1] != E)
+    return 0;
+  if (L < 1 || S < 1 || L > INT32_MAX || S > INT32_MAX || out->numel < 1) return 0;
+  /* One block per 64 query rows of each batch matrix: at most 2^31 - 1 blocks. */
+  if ((out->numel / (L * E)) * ((L + KCU_FLASH_BQ - 1) / KCU_FLASH_BQ) > INT32_MAX) return 0;
+  if (mask && mask->dtype != KILN_BOOL && mask->dtype != KILN_F32 && mask->dtype != KILN_F16 &&
+      mask->dtype != KILN_BF16)
+    return 0;
+  /* Rows move in 16-byte copies; every row and batch stride is a multiple of 64 elements. */
+  return (uintptr_t)q->data % 16 == 0 && (uintptr_t)k->data % 16 == 0 &&
+         (uintptr_t)v->data % 16 == 0 && (uintptr_t)out->data % 16 == 0;
+}
+
+cudaError_t kcu_flash_prepare(void) {
+  cudaError_t rc = cudaSuccess;
+  const void *kernels[4] = {(const void *)kcu_flash_f16_64, (const void *)kcu_flash_bf16_64,
+                            (const void *)kcu_flash_f16_128, (const void *)kcu_flash_bf16_128};
+  for (int i = 0; i < 4 && rc == cudaSuccess; i++)
+    rc = cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)kcu_flash_smem(i < 2 ? 64 : 128));
+  return rc;
+}
+
+cudaError_t kcu_flash_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
+                                const kcu_tensor *v, const kcu_tensor *mask,
+                                const kcu_tensor *out, int causal, float scale) {
+  kcu_flash_args a;
+  memset(&a, 0, sizeof a);
+  a.nb = out->rank - 2;
+  a.L = q->dims[q->rank - 2];
+  a.S = k->dims[k->rank - 2];
+  int D = (int)q->dims[q->rank - 1];
+  a.batch = 1;
+  for (int d = 0; d < a.nb; d++) {
+    a.bdims[d] = out->dims[d];
+    a.batch *= out->dims[d];
+  }
+  kcu_attn_batch_strides(q, out, a.qb);
+  kcu_attn_batch_strides(k, out, a.kb);
+  kcu_attn_batch_strides(v, out, a.vb);
+  kcu_attn_batch_strides(out, out, a.ob);
+  if (mask) {
+    a.mask_kind = kcu_attn_mask_strides(mask, out, a.S, a.mb, &a.m_row, &a.m_col);
+    a.dm = mask->dtype;
+  }
+  a.causal = causal;
+  a.scale_log2 = scale * KCU_FLASH_LOG2E;
+  a.n_qtiles = (int)((a.L + KCU_FLASH_BQ - 1) / KCU_FLASH_BQ);
+  int bf16 = out->dtype == KILN_BF16;
+  void (*kernel)(kcu_flash_args, const void *, const void *, const void *, const void *, void *) =
+      D == 64 ? (bf16 ? kcu_flash_bf16_64 : kcu_flash_f16_64)
+              : (bf16 ? kcu_flash_bf16_128 : kcu_flash_f16_128);
+  kernel<<<(unsigned)(a.batch * a.n_qtiles), KCU_FLASH_WARPS * 32, kcu_flash_smem(D), s>>>(
+      a, q->data, k->data, v->data, mask ? mask->data : NULL, out->data);
+  return cudaGetLastError();
+}
