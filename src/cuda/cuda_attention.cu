@@ -11,19 +11,13 @@
 #define KCU_ATTN_ROWS 2 /* query rows per warp */
 #define KCU_ATTN_TILE 32
 #define KCU_ATTN_MAXC (KCU_ATTN_MAX_HEAD / 32)
-#define KCU_ATTN_BATCH 6
 
 typedef struct kcu_attn_args {
-  int32_t nb;
-  int64_t bdims[KCU_ATTN_BATCH];
-  int64_t qb[KCU_ATTN_BATCH], kb[KCU_ATTN_BATCH], vb[KCU_ATTN_BATCH], mb[KCU_ATTN_BATCH],
-      ob[KCU_ATTN_BATCH];
+  kcu_attn_geometry g;
   int64_t L, S, E, Ev, n_tiles;
-  int64_t m_row, m_col;
-  int mask_kind; /* 0 none, 1 bool (true keeps), 2 additive */
   int causal;
   float scale;
-  int dq, dk, dv, dm, dout;
+  int dq, dk, dv, dout;
   int vec; /* k and v are one 16-bit dtype, head dims multiples of 8, rows 16-byte aligned */
 } kcu_attn_args;
 
@@ -41,12 +35,8 @@ __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
   float *qs = vs + KCU_ATTN_TILE * a.Ev;           /* [WARPS * ROWS][E] */
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int64_t batch = blockIdx.x / a.n_tiles, tile = blockIdx.x % a.n_tiles;
-  int64_t qo = 0, ko = 0, vo = 0, mo = 0, oo = 0, rem = batch;
-  for (int d = a.nb - 1; d >= 0; d--) {
-    int64_t c = rem % a.bdims[d];
-    rem /= a.bdims[d];
-    qo += c * a.qb[d]; ko += c * a.kb[d]; vo += c * a.vb[d]; mo += c * a.mb[d]; oo += c * a.ob[d];
-  }
+  int64_t qo, ko, vo, mo, oo;
+  kcu_attn_offsets(&a.g, batch, &qo, &ko, &vo, &mo, &oo);
   int64_t row0 = tile * (KCU_ATTN_WARPS * KCU_ATTN_ROWS);
   /* Index math in 32 bits inside a tile: rows by warp, columns by lane, no division. */
   int E = (int)a.E, Ev = (int)a.Ev;
@@ -106,10 +96,10 @@ __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
 #pragma unroll 8
         for (int e = 0; e < E; e++) dot += qrow[e] * krow[e];
         sc = dot * a.scale;
-        if (a.mask_kind) {
-          int64_t mi = mo + i * a.m_row + key * a.m_col;
-          if (a.mask_kind == 1) sc = ((const unsigned char *)mask)[mi] ? sc : -INFINITY;
-          else sc += kcu_ld(mask, a.dm, mi);
+        if (a.g.mask_kind) {
+          int64_t mi = mo + i * a.g.m_row + key * a.g.m_col;
+          if (a.g.mask_kind == 1) sc = ((const unsigned char *)mask)[mi] ? sc : -INFINITY;
+          else sc += kcu_ld(mask, a.g.dm, mi);
         }
       }
       float m_new = fmaxf(m[r], kcu_warp_max(sc));
@@ -144,7 +134,8 @@ __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
   }
 }
 
-void kcu_attn_batch_strides(const kcu_tensor *t, const kcu_tensor *out, int64_t *st) {
+/* Strides of t's matrices (its last two dims) over out's batch dims, broadcast. */
+static void kcu_attn_batch_strides(const kcu_tensor *t, const kcu_tensor *out, int64_t *st) {
   kcu_tensor lead = *t;
   lead.rank = t->rank >= 2 ? t->rank - 2 : 0;
   int64_t inner = t->rank >= 2 ? t->dims[t->rank - 2] * t->dims[t->rank - 1] : 1;
@@ -152,16 +143,32 @@ void kcu_attn_batch_strides(const kcu_tensor *t, const kcu_tensor *out, int64_t 
   for (int d = 0; d < out->rank - 2; d++) st[d] *= inner;
 }
 
-int kcu_attn_mask_strides(const kcu_tensor *mask, const kcu_tensor *out, int64_t S, int64_t *mb,
-                          int64_t *m_row, int64_t *m_col) {
-  int64_t full[KILN_MAX_RANK], st[KILN_MAX_RANK];
-  for (int d = 0; d < out->rank; d++) full[d] = out->dims[d];
-  full[out->rank - 1] = S;
-  kcu_broadcast_strides(mask, out->rank, full, st);
-  for (int d = 0; d < out->rank - 2; d++) mb[d] = st[d];
-  *m_row = st[out->rank - 2];
-  *m_col = st[out->rank - 1];
-  return mask->dtype == KILN_BOOL ? 1 : 2;
+int64_t kcu_attn_geometry_init(kcu_attn_geometry *g, const kcu_tensor *q, const kcu_tensor *k,
+                               const kcu_tensor *v, const kcu_tensor *mask,
+                               const kcu_tensor *out, int64_t S) {
+  int64_t batch = 1;
+  memset(g, 0, sizeof *g);
+  g->nb = out->rank - 2;
+  for (int d = 0; d < g->nb; d++) {
+    g->bdims[d] = out->dims[d];
+    batch *= out->dims[d];
+  }
+  if (q) kcu_attn_batch_strides(q, out, g->qb);
+  if (k) kcu_attn_batch_strides(k, out, g->kb);
+  if (v) kcu_attn_batch_strides(v, out, g->vb);
+  kcu_attn_batch_strides(out, out, g->ob);
+  if (mask) {
+    int64_t full[KILN_MAX_RANK], st[KILN_MAX_RANK];
+    for (int d = 0; d < out->rank; d++) full[d] = out->dims[d];
+    full[out->rank - 1] = S;
+    kcu_broadcast_strides(mask, out->rank, full, st);
+    for (int d = 0; d < g->nb; d++) g->mb[d] = st[d];
+    g->m_row = st[out->rank - 2];
+    g->m_col = st[out->rank - 1];
+    g->mask_kind = mask->dtype == KILN_BOOL ? 1 : 2;
+    g->dm = mask->dtype;
+  }
+  return batch;
 }
 
 cudaError_t kcu_attention_prepare(int max_head) {
@@ -175,31 +182,18 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
   if (out->numel == 0) return cudaSuccess;
   kcu_attn_args a;
   memset(&a, 0, sizeof a);
-  a.nb = out->rank - 2;
   a.L = q->dims[q->rank - 2];
   a.E = q->dims[q->rank - 1];
   a.S = k->dims[k->rank - 2];
   a.Ev = v->dims[v->rank - 1];
-  int64_t batch = 1;
-  for (int d = 0; d < a.nb; d++) {
-    a.bdims[d] = out->dims[d];
-    batch *= out->dims[d];
-  }
-  kcu_attn_batch_strides(q, out, a.qb);
-  kcu_attn_batch_strides(k, out, a.kb);
-  kcu_attn_batch_strides(v, out, a.vb);
-  kcu_attn_batch_strides(out, out, a.ob);
-  if (mask) {
-    a.mask_kind = kcu_attn_mask_strides(mask, out, a.S, a.mb, &a.m_row, &a.m_col);
-    a.dm = mask->dtype;
-  }
+  int64_t batch = kcu_attn_geometry_init(&a.g, q, k, v, mask, out, a.S);
   a.causal = causal;
   a.scale = scale;
   a.dq = q->dtype; a.dk = k->dtype; a.dv = v->dtype; a.dout = out->dtype;
   int bits16 = (k->dtype == KILN_F16 || k->dtype == KILN_BF16) && v->dtype == k->dtype;
   a.vec = bits16 && a.E % 8 == 0 && a.Ev % 8 == 0 && ((uintptr_t)k->data % 16) == 0 &&
           ((uintptr_t)v->data % 16) == 0;
-  for (int d = 0; a.vec && d < a.nb; d++) a.vec = a.kb[d] % 8 == 0 && a.vb[d] % 8 == 0;
+  for (int d = 0; a.vec && d < a.g.nb; d++) a.vec = a.g.kb[d] % 8 == 0 && a.g.vb[d] % 8 == 0;
   int64_t rows = KCU_ATTN_WARPS * KCU_ATTN_ROWS;
   a.n_tiles = (a.L + rows - 1) / rows;
   kcu_attention_kernel<<<(unsigned)(batch * a.n_tiles), KCU_ATTN_WARPS * 32,
@@ -213,11 +207,9 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
 #define KCU_ATTN_ROW_THREADS 128
 
 typedef struct kcu_attn_rows_args {
-  int32_t nb;
-  int64_t bdims[KCU_ATTN_BATCH], mb[KCU_ATTN_BATCH];
-  int64_t L, S, m_row, m_col;
-  int mask_kind; /* 0 none, 1 bool (true keeps), 2 additive */
-  int dm, dp, causal;
+  kcu_attn_geometry g; /* mask strides only */
+  int64_t L, S;
+  int dp, causal;
   float scale;
 } kcu_attn_rows_args;
 
@@ -226,9 +218,9 @@ static __device__ __forceinline__ float kcu_attn_logit(const kcu_attn_rows_args 
                                                        int64_t mo, int64_t i, int64_t j) {
   if (a->causal && j > i) return -INFINITY;
   float sc = row[j] * a->scale;
-  if (a->mask_kind == 1)
-    return ((const unsigned char *)mask)[mo + i * a->m_row + j * a->m_col] ? sc : -INFINITY;
-  if (a->mask_kind == 2) sc += kcu_ld(mask, a->dm, mo + i * a->m_row + j * a->m_col);
+  if (a->g.mask_kind == 1)
+    return ((const unsigned char *)mask)[mo + i * a->g.m_row + j * a->g.m_col] ? sc : -INFINITY;
+  if (a->g.mask_kind == 2) sc += kcu_ld(mask, a->g.dm, mo + i * a->g.m_row + j * a->g.m_col);
   return sc;
 }
 
@@ -239,12 +231,8 @@ __global__ void __launch_bounds__(KCU_ATTN_ROW_THREADS)
     kcu_attention_softmax_kernel(kcu_attn_rows_args a, float *scores, const void *mask) {
   __shared__ float red[KCU_ATTN_ROW_THREADS / 32];
   int64_t r = blockIdx.x;
-  int64_t b = r / a.L, i = r % a.L, mo = 0, rem = b;
-  for (int d = a.nb - 1; d >= 0; d--) {
-    int64_t c = rem % a.bdims[d];
-    rem /= a.bdims[d];
-    mo += c * a.mb[d];
-  }
+  int64_t i = r % a.L, qo, ko, vo, mo, oo;
+  kcu_attn_offsets(&a.g, r / a.L, &qo, &ko, &vo, &mo, &oo);
   float *row = scores + r * a.S;
   float most = -INFINITY;
   for (int64_t j = threadIdx.x; j < a.S; j += blockDim.x)
@@ -271,18 +259,9 @@ cudaError_t kcu_attention_softmax(cudaStream_t s, float *scores, kiln_dtype p_dt
   if (out->numel == 0) return cudaSuccess;
   kcu_attn_rows_args a;
   memset(&a, 0, sizeof a);
-  a.nb = out->rank - 2;
   a.L = out->dims[out->rank - 2];
   a.S = S;
-  int64_t rows = a.L;
-  for (int d = 0; d < a.nb; d++) {
-    a.bdims[d] = out->dims[d];
-    rows *= out->dims[d];
-  }
-  if (mask) {
-    a.mask_kind = kcu_attn_mask_strides(mask, out, S, a.mb, &a.m_row, &a.m_col);
-    a.dm = mask->dtype;
-  }
+  int64_t rows = a.L * kcu_attn_geometry_init(&a.g, NULL, NULL, NULL, mask, out, S);
   a.dp = p_dtype;
   a.causal = causal;
   a.scale = scale;

@@ -176,4 +176,20 @@ static __device__ __forceinline__ float kcu_block_reduce(float v, int is_max, fl
   return v;
 }
 
+/* Element offsets of an SDPA's operands for flattened batch index b. */
+static __device__ __forceinline__ void kcu_attn_offsets(const kcu_attn_geometry *g, int64_t b,
+                                                        int64_t *qo, int64_t *ko, int64_t *vo,
+                                                        int64_t *mo, int64_t *oo) {
+  *qo = *ko = *vo = *mo = *oo = 0;
+  for (int d = g->nb - 1; d >= 0; d--) {
+    int64_t c = b % g->bdims[d];
+    b /= g->bdims[d];
+    *qo += c * g->qb[d];
+    *ko += c * g->kb[d];
+    *vo += c * g->vb[d];
+    *mo += c * g->mb[d];
+    *oo += c * g->ob[d];
+  }
+}
+
 #endif

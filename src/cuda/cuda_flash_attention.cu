@@ -14,18 +14,13 @@
 #define KCU_FLASH_BK 64 /* keys per shared memory tile */
 #define KCU_FLASH_PAD 8 /* halves per row: the 8 rows one ldmatrix reads hit distinct banks */
 #define KCU_FLASH_MAXD 128
-#define KCU_FLASH_BATCH 6
 #define KCU_FLASH_LOG2E 1.4426950408889634f
 
 typedef struct kcu_flash_args {
-  int32_t nb;
-  int64_t bdims[KCU_FLASH_BATCH];
-  int64_t qb[KCU_FLASH_BATCH], kb[KCU_FLASH_BATCH], vb[KCU_FLASH_BATCH], mb[KCU_FLASH_BATCH],
-      ob[KCU_FLASH_BATCH];
-  int64_t batch, L, S, m_row, m_col;
+  kcu_attn_geometry g;
+  int64_t batch, L, S;
   int n_qtiles;
-  int mask_kind; /* 0 none, 1 bool (true keeps), 2 additive */
-  int dm, causal;
+  int causal;
   float scale_log2; /* scale * log2(e): scores become base-2 logits in one multiply */
 } kcu_flash_args;
 
@@ -117,14 +112,9 @@ static __device__ __forceinline__ void kcu_flash_body(const kcu_flash_args *a, c
    * are dispatched roughly in index order. */
   int64_t blk = blockIdx.x;
   int qtile = a->n_qtiles - 1 - (int)(blk / a->batch);
-  int64_t bi = blk % a->batch, rem = bi;
-  int64_t qo = 0, ko = 0, vo = 0, mo = 0, oo = 0;
-  for (int d = a->nb - 1; d >= 0; d--) {
-    int64_t c = rem % a->bdims[d];
-    rem /= a->bdims[d];
-    qo += c * a->qb[d]; ko += c * a->kb[d]; vo += c * a->vb[d]; mo += c * a->mb[d];
-    oo += c * a->ob[d];
-  }
+  int64_t bi = blk % a->batch;
+  int64_t qo, ko, vo, mo, oo;
+  kcu_attn_offsets(&a->g, bi, &qo, &ko, &vo, &mo, &oo);
   const unsigned short *qg = (const unsigned short *)q + qo;
   const unsigned short *kg = (const unsigned short *)k + ko;
   const unsigned short *vg = (const unsigned short *)v + vo;
@@ -189,7 +179,7 @@ static __device__ __forceinline__ void kcu_flash_body(const kcu_flash_args *a, c
       }
     }
 
-    int check = a->mask_kind || t0 + KCU_FLASH_BK > a->S ||
+    int check = a->g.mask_kind || t0 + KCU_FLASH_BK > a->S ||
                 (a->causal && t0 + KCU_FLASH_BK - 1 > wrow);
     if (!check) {
 #pragma unroll
@@ -205,12 +195,12 @@ static __device__ __forceinline__ void kcu_flash_body(const kcu_flash_args *a, c
           float x = s[n][c] * a->scale_log2;
           if (j >= a->S || (a->causal && j > i)) {
             x = -INFINITY;
-          } else if (a->mask_kind && i < a->L) { /* rows past L are padding: no mask row */
-            int64_t mi = mo + i * a->m_row + j * a->m_col;
-            if (a->mask_kind == 1) {
+          } else if (a->g.mask_kind && i < a->L) { /* rows past L are padding: no mask row */
+            int64_t mi = mo + i * a->g.m_row + j * a->g.m_col;
+            if (a->g.mask_kind == 1) {
               if (!((const unsigned char *)mask)[mi]) x = -INFINITY;
             } else {
-              x += kcu_ld(mask, a->dm, mi) * KCU_FLASH_LOG2E;
+              x += kcu_ld(mask, a->g.dm, mi) * KCU_FLASH_LOG2E;
             }
           }
           s[n][c] = x;
@@ -309,7 +299,7 @@ int kcu_flash_fits(const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v
   if ((dt != KILN_F16 && dt != KILN_BF16) || q->dtype != dt || k->dtype != dt || v->dtype != dt)
     return 0;
   if (q->rank < 2 || k->rank < 2 || v->rank < 2 || out->rank != q->rank ||
-      out->rank - 2 > KCU_FLASH_BATCH)
+      out->rank - 2 > KCU_ATTN_BATCH)
     return 0;
   int64_t L = q->dims[q->rank - 2], E = q->dims[q->rank - 1], S = k->dims[k->rank - 2];
   if ((E != 64 && E != 128) || k->dims[k->rank - 1] != E || v->dims[v->rank - 1] != E ||
@@ -341,23 +331,10 @@ cudaError_t kcu_flash_attention(cudaStream_t s, const kcu_tensor *q, const kcu_t
                                 const kcu_tensor *out, int causal, float scale) {
   kcu_flash_args a;
   memset(&a, 0, sizeof a);
-  a.nb = out->rank - 2;
   a.L = q->dims[q->rank - 2];
   a.S = k->dims[k->rank - 2];
   int D = (int)q->dims[q->rank - 1];
-  a.batch = 1;
-  for (int d = 0; d < a.nb; d++) {
-    a.bdims[d] = out->dims[d];
-    a.batch *= out->dims[d];
-  }
-  kcu_attn_batch_strides(q, out, a.qb);
-  kcu_attn_batch_strides(k, out, a.kb);
-  kcu_attn_batch_strides(v, out, a.vb);
-  kcu_attn_batch_strides(out, out, a.ob);
-  if (mask) {
-    a.mask_kind = kcu_attn_mask_strides(mask, out, a.S, a.mb, &a.m_row, &a.m_col);
-    a.dm = mask->dtype;
-  }
+  a.batch = kcu_attn_geometry_init(&a.g, q, k, v, mask, out, a.S);
   a.causal = causal;
   a.scale_log2 = scale * KCU_FLASH_LOG2E;
   a.n_qtiles = (int)((a.L + KCU_FLASH_BQ - 1) / KCU_FLASH_BQ);

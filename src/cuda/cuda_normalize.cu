@@ -89,7 +89,7 @@ __global__ void kcu_norm_rows(kcu_chain c, int before, const void *w, const void
   }
 }
 
-#define KCU_NORM_VECS 4     /* 16-byte vectors of the row each thread holds */
+#define KCU_NORM_VECS 2      /* 16-byte vectors of the row each thread holds */
 #define KCU_NORM_THREADS 512 /* the most threads a row takes */
 
 /* Steps [from, to) on the elements v of 16-byte vector vi, every operand of x's shape. */

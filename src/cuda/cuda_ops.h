@@ -85,12 +85,22 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
                           int causal, float scale);
 /* Raises the kernel's dynamic shared memory limit once, at init. */
 cudaError_t kcu_attention_prepare(int max_head);
-/* For the attention launchers: the element strides of t's matrices (its last two dims) over
- * out's batch dims, broadcast; and the strides of a mask broadcast to out's batch dims (mb)
- * and to [L, S] (m_row, m_col), returning the mask kind (1 bool, 2 additive). */
-void kcu_attn_batch_strides(const kcu_tensor *t, const kcu_tensor *out, int64_t *st);
-int kcu_attn_mask_strides(const kcu_tensor *mask, const kcu_tensor *out, int64_t S, int64_t *mb,
-                          int64_t *m_row, int64_t *m_col);
+/* Where each operand of an SDPA sits for one batch index (flattened over out's batch dims) and
+ * how its mask broadcasts over [L, S]: filled on the host, passed to the kernels by value. */
+#define KCU_ATTN_BATCH 6
+typedef struct kcu_attn_geometry {
+  int32_t nb; /* out's batch dims */
+  int64_t bdims[KCU_ATTN_BATCH];
+  int64_t qb[KCU_ATTN_BATCH], kb[KCU_ATTN_BATCH], vb[KCU_ATTN_BATCH], mb[KCU_ATTN_BATCH],
+      ob[KCU_ATTN_BATCH]; /* element strides of each operand's matrix per batch dim */
+  int64_t m_row, m_col;
+  int mask_kind; /* 0 none, 1 bool (true keeps), 2 additive */
+  int dm;        /* the mask's dtype */
+} kcu_attn_geometry;
+/* Fills g for out's batch dims; q, k, v and mask may be NULL. Returns the batch count. */
+int64_t kcu_attn_geometry_init(kcu_attn_geometry *g, const kcu_tensor *q, const kcu_tensor *k,
+                               const kcu_tensor *v, const kcu_tensor *mask,
+                               const kcu_tensor *out, int64_t S);
 /* Turns f32 scores [batch, L, S] (batch and L as out's leading dims) into probabilities in
  * place: scale, causal and mask applied, a stable softmax per row in f32, each row written as
  * p_dtype from the start of its own score row (so rows keep their byte stride). A row with

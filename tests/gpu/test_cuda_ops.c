@@ -701,33 +701,23 @@ static void test_flash_attention(void) {
     }
   }
   /* Shapes it does not take: f32, E != Ev, head dim 32, mixed dtypes. */
-  prog *p = p_new();
-  uint32_t q = IN(p, KILN_F32, 3, 2, 64, 64), k = IN(p, KILN_F32, 3, 2, 64, 64),
-           v = IN(p, KILN_F32, 3, 2, 64, 64);
-  p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, KILN_F32, 3, 2, 64, 64), 2, ATTR(0, 0), 0);
-  CHECK(!flash_takes(p, 256));
-  p_free(p);
-  p = p_new();
-  q = IN(p, KILN_F16, 3, 2, 64, 64);
-  k = IN(p, KILN_F16, 3, 2, 64, 64);
-  v = IN(p, KILN_F16, 3, 2, 64, 32);
-  p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, KILN_F16, 3, 2, 64, 32), 2, ATTR(0, 0), 0);
-  CHECK(!flash_takes(p, 256));
-  p_free(p);
-  p = p_new();
-  q = IN(p, KILN_F16, 3, 2, 64, 32);
-  k = IN(p, KILN_F16, 3, 2, 64, 32);
-  v = IN(p, KILN_F16, 3, 2, 64, 32);
-  p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, KILN_F16, 3, 2, 64, 32), 2, ATTR(0, 0), 0);
-  CHECK(!flash_takes(p, 256));
-  p_free(p);
-  p = p_new();
-  q = IN(p, KILN_F16, 3, 2, 64, 64);
-  k = IN(p, KILN_BF16, 3, 2, 64, 64);
-  v = IN(p, KILN_F16, 3, 2, 64, 64);
-  p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, KILN_F16, 3, 2, 64, 64), 2, ATTR(0, 0), 0);
-  CHECK(!flash_takes(p, 256));
-  p_free(p);
+  static const struct {
+    kiln_dtype q, k, v;
+    int64_t e, ev;
+  } refused[4] = {{KILN_F32, KILN_F32, KILN_F32, 64, 64},
+                  {KILN_F16, KILN_F16, KILN_F16, 64, 32},
+                  {KILN_F16, KILN_F16, KILN_F16, 32, 32},
+                  {KILN_F16, KILN_BF16, KILN_F16, 64, 64}};
+  for (int c = 0; c < 4; c++) {
+    prog *p = p_new();
+    uint32_t q = IN(p, refused[c].q, 3, 2, 64, refused[c].e);
+    uint32_t k = IN(p, refused[c].k, 3, 2, 64, refused[c].e);
+    uint32_t v = IN(p, refused[c].v, 3, 2, 64, refused[c].ev);
+    p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, refused[c].q, 3, 2, 64, refused[c].ev), 2,
+         ATTR(0, 0), 0);
+    CHECK(!flash_takes(p, 256));
+    p_free(p);
+  }
 }
 
 /* ---------------------------------------------------------------- --time-sdpa */
