@@ -1,7 +1,8 @@
-/* Pointwise-chain fusion: which chains the builder fuses and which it leaves alone, what the
- * plan records, that a fused plan computes what the unfused one does on the CPU engine (f32
- * bit for bit; f16 rounded once instead of per op), and that malformed POINTWISE ops are
- * refused by the plan parser and by the CPU engine's init. */
+/* The builder's fusion passes and views: pointwise chains, steps fused into norms, residual
+ * GEMM epilogues, and views placed inside their input's arena block. Which ops each pass fuses
+ * and which it leaves alone, what the plan records, that a fused plan computes what the
+ * unfused one does on the CPU engine (f32 bit for bit; f16 rounded once instead of per op),
+ * and that malformed fused ops are refused by the plan parser and by the CPU engine's init. */
 #include "check.h"
 #include "core/alloc.h"
 #include "core/pointwise_steps.h"
@@ -971,5 +972,5 @@ int main(void) {
   test_norm_refusals();
   test_residual_fuses();
   test_views();
-  return check_report("test_fuse_pointwise");
+  return check_report("test_fusion");
 }

@@ -1,5 +1,5 @@
-"""Pointwise-chain fusion seen from outside: `kiln inspect` names the fused steps of a built
-blob, and the fused blob computes on the reference engine what the unfused one does."""
+"""Fusion seen from outside: `kiln inspect` names the fused steps of a pointwise chain and of a
+norm, and a fused blob computes on the reference engine what the unfused one does."""
 
 import os
 import subprocess
