@@ -224,7 +224,9 @@ typedef enum kiln_op_kind {
   KILN_OP_WHERE,        /* cond (bool), a, b, broadcasting */
   KILN_OP_SDPA,         /* q[...,L,E], k[...,S,E], v[...,S,Ev], mask? (bool: true keeps, or additive
                            float), broadcast to [...,L,S]; iattr0 = causal, iattr1 = mask present;
-                           fattr0 = scale (0 means 1/sqrt(E)) */
+                           fattr0 = scale (0 means 1/sqrt(E)). iattr2 = 1, packed heads: one
+                           input qkv[B,L,3,H,E] (q, k, v = qkv[:,:,i] as [B,H,L,E]), mask? over
+                           [B,H,L,L] -> [B,L,H,E], the heads back in place */
   KILN_OP_POINTWISE,    /* a fused chain of float pointwise steps, one pass over memory: x, then
                            extra operands of binary steps (each broadcasts to x, same dtype) ->
                            x's shape and dtype; iattr = steps in order (KILN_PW_STEP), 1..8;

@@ -48,7 +48,7 @@ static const op_arity arity[KILN_OP_COUNT] = {
     [KILN_OP_EMBEDDING] = {2, 2, 0, 0},
     [KILN_OP_INDEX_SELECT] = {2, 2, 1, 1},
     [KILN_OP_WHERE] = {3, 3, 0, 0},
-    [KILN_OP_SDPA] = {3, 4, 2, 2},
+    [KILN_OP_SDPA] = {1, 4, 2, 3},
     [KILN_OP_POINTWISE] = {1, KILN_MAX_OP_INPUTS, 1, KILN_PW_MAX_STEPS},
 };
 
@@ -534,7 +534,56 @@ static kiln_status infer_where(const infer_ctx *c, kiln_tensor_desc *out) {
   return KILN_OK;
 }
 
+/* Input `mask` of an SDPA is bool or input 0's dtype and broadcasts to the scores' shape. */
+static kiln_status need_mask_fits(const infer_ctx *c, uint32_t mask, int32_t rank,
+                                  const int64_t *scores) {
+  const kiln_tensor_desc *m = c->in[mask];
+  shape_text t;
+  int fits = m->rank <= rank && (m->dtype == KILN_BOOL || m->dtype == c->in[0]->dtype);
+  for (int32_t i = 0; fits && i < m->rank; i++) {
+    int64_t want = scores[rank - m->rank + i];
+    fits = m->dims[i] == want || m->dims[i] == 1;
+  }
+  if (fits) return KILN_OK;
+  return kiln_fail(c->err, c->status,
+                   "%.7s op %u (%.12s): the mask %.4s %.40s must be bool or the query dtype and "
+                   "broadcast to the scores %.40s%.24s",
+                   c->stage, c->index, c->name, kiln_dtype_name(m->dtype), shape_of(m, t.a),
+                   kiln_shape_str(rank, scores, t.b, sizeof t.b), c->remedy);
+}
+
+/* SDPA with packed heads (iattr2 1): qkv [B, L, 3, H, E] and a mask broadcast to the scores
+ * [B, H, L, L] -> [B, L, H, E]. */
+static kiln_status infer_sdpa_packed(const infer_ctx *c, kiln_tensor_desc *out) {
+  const kiln_tensor_desc *x = c->in[0];
+  int has_mask = c->op->n_inputs == 2;
+  shape_text t;
+  kiln_status s = need_float(c, 0);
+  if (s || (s = need_flag(c, 0, 1)) || (s = need_flag(c, 1, 1))) return s;
+  if (c->op->iattr[1] != has_mask || (has_mask && c->op->iattr[0]) || x->rank != 5 ||
+      x->dims[2] != 3)
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): packed heads take qkv [B,L,3,H,E] (got %.40s) and a "
+                     "mask only as a 2nd input without causal%.24s",
+                     c->stage, c->index, c->name, shape_of(x, t.a), c->remedy);
+  if (has_mask) {
+    int64_t scores[4] = {x->dims[0], x->dims[3], x->dims[1], x->dims[1]};
+    if ((s = need_mask_fits(c, 1, 4, scores))) return s;
+  }
+  int64_t dims[4] = {x->dims[0], x->dims[1], x->dims[3], x->dims[4]};
+  set_shape(out, x->dtype, 4, dims);
+  return KILN_OK;
+}
+
 static kiln_status infer_sdpa(const infer_ctx *c, kiln_tensor_desc *out) {
+  if (c->op->n_iattr > 2 && c->op->iattr[2] != 0) {
+    kiln_status s = need_flag(c, 2, 1);
+    return s ? s : infer_sdpa_packed(c, out);
+  }
+  if (c->op->n_inputs < 3)
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): takes q, k, v and a mask, but has %u inputs%.24s",
+                     c->stage, c->index, c->name, (unsigned)c->op->n_inputs, c->remedy);
   const kiln_tensor_desc *q = c->in[0], *k = c->in[1], *v = c->in[2];
   int32_t r = q->rank;
   int has_mask = c->op->n_inputs == 4;
@@ -558,21 +607,10 @@ static kiln_status infer_sdpa(const infer_ctx *c, kiln_tensor_desc *out) {
                      "[...,S,Ev] with equal batch dims%.24s",
                      c->stage, c->index, c->name, shape_of(q, t.a), shape_of(k, t.b), c->remedy);
   if (has_mask) {
-    const kiln_tensor_desc *m = c->in[3];
     int64_t scores[KILN_MAX_RANK];
-    int fits = m->rank <= r && (m->dtype == KILN_BOOL || m->dtype == q->dtype);
     for (int32_t i = 0; i < r; i++) scores[i] = q->dims[i];
     scores[r - 1] = k->dims[r - 2];
-    for (int32_t i = 0; fits && i < m->rank; i++) {
-      int64_t want = scores[r - m->rank + i];
-      fits = m->dims[i] == want || m->dims[i] == 1;
-    }
-    if (!fits)
-      return kiln_fail(c->err, c->status,
-                       "%.7s op %u (%.12s): the mask %.4s %.40s must be bool or the query dtype "
-                       "and broadcast to the scores %.40s%.24s",
-                       c->stage, c->index, c->name, kiln_dtype_name(m->dtype), shape_of(m, t.a),
-                       kiln_shape_str(r, scores, t.b, sizeof t.b), c->remedy);
+    if ((s = need_mask_fits(c, 3, r, scores))) return s;
   }
   set_shape(out, q->dtype, r, q->dims);
   out->dims[r - 1] = v->dims[r - 1];

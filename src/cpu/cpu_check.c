@@ -148,6 +148,11 @@ static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
   case KILN_OP_EMBEDDING: return x->rank == 2;
   case KILN_OP_INDEX_SELECT: return a[0] >= 0 && a[0] < x->rank;
   case KILN_OP_SDPA:
+    if (op->n_iattr > 2 && a[2] != 0) /* packed heads: qkv [B,L,3,H,E] -> [B,L,H,E] */
+      return a[2] == 1 && (a[1] == 0 || a[1] == 1) && op->n_inputs == 1u + (uint32_t)a[1] &&
+             x->rank == 5 && x->dims[2] == 3 && out->rank == 4 && out->dims[0] == x->dims[0] &&
+             out->dims[1] == x->dims[1] && out->dims[2] == x->dims[3] &&
+             out->dims[3] == x->dims[4];
     return (a[1] == 0 || a[1] == 1) && op->n_inputs == 3u + (uint32_t)a[1] && out->rank >= 2 &&
            x->rank >= 2 && p->tensors[op->inputs[1]].rank >= 2 &&
            p->tensors[op->inputs[2]].rank >= 2;
@@ -169,7 +174,10 @@ static int bad_operand(const kiln_plan *p, const kiln_op *op, out_class cls) {
     case KILN_OP_EMBEDDING:
     case KILN_OP_INDEX_SELECT: ok = k == 0 ? dt == out : (dt == KILN_I32 || dt == KILN_I64); break;
     case KILN_OP_WHERE: ok = k != 0 || dt == KILN_BOOL; break;
-    case KILN_OP_SDPA: ok = k != 3 || dt == KILN_BOOL || kiln_cpu_is_float(dt); break;
+    case KILN_OP_SDPA: /* the mask: input 3 of q, k, v, mask or input 1 of packed qkv, mask */
+      ok = !((op->n_inputs == 4 && k == 3) || (op->n_inputs == 2 && k == 1)) ||
+           dt == KILN_BOOL || kiln_cpu_is_float(dt);
+      break;
     case KILN_OP_POINTWISE: ok = dt == out; break;
     default: ok = cls != OUT_SAME || dt == out; break;
     }
@@ -206,7 +214,7 @@ static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_c
   case KILN_OP_EMBEDDING:
   case KILN_OP_INDEX_SELECT: *min_in = *max_in = 2, *cls = OUT_SAME; break;
   case KILN_OP_WHERE: *min_in = *max_in = 3, *cls = OUT_ANY; break;
-  case KILN_OP_SDPA: *min_in = 3, *max_in = 4; break;
+  case KILN_OP_SDPA: *min_in = 1, *max_in = 4; break;
   case KILN_OP_POINTWISE: *max_in = KILN_MAX_OP_INPUTS; break;
   default: break; /* the float unary ops, softmax, mean */
   }
@@ -272,6 +280,9 @@ uint64_t kiln_cpu_scratch_count(const kiln_plan *p) {
     if (op->kind == KILN_OP_MATMUL) {
       const kiln_tensor_desc *b = &p->tensors[op->inputs[1]];
       need = b->rank >= 2 ? (uint64_t)b->dims[b->rank - 1] : 1; /* one output row of sums */
+    } else if (op->kind == KILN_OP_SDPA && op->n_iattr > 2 && op->iattr[2] != 0) {
+      const kiln_tensor_desc *x = &p->tensors[op->inputs[0]];
+      need = (uint64_t)x->dims[1] + (uint64_t)x->dims[4]; /* scores, row */
     } else if (op->kind == KILN_OP_SDPA) {
       const kiln_tensor_desc *k = &p->tensors[op->inputs[1]], *v = &p->tensors[op->inputs[2]];
       need = (uint64_t)k->dims[k->rank - 2] + (uint64_t)v->dims[v->rank - 1]; /* scores, row */

@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
   for (int r = warp; r < KCU_ATTN_WARPS * KCU_ATTN_ROWS; r += KCU_ATTN_WARPS) {
     int64_t row = row0 + r;
     for (int e = lane; e < E; e += 32)
-      qs[r * E + e] = row < a.L ? kcu_ld(q, a.dq, qo + row * a.E + e) : 0.0f;
+      qs[r * E + e] = row < a.L ? kcu_ld(q, a.dq, qo + row * a.g.q_row + e) : 0.0f;
   }
   float m[KCU_ATTN_ROWS], l[KCU_ATTN_ROWS], acc[KCU_ATTN_ROWS][KCU_ATTN_MAXC];
 #pragma unroll
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
         for (int c = lane; c < chunks; c += 32) {
           int is_k = c < kc;
           const unsigned short *base = (const unsigned short *)(is_k ? k : v) +
-                                       (is_k ? ko + (t0 + j) * a.E + c * 8 : vo + (t0 + j) * a.Ev + (c - kc) * 8);
+                                       (is_k ? ko + (t0 + j) * a.g.k_row + c * 8 : vo + (t0 + j) * a.g.v_row + (c - kc) * 8);
           uint4 raw = valid ? *(const uint4 *)base : make_uint4(0, 0, 0, 0);
           const unsigned short *h = (const unsigned short *)&raw;
           float *dst = is_k ? ks + j * (E + 1) + c * 8 : vs + j * Ev + (c - kc) * 8;
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
     } else {
       for (int j = warp; j < KCU_ATTN_TILE; j += KCU_ATTN_WARPS) {
         int valid = t0 + j < a.S;
-        const int64_t krow = ko + (t0 + j) * a.E, vrow = vo + (t0 + j) * a.Ev;
+        const int64_t krow = ko + (t0 + j) * a.g.k_row, vrow = vo + (t0 + j) * a.g.v_row;
         for (int e = lane; e < E; e += 32) ks[j * (E + 1) + e] = valid ? kcu_ld(k, a.dk, krow + e) : 0.0f;
         for (int e = lane; e < Ev; e += 32) vs[j * Ev + e] = valid ? kcu_ld(v, a.dv, vrow + e) : 0.0f;
       }
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
 #pragma unroll
     for (int c = 0; c < KCU_ATTN_MAXC; c++) {
       int64_t d = lane + 32 * c;
-      if (d < a.Ev) kcu_st(out, a.dout, oo + i * a.Ev + d, acc[r][c] * inv);
+      if (d < a.Ev) kcu_st(out, a.dout, oo + i * a.g.o_row + d, acc[r][c] * inv);
     }
   }
 }
@@ -153,6 +153,10 @@ int64_t kcu_attn_geometry_init(kcu_attn_geometry *g, const kcu_tensor *q, const 
     g->bdims[d] = out->dims[d];
     batch *= out->dims[d];
   }
+  g->q_row = q ? q->dims[q->rank - 1] : 0;
+  g->k_row = k ? k->dims[k->rank - 1] : 0;
+  g->v_row = v ? v->dims[v->rank - 1] : 0;
+  g->o_row = out->dims[out->rank - 1];
   if (q) kcu_attn_batch_strides(q, out, g->qb);
   if (k) kcu_attn_batch_strides(k, out, g->kb);
   if (v) kcu_attn_batch_strides(v, out, g->vb);
@@ -171,6 +175,39 @@ int64_t kcu_attn_geometry_init(kcu_attn_geometry *g, const kcu_tensor *q, const 
   return batch;
 }
 
+int kcu_sdpa_operands(const kiln_op *op, const kcu_tensor *in, const kcu_tensor *out,
+                      kcu_tensor *q, kcu_tensor *k, kcu_tensor *v, const kcu_tensor **mask,
+                      kcu_tensor *o, kcu_attn_geometry *geo) {
+  int has_mask = op->n_iattr > 1 && op->iattr[1];
+  if (!kcu_sdpa_packed(op)) {
+    *q = in[0], *k = in[1], *v = in[2], *o = *out;
+    *mask = has_mask ? &in[3] : NULL;
+    return 0;
+  }
+  const kcu_tensor *x = &in[0];
+  int64_t B = x->dims[0], L = x->dims[1], H = x->dims[3], E = x->dims[4];
+  size_t es = kiln_dtype_size(x->dtype);
+  kcu_tensor view = *x;
+  view.rank = 4;
+  view.dims[0] = B, view.dims[1] = H, view.dims[2] = L, view.dims[3] = E;
+  view.numel = B * H * L * E;
+  *q = *k = *v = view;
+  k->data = (char *)x->data + (size_t)(H * E) * es;
+  v->data = (char *)x->data + (size_t)(2 * H * E) * es;
+  *o = view;
+  o->data = out->data;
+  o->dtype = out->dtype;
+  *mask = has_mask ? &in[1] : NULL;
+  kcu_attn_geometry_init(geo, NULL, NULL, NULL, *mask, o, L);
+  geo->qb[0] = geo->kb[0] = geo->vb[0] = L * 3 * H * E;
+  geo->qb[1] = geo->kb[1] = geo->vb[1] = E;
+  geo->ob[0] = L * H * E;
+  geo->ob[1] = E;
+  geo->q_row = geo->k_row = geo->v_row = 3 * H * E;
+  geo->o_row = H * E;
+  return 1;
+}
+
 cudaError_t kcu_attention_prepare(int max_head) {
   return cudaFuncSetAttribute(kcu_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               (int)kcu_attn_smem(max_head, max_head));
@@ -178,7 +215,7 @@ cudaError_t kcu_attention_prepare(int max_head) {
 
 cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
                           const kcu_tensor *v, const kcu_tensor *mask, const kcu_tensor *out,
-                          int causal, float scale) {
+                          int causal, float scale, const kcu_attn_geometry *geo) {
   if (out->numel == 0) return cudaSuccess;
   kcu_attn_args a;
   memset(&a, 0, sizeof a);
@@ -186,13 +223,20 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
   a.E = q->dims[q->rank - 1];
   a.S = k->dims[k->rank - 2];
   a.Ev = v->dims[v->rank - 1];
-  int64_t batch = kcu_attn_geometry_init(&a.g, q, k, v, mask, out, a.S);
+  int64_t batch = 1;
+  if (geo) {
+    a.g = *geo;
+    for (int d = 0; d < a.g.nb; d++) batch *= a.g.bdims[d];
+  } else {
+    batch = kcu_attn_geometry_init(&a.g, q, k, v, mask, out, a.S);
+  }
   a.causal = causal;
   a.scale = scale;
   a.dq = q->dtype; a.dk = k->dtype; a.dv = v->dtype; a.dout = out->dtype;
   int bits16 = (k->dtype == KILN_F16 || k->dtype == KILN_BF16) && v->dtype == k->dtype;
   a.vec = bits16 && a.E % 8 == 0 && a.Ev % 8 == 0 && ((uintptr_t)k->data % 16) == 0 &&
           ((uintptr_t)v->data % 16) == 0;
+  a.vec = a.vec && a.g.k_row % 8 == 0 && a.g.v_row % 8 == 0;
   for (int d = 0; a.vec && d < a.g.nb; d++) a.vec = a.g.kb[d] % 8 == 0 && a.g.vb[d] % 8 == 0;
   int64_t rows = KCU_ATTN_WARPS * KCU_ATTN_ROWS;
   a.n_tiles = (a.L + rows - 1) / rows;

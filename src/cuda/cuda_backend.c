@@ -183,20 +183,22 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
   case KILN_OP_WHERE:
     return kcu_where(st, &in[0], &in[1], &in[2], &out);
   case KILN_OP_SDPA: {
-    int has_mask = op->n_iattr > 1 && op->iattr[1];
+    kcu_tensor q, k, v, o;
+    const kcu_tensor *mask;
+    kcu_attn_geometry geo;
+    int packed = kcu_sdpa_operands(op, in, &out, &q, &k, &v, &mask, &o, &geo);
     float scale = (float)op->fattr[0];
-    if (scale == 0.0f) scale = 1.0f / sqrtf((float)in[0].dims[in[0].rank - 1]);
+    if (scale == 0.0f) scale = 1.0f / sqrtf((float)q.dims[q.rank - 1]);
     int causal = op->n_iattr > 0 && op->iattr[0] != 0;
-    const kcu_tensor *mask = has_mask ? &in[3] : NULL;
     /* The flash kernel wherever it takes the shape. Init chose it from plan offsets, so here
      * it can fail only on an address not 16-byte aligned; such an op has no score buffer and
-     * runs on the fused kernel. */
-    if (kcu_flash_fits(&in[0], &in[1], &in[2], mask, &out))
-      return kcu_flash_attention(st, &in[0], &in[1], &in[2], mask, &out, causal, scale);
+     * runs on the fused kernel, as packed heads the matmuls cannot stride through do. */
+    if (kcu_flash_fits(&q, &k, &v, mask, &o))
+      return kcu_flash_attention(st, &q, &k, &v, mask, &o, causal, scale, packed ? &geo : NULL);
     if (s->attn[i].active)
       return kcu_attn_gemm_run(&s->attn[i], s->lt, st, in, mask, &out, causal, scale,
                                s->attn_scratch, s->workspace, s->workspace_size);
-    return kcu_attention(st, &in[0], &in[1], &in[2], mask, &out, causal, scale);
+    return kcu_attention(st, &q, &k, &v, mask, &o, causal, scale, packed ? &geo : NULL);
   }
   case KILN_OP_POINTWISE:
     return kcu_fused_pointwise(st, op, in, &out);
@@ -380,24 +382,25 @@ static kiln_status kcu_setup_io(kcu_state *s, const kiln_engine *e, kiln_error *
  * when 256-byte aligned (else staged), so the offsets stand in for the addresses. */
 static int kcu_flash_planned(const kiln_plan *p, uint32_t i) {
   const kiln_op *op = &p->ops[i];
-  int has_mask = op->n_iattr > 1 && op->iattr[1];
-  uint32_t ids[5] = {op->inputs[0], op->inputs[1], op->inputs[2], op->output,
-                     has_mask ? op->inputs[3] : op->output};
-  kcu_tensor t[5];
-  for (int k = 0; k < 5; k++) {
-    const kiln_tensor_desc *d = &p->tensors[ids[k]];
+  kcu_tensor t[KILN_MAX_OP_INPUTS], out, q, k, v, o;
+  const kcu_tensor *mask;
+  kcu_attn_geometry geo;
+  for (uint32_t n = 0; n <= op->n_inputs && n <= KILN_MAX_OP_INPUTS; n++) {
+    const kiln_tensor_desc *d = &p->tensors[n < op->n_inputs ? op->inputs[n] : op->output];
+    kcu_tensor *x = n < op->n_inputs ? &t[n] : &out;
     int placed = d->storage == KILN_STORE_ARENA || d->storage == KILN_STORE_WEIGHT;
-    memset(&t[k], 0, sizeof t[k]);
-    t[k].data = (void *)(uintptr_t)(placed ? d->offset : 0);
-    t[k].dtype = d->dtype;
-    t[k].rank = d->rank;
-    t[k].numel = 1;
+    memset(x, 0, sizeof *x);
+    x->data = (void *)(uintptr_t)(placed ? d->offset : 0);
+    x->dtype = d->dtype;
+    x->rank = d->rank;
+    x->numel = 1;
     for (int r = 0; r < d->rank; r++) {
-      t[k].dims[r] = d->dims[r];
-      t[k].numel *= d->dims[r];
+      x->dims[r] = d->dims[r];
+      x->numel *= d->dims[r];
     }
   }
-  return kcu_flash_fits(&t[0], &t[1], &t[2], has_mask ? &t[4] : NULL, &t[3]);
+  kcu_sdpa_operands(op, t, &out, &q, &k, &v, &mask, &o, &geo);
+  return kcu_flash_fits(&q, &k, &v, mask, &o);
 }
 
 static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error *err) {
@@ -408,7 +411,8 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     if (st != KILN_OK) return st;
     gemms |= p->ops[i].kind == KILN_OP_LINEAR || p->ops[i].kind == KILN_OP_MATMUL;
     attention |= p->ops[i].kind == KILN_OP_SDPA;
-    attn_gemm |= p->ops[i].kind == KILN_OP_SDPA && !kcu_flash_planned(p, i);
+    attn_gemm |= p->ops[i].kind == KILN_OP_SDPA && !kcu_sdpa_packed(&p->ops[i]) &&
+                 !kcu_flash_planned(p, i);
   }
   s->gemm = (kcu_gemm *)kcu_calloc(s, p->n_ops, sizeof(kcu_gemm));
   s->attn = (kcu_attn_gemm *)kcu_calloc(s, p->n_ops, sizeof(kcu_attn_gemm));
@@ -435,7 +439,8 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
   uint64_t scratch = 0;
   for (uint32_t i = 0; i < p->n_ops; i++) {
     if (p->ops[i].kind != KILN_OP_SDPA) continue;
-    if (kcu_flash_planned(p, i)) continue; /* no score buffer, no matmuls */
+    /* no score buffer, no matmuls: the flash kernel, or packed heads on the fused kernel */
+    if (kcu_sdpa_packed(&p->ops[i]) || kcu_flash_planned(p, i)) continue;
     kiln_status st = kcu_attn_gemm_init(&s->attn[i], s->lt, p, i, e->metadata.allow_tf32,
                                         s->workspace_size, err);
     if (st != KILN_OK) return st;

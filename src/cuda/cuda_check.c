@@ -155,8 +155,38 @@ static kiln_status kcu_check_layout(const kiln_plan *p, const kiln_op *op, uint3
   return KILN_OK;
 }
 
+/* Packed heads: qkv [B,L,3,H,E] -> [B,L,H,E], a mask broadcast to [B,H,L,L]. */
+static kiln_status kcu_check_packed_attention(const kiln_plan *p, const kiln_op *op, uint32_t i,
+                                              kiln_error *err) {
+  const kiln_tensor_desc *x = &p->tensors[op->inputs[0]], *out = &p->tensors[op->output];
+  int has_mask = op->n_iattr > 1 && op->iattr[1] != 0;
+  int ok = op->iattr[2] == 1 && op->n_inputs == 1u + (uint32_t)has_mask && x->rank == 5 &&
+           x->dims[2] == 3 && out->rank == 4 && out->dims[0] == x->dims[0] &&
+           out->dims[1] == x->dims[1] && out->dims[2] == x->dims[3] &&
+           out->dims[3] == x->dims[4] && kcu_float(x->dtype) && out->dtype == x->dtype &&
+           x->dims[0] * x->dims[3] * ((x->dims[1] + 7) / 8) <= 0x7fffffffLL;
+  if (ok && has_mask) {
+    const kiln_tensor_desc *m = &p->tensors[op->inputs[1]];
+    kiln_tensor_desc scores = *out;
+    scores.dims[1] = x->dims[3];
+    scores.dims[2] = scores.dims[3] = x->dims[1];
+    ok = (m->dtype == KILN_BOOL || kcu_float(m->dtype)) && kcu_broadcasts(m, &scores);
+  }
+  if (!ok)
+    return KCU_BAD("op %u (sdpa): packed qkv, mask and output shapes disagree; re-export the "
+                   "program", i);
+  if (x->dims[4] > KCU_ATTN_MAX_HEAD)
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "op %u (sdpa): head dim %lld exceeds the fused kernel's %d; run this "
+                     "program on the CPU reference engine", i, (long long)x->dims[4],
+                     KCU_ATTN_MAX_HEAD);
+  return KILN_OK;
+}
+
 static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, uint32_t i,
                                        kiln_error *err) {
+  if (op->n_iattr > 2 && op->iattr[2] != 0) return kcu_check_packed_attention(p, op, i, err);
+  if (op->n_inputs < 3) return KCU_BAD("op %u (sdpa): %u inputs, needs 3; re-export the program", i, op->n_inputs);
   const kiln_tensor_desc *q = &p->tensors[op->inputs[0]], *k = &p->tensors[op->inputs[1]],
                          *v = &p->tensors[op->inputs[2]], *out = &p->tensors[op->output];
   if (!kcu_float(q->dtype) || !kcu_float(k->dtype) || !kcu_float(v->dtype) || !kcu_float(out->dtype))
@@ -205,7 +235,7 @@ static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, ui
 
 static const uint32_t kcu_min_inputs[KILN_OP_COUNT] = {
     [KILN_OP_LINEAR] = 2, [KILN_OP_MATMUL] = 2, [KILN_OP_ADD] = 2, [KILN_OP_SUB] = 2,
-    [KILN_OP_MUL] = 2, [KILN_OP_DIV] = 2, [KILN_OP_WHERE] = 3, [KILN_OP_SDPA] = 3,
+    [KILN_OP_MUL] = 2, [KILN_OP_DIV] = 2, [KILN_OP_WHERE] = 3, [KILN_OP_SDPA] = 1,
     [KILN_OP_EMBEDDING] = 2, [KILN_OP_INDEX_SELECT] = 2};
 
 kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {

@@ -84,13 +84,14 @@ static __device__ __forceinline__ uint32_t kcu_pack2(float x, float y, const int
  * past the end are zero-filled (a zero V row times a zero P adds nothing, where garbage could
  * add NaN). */
 static __device__ __forceinline__ void kcu_flash_load(uint32_t dst, const unsigned short *src,
-                                                      int64_t row0, int64_t rows, const int D) {
+                                                      int64_t row0, int64_t rows, int64_t stride,
+                                                      const int D) {
   const int chunks = D / 8; /* 16-byte chunks per row */
 #pragma unroll
   for (int it = 0; it < KCU_FLASH_BK * chunks / (KCU_FLASH_WARPS * 32); it++) {
     int c = (int)threadIdx.x + it * KCU_FLASH_WARPS * 32, r = c / chunks, col = c % chunks;
     int ok = row0 + r < rows;
-    const unsigned short *g = ok ? src + (row0 + r) * D + col * 8 : src;
+    const unsigned short *g = ok ? src + (row0 + r) * stride + col * 8 : src;
     kcu_cp_async16(dst + (uint32_t)((r * (D + KCU_FLASH_PAD) + col * 8) * 2), g, ok ? 16 : 0);
   }
 }
@@ -124,10 +125,10 @@ static __device__ __forceinline__ void kcu_flash_body(const kcu_flash_args *a, c
 
   uint32_t sq = (uint32_t)__cvta_generic_to_shared(kcu_flash_sm);
   uint32_t sk = sq + TILEB, sv = sk + 2 * TILEB; /* buffer b at + b * TILEB */
-  kcu_flash_load(sq, qg, r0, a->L, D);
+  kcu_flash_load(sq, qg, r0, a->L, a->g.q_row, D);
   kcu_cp_commit();
-  kcu_flash_load(sk, kg, 0, a->S, D);
-  kcu_flash_load(sv, vg, 0, a->S, D);
+  kcu_flash_load(sk, kg, 0, a->S, a->g.k_row, D);
+  kcu_flash_load(sv, vg, 0, a->S, a->g.v_row, D);
   kcu_cp_commit();
   kcu_cp_wait(1);
   __syncthreads();
@@ -148,8 +149,8 @@ static __device__ __forceinline__ void kcu_flash_body(const kcu_flash_args *a, c
     uint32_t buf = (uint32_t)(t & 1) * TILEB;
     if (t + 1 < n_tiles) {
       uint32_t next = (uint32_t)((t + 1) & 1) * TILEB;
-      kcu_flash_load(sk + next, kg, (int64_t)(t + 1) * KCU_FLASH_BK, a->S, D);
-      kcu_flash_load(sv + next, vg, (int64_t)(t + 1) * KCU_FLASH_BK, a->S, D);
+      kcu_flash_load(sk + next, kg, (int64_t)(t + 1) * KCU_FLASH_BK, a->S, a->g.k_row, D);
+      kcu_flash_load(sv + next, vg, (int64_t)(t + 1) * KCU_FLASH_BK, a->S, a->g.v_row, D);
       kcu_cp_commit();
       kcu_cp_wait(1);
     } else {
@@ -277,7 +278,7 @@ static __device__ __forceinline__ void kcu_flash_body(const kcu_flash_args *a, c
     int c = lane + it * 32, r = c / chunks, col = c % chunks;
     int64_t row = wrow + r;
     if (row < a->L)
-      *(uint4 *)(og + row * D + col * 8) = *(const uint4 *)(stage + r * ROWB + col * 16);
+      *(uint4 *)(og + row * a->g.o_row + col * 8) = *(const uint4 *)(stage + r * ROWB + col * 16);
   }
 }
 
@@ -328,13 +329,20 @@ cudaError_t kcu_flash_prepare(void) {
 
 cudaError_t kcu_flash_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
                                 const kcu_tensor *v, const kcu_tensor *mask,
-                                const kcu_tensor *out, int causal, float scale) {
+                                const kcu_tensor *out, int causal, float scale,
+                                const kcu_attn_geometry *geo) {
   kcu_flash_args a;
   memset(&a, 0, sizeof a);
   a.L = q->dims[q->rank - 2];
   a.S = k->dims[k->rank - 2];
   int D = (int)q->dims[q->rank - 1];
-  a.batch = kcu_attn_geometry_init(&a.g, q, k, v, mask, out, a.S);
+  if (geo) {
+    a.g = *geo;
+    a.batch = 1;
+    for (int d = 0; d < a.g.nb; d++) a.batch *= a.g.bdims[d];
+  } else {
+    a.batch = kcu_attn_geometry_init(&a.g, q, k, v, mask, out, a.S);
+  }
   a.causal = causal;
   a.scale_log2 = scale * KCU_FLASH_LOG2E;
   a.n_qtiles = (int)((a.L + KCU_FLASH_BQ - 1) / KCU_FLASH_BQ);

@@ -76,15 +76,6 @@ cudaError_t kcu_embedding(cudaStream_t s, const kcu_tensor *weight, const kcu_te
 cudaError_t kcu_index_select(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *idx,
                              const kcu_tensor *out, int32_t dim, int *fault);
 
-/* cuda_attention.cu: fused attention with online softmax; no score matrix in memory.
- * Head dims up to KCU_ATTN_MAX_HEAD; mask (may be NULL) is bool or additive float. A row
- * with every key masked outputs zeros. */
-#define KCU_ATTN_MAX_HEAD 256
-cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
-                          const kcu_tensor *v, const kcu_tensor *mask, const kcu_tensor *out,
-                          int causal, float scale);
-/* Raises the kernel's dynamic shared memory limit once, at init. */
-cudaError_t kcu_attention_prepare(int max_head);
 /* Where each operand of an SDPA sits for one batch index (flattened over out's batch dims) and
  * how its mask broadcasts over [L, S]: filled on the host, passed to the kernels by value. */
 #define KCU_ATTN_BATCH 6
@@ -93,14 +84,37 @@ typedef struct kcu_attn_geometry {
   int64_t bdims[KCU_ATTN_BATCH];
   int64_t qb[KCU_ATTN_BATCH], kb[KCU_ATTN_BATCH], vb[KCU_ATTN_BATCH], mb[KCU_ATTN_BATCH],
       ob[KCU_ATTN_BATCH]; /* element strides of each operand's matrix per batch dim */
+  int64_t q_row, k_row, v_row, o_row; /* elements between consecutive rows of each matrix */
   int64_t m_row, m_col;
   int mask_kind; /* 0 none, 1 bool (true keeps), 2 additive */
   int dm;        /* the mask's dtype */
 } kcu_attn_geometry;
-/* Fills g for out's batch dims; q, k, v and mask may be NULL. Returns the batch count. */
+/* Fills g for out's batch dims, rows contiguous; q, k, v and mask may be NULL. Returns the
+ * batch count. */
 int64_t kcu_attn_geometry_init(kcu_attn_geometry *g, const kcu_tensor *q, const kcu_tensor *k,
                                const kcu_tensor *v, const kcu_tensor *mask,
                                const kcu_tensor *out, int64_t S);
+/* 1 for an SDPA with packed heads (iattr2 1). */
+static inline int kcu_sdpa_packed(const kiln_op *op) {
+  return op->n_iattr > 2 && op->iattr[2] == 1;
+}
+/* An SDPA op's operands as the attention kernels take them. With packed heads, q, k and v
+ * become [B,H,L,E] views into qkv [B,L,3,H,E] (at 0, H*E and 2*H*E elements), the output a
+ * [B,H,L,E] view of [B,L,H,E], and geo their strides; returns 1. Otherwise the op's own
+ * tensors, and 0 (the launcher computes the geometry). */
+int kcu_sdpa_operands(const kiln_op *op, const kcu_tensor *in, const kcu_tensor *out,
+                      kcu_tensor *q, kcu_tensor *k, kcu_tensor *v, const kcu_tensor **mask,
+                      kcu_tensor *o, kcu_attn_geometry *geo);
+
+/* cuda_attention.cu: fused attention with online softmax; no score matrix in memory.
+ * Head dims up to KCU_ATTN_MAX_HEAD; mask (may be NULL) is bool or additive float. A row
+ * with every key masked outputs zeros. */
+#define KCU_ATTN_MAX_HEAD 256
+cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
+                          const kcu_tensor *v, const kcu_tensor *mask, const kcu_tensor *out,
+                          int causal, float scale, const kcu_attn_geometry *geo);
+/* Raises the kernel's dynamic shared memory limit once, at init. */
+cudaError_t kcu_attention_prepare(int max_head);
 /* Turns f32 scores [batch, L, S] (batch and L as out's leading dims) into probabilities in
  * place: scale, causal and mask applied, a stable softmax per row in f32, each row written as
  * p_dtype from the start of its own score row (so rows keep their byte stride). A row with
@@ -112,7 +126,7 @@ cudaError_t kcu_attention_softmax(cudaStream_t s, float *scores, kiln_dtype p_dt
 /* cuda_flash_attention.cu: attention on the tensor cores (mma.sync), flash style: no score
  * matrix in memory. Takes q, k, v and out of one dtype, f16 or bf16, head dims E == Ev in
  * {64, 128}, any L and S >= 1, k and v broadcast over batch dims, the same masks as
- * kcu_attention, and 16-byte aligned q, k, v and out. kcu_flash_fits says whether it takes a
+ * kcu_attention, and 16-byte aligned q, k, v and out (geo: as for kcu_attention). kcu_flash_fits says whether it takes a
  * shape (host only, no device call); kcu_flash_prepare raises the kernels' dynamic shared
  * memory limit once, at init. */
 int kcu_flash_fits(const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v,
@@ -120,7 +134,8 @@ int kcu_flash_fits(const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v
 cudaError_t kcu_flash_prepare(void);
 cudaError_t kcu_flash_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
                                 const kcu_tensor *v, const kcu_tensor *mask,
-                                const kcu_tensor *out, int causal, float scale);
+                                const kcu_tensor *out, int causal, float scale,
+                                const kcu_attn_geometry *geo);
 
 /* cuda_gemv.cu: y[M,N] = act(x[M,K] w[N,K]^T + bias) for a few rows, f32 accumulation, bias
  * (may be NULL) and activation fused; operands contiguous and 16-byte aligned. */

@@ -269,6 +269,38 @@ static void g_views(kiln_builder *b, kiln_dtype dt) {
   out(b, unary(b, KILN_OP_EXP, sl), "exp");
 }
 
+
+/* Multi-head attention as exported: x [2,5,384] reshaped to qkv [2,5,3,2,64], permuted
+ * (2,0,3,1,4), q, k, v selected, SDPA, permuted (0,2,1,3) back and reshaped to [2,5,128].
+ * With `mask`, a bool mask [5,5]; with `peek` 1 or 2, k or the attention result is also an
+ * output, and with `swap`, q and k are the second and first slices: then nothing fuses. */
+static void mha(kiln_builder *b, kiln_dtype dt, int mask, int peek, int swap) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t x = in(b, "x", dt, 3, D(2, 5, 384)), m = mask ? in(b, "m", KILN_BOOL, 2, D(5, 5)) : -1;
+  int32_t qkv = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(x), 1, D(2, 5, 3, 2, 64), 5, NULL, 0, &err);
+  int32_t p = kiln_builder_add_op(b, KILN_OP_PERMUTE, T(qkv), 1, D(2, 0, 3, 1, 4), 5, NULL, 0, &err);
+  int32_t part[3];
+  for (int k = 0; k < 3; k++)
+    part[k] = kiln_builder_add_op(b, KILN_OP_SELECT, T(p), 1, D(0, swap && k < 2 ? 1 - k : k), 2,
+                                  NULL, 0, &err);
+  int32_t a = mask ? kiln_builder_add_op(b, KILN_OP_SDPA, T(part[0], part[1], part[2], m), 4,
+                                         D(0, 1), 2, NULL, 0, &err)
+                   : kiln_builder_add_op(b, KILN_OP_SDPA, T(part[0], part[1], part[2]), 3,
+                                         D(1, 0), 2, NULL, 0, &err);
+  int32_t back = kiln_builder_add_op(b, KILN_OP_PERMUTE, T(a), 1, D(0, 2, 1, 3), 4, NULL, 0, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(back), 1, D(2, 5, 128), 3, NULL, 0, &err);
+  if (y < 0) fprintf(stderr, "mha: %s\n", err.message);
+  CHECK(y >= 0);
+  out(b, y, "y");
+  if (peek == 1) out(b, part[1], "k");
+  if (peek == 2) out(b, a, "attention");
+}
+static void g_mha_causal(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 0, 0); }
+static void g_mha_mask(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 1, 0, 0); }
+static void g_mha_peek(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 1, 0); }
+static void g_mha_swapped(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 0, 1); }
+static void g_mha_peek_out(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 2, 0); }
+
 /* ---------------------------------------------------------------- building and running */
 
 typedef struct built {
@@ -353,6 +385,7 @@ static uint32_t run_cpu(const built *x, double lo, double hi, void **outs) {
     for (int64_t k = 0; k < n; k++) {
       double value = input_value(n_in, k, lo, hi);
       if (bd->dtype == KILN_I32) ((int32_t *)v->data)[k] = (int32_t)(value * 8.0);
+      else if (bd->dtype == KILN_BOOL) ((uint8_t *)v->data)[k] = value > lo + (hi - lo) / 4;
       else fill_value(v->data, bd->dtype, k, value);
     }
     ins[n_in++] = v->data;
@@ -961,6 +994,42 @@ static void test_views(void) {
   release(&x);
 }
 
+
+/* ---------------------------------------------------------------- packed-head attention */
+
+static void test_packed_attention(void) {
+  built x;
+  if (build(g_mha_causal, KILN_F16, 1, &x)) {
+    const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+    CHECK(a && !find_op(&x, KILN_OP_PERMUTE, 0) && !find_op(&x, KILN_OP_SELECT, 0));
+    if (a) {
+      CHECK(a->n_inputs == 1 && a->n_iattr == 3 && a->iattr[0] == 1 && a->iattr[2] == 1);
+      CHECK(x.plan.tensors[a->inputs[0]].rank == 5 && x.plan.tensors[a->output].rank == 4);
+    }
+  }
+  release(&x);
+  /* f16 values multiples of 1/64 and exact copies: the packed plan gives the same bytes */
+  check_same_as_unfused(g_mha_causal, KILN_F16, -2.0, 2.0);
+  if (build(g_mha_mask, KILN_BF16, 1, &x)) {
+    const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+    CHECK(a && a->n_inputs == 2 && a->iattr[1] == 1 && a->iattr[2] == 1);
+    CHECK(a && x.plan.tensors[a->inputs[1]].dtype == KILN_BOOL);
+  }
+  release(&x);
+  check_same_as_unfused(g_mha_mask, KILN_BF16, -2.0, 2.0);
+  check_same_as_unfused(g_mha_swapped, KILN_F16, -2.0, 2.0);
+  /* k or the result read elsewhere, f32 heads (the matmul path's), q and k swapped: the
+   * copies stay */
+  static const graph_fn apart[4] = {g_mha_peek, g_mha_causal, g_mha_swapped, g_mha_peek_out};
+  for (int c = 0; c < 4; c++) {
+    if (build(apart[c], c == 1 ? KILN_F32 : KILN_F16, 1, &x)) {
+      const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+      CHECK(a && a->n_inputs == 3 && find_op(&x, KILN_OP_PERMUTE, 1));
+    }
+    release(&x);
+  }
+}
+
 int main(void) {
   test_chain_fuses();
   test_chain_boundaries();
@@ -972,5 +1041,6 @@ int main(void) {
   test_norm_refusals();
   test_residual_fuses();
   test_views();
+  test_packed_attention();
   return check_report("test_fusion");
 }

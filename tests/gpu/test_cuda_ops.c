@@ -611,6 +611,35 @@ static void flash_compare(prog *p, const char *name, const io_range *ranges) {
   compare(p, name, ranges);
 }
 
+/* Packed heads: q, k and v read from qkv [B,L,3,H,E] and the output written as [B,L,H,E], on
+ * the flash kernel (f16/bf16, head dims 64 and 128, causal or a bool mask) and on the fused
+ * kernel (f32, and f16 with head dim 32). */
+static void test_packed_attention(void) {
+  static const struct {
+    kiln_dtype dt;
+    int64_t L, H, E;
+    int causal, mask;
+  } cases[5] = {{KILN_F16, 77, 3, 64, 1, 0},
+                {KILN_BF16, 130, 2, 128, 0, 1},
+                {KILN_F16, 128, 4, 64, 0, 0},
+                {KILN_F32, 45, 2, 64, 1, 0},
+                {KILN_F16, 33, 2, 32, 0, 1}};
+  char name[96];
+  for (int c = 0; c < 5; c++) {
+    kiln_dtype dt = cases[c].dt;
+    int64_t L = cases[c].L, H = cases[c].H, E = cases[c].E;
+    prog *p = p_new();
+    uint32_t x = IN(p, dt, 5, 2, L, 3, H, E);
+    uint32_t m = cases[c].mask ? IN(p, KILN_BOOL, 2, L, L) : 0;
+    p_op(p, KILN_OP_SDPA, cases[c].mask ? 2 : 1, OPS(x, m), OUT(p, dt, 4, 2, L, H, E), 3,
+         ATTR(cases[c].causal, cases[c].mask, 1), 0);
+    snprintf(name, sizeof name, "sdpa packed %s L%lld H%lld E%lld causal %d mask %d",
+             kiln_dtype_name(dt), (long long)L, (long long)H, (long long)E, cases[c].causal,
+             cases[c].mask);
+    compare(p, name, NULL);
+  }
+}
+
 /* SDPA on the tensor-core flash kernel, f16 and bf16, head dims 64 and 128: whole tiles, the
  * GPT block's causal 512, L and S off the 64-row tiles both ways, bool and additive masks
  * with fully masked rows, and k and v broadcast over several batch dims. */
@@ -735,11 +764,11 @@ typedef struct sdpa_bench {
 
 static cudaError_t bench_call(sdpa_bench *b, int path) {
   if (path == 0)
-    return kcu_flash_attention(b->s, &b->in[0], &b->in[1], &b->in[2], NULL, &b->out[0], b->causal, b->scale);
+    return kcu_flash_attention(b->s, &b->in[0], &b->in[1], &b->in[2], NULL, &b->out[0], b->causal, b->scale, NULL);
   if (path == 1)
     return kcu_attn_gemm_run(&b->ag, b->lt, b->s, b->in, NULL, &b->out[1], b->causal, b->scale,
                              b->scratch, b->ws, b->ws_size);
-  return kcu_attention(b->s, &b->in[0], &b->in[1], &b->in[2], NULL, &b->out[2], b->causal, b->scale);
+  return kcu_attention(b->s, &b->in[0], &b->in[1], &b->in[2], NULL, &b->out[2], b->causal, b->scale, NULL);
 }
 
 /* Microseconds per call, averaged over back-to-back calls after a warm-up; -1 on an error. */
@@ -1159,6 +1188,7 @@ int main(int argc, char **argv) {
     test_gemm();
     test_attention();
     test_flash_attention();
+    test_packed_attention();
     return check_report("test_cuda_ops --matmul-attention");
   }
   if (argc > 2 && strcmp(argv[1], "--only") == 0) only_filter = argv[2];
@@ -1169,6 +1199,7 @@ int main(int argc, char **argv) {
   test_layout_gather();
   test_attention();
   test_flash_attention();
+  test_packed_attention();
   if (only_filter) return check_report("test_cuda_ops --only");
   test_residency();
   test_refusals();
