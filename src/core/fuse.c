@@ -28,13 +28,14 @@ static void fuse_residuals(kiln_graph *g, uint32_t *uses) {
     if (g->dead[i] || add->kind != KILN_OP_ADD || add->fattr[0] != 1.0) continue;
     for (uint32_t side = 0; side < 2; side++) {
       uint32_t y = add->inputs[side], r = add->inputs[1 - side];
-      const kiln_gtensor *t = &g->tensors[y];
-      if (t->node != KILN_NODE_OP || uses[y] != 1 || y == r) continue;
-      kiln_op lin = g->ops[t->producer];
+      int32_t p = kiln_graph_producer(g, y, uses, 1);
+      if (p < 0 || y == r) continue;
+      kiln_op lin = g->ops[p];
+      const kiln_tensor_desc *t = &g->tensors[y].desc;
       if (lin.kind != KILN_OP_LINEAR || lin.iattr[0] != KILN_ACT_NONE || lin.n_iattr > 1 ||
-          !same_desc(&g->tensors[r].desc, &t->desc) || !same_desc(&t->desc, &g->tensors[add->output].desc))
+          !same_desc(&g->tensors[r].desc, t) || !same_desc(t, &g->tensors[add->output].desc))
         continue;
-      g->dead[t->producer] = 1;
+      g->dead[p] = 1;
       uses[y] = 0;
       lin.inputs[lin.n_inputs++] = r;
       lin.iattr[1] = 1;
@@ -57,18 +58,18 @@ kiln_status kiln_fuse_epilogues(kiln_graph *g, kiln_error *err) {
   for (uint32_t i = 0; i < g->n_ops; i++) {
     const kiln_op *act = &g->ops[i];
     kiln_activation kind = epilogue_of(act);
-    const kiln_gtensor *x = &g->tensors[act->inputs[0]];
+    int32_t p;
     kiln_op *lin;
-    if (g->dead[i] || kind == KILN_ACT_NONE || x->node != KILN_NODE_OP ||
-        uses[act->inputs[0]] != 1)
+    if (g->dead[i] || kind == KILN_ACT_NONE ||
+        (p = kiln_graph_producer(g, act->inputs[0], uses, 1)) < 0)
       continue;
-    lin = &g->ops[x->producer];
+    lin = &g->ops[p];
     if (lin->kind != KILN_OP_LINEAR || lin->iattr[0] != KILN_ACT_NONE) continue;
     uses[act->inputs[0]] = 0;
     lin->iattr[0] = kind;
     lin->n_iattr = 1;
     lin->output = act->output;
-    g->tensors[act->output].producer = x->producer;
+    g->tensors[act->output].producer = p;
     g->dead[i] = 1;
   }
   fuse_residuals(g, uses);

@@ -3,14 +3,12 @@
 
 #include <stdlib.h>
 
-/* The live op writing t when it is of `kind` and only `uses` ops read t, or -1. */
-static int32_t producer(const kiln_graph *g, uint32_t t, kiln_op_kind kind, uint32_t uses,
-                        const uint32_t *use_count) {
-  const kiln_gtensor *x = &g->tensors[t];
-  if (x->node != KILN_NODE_OP || use_count[t] != uses || g->dead[x->producer] ||
-      g->ops[x->producer].kind != kind)
-    return -1;
-  return x->producer;
+/* The live op writing t when it is of `kind` and `readers` reads of t are all there are, or
+ * -1. */
+static int32_t producer(const kiln_graph *g, uint32_t t, kiln_op_kind kind, uint32_t readers,
+                        const uint32_t *uses) {
+  int32_t p = kiln_graph_producer(g, t, uses, readers);
+  return p >= 0 && g->ops[p].kind == kind ? p : -1;
 }
 
 static int is_perm(const kiln_op *op, const int64_t *perm, uint32_t n) {

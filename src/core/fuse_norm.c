@@ -6,8 +6,6 @@
 
 #include <stdlib.h>
 
-#define MAX_NORM_STEPS (KILN_MAX_IATTR - 3)
-
 static int has_pow(const kiln_op *pw) {
   for (uint32_t s = 0; s < pw->n_iattr; s++)
     if (KILN_PW_STEP_KIND(pw->iattr[s]) == KILN_OP_POW) return 1;
@@ -44,9 +42,8 @@ static int append_steps(kiln_op *f, const kiln_op *pw) {
 
 /* The POINTWISE form of the live op writing tensor t when only the norm reads t, or 0. */
 static int producer_chain(const kiln_graph *g, uint32_t t, const uint32_t *uses, kiln_op *pw) {
-  const kiln_gtensor *x = &g->tensors[t];
-  if (x->node != KILN_NODE_OP || uses[t] != 1 || g->dead[x->producer]) return 0;
-  return kiln_pointwise_of(g, &g->ops[x->producer], pw);
+  int32_t p = kiln_graph_producer(g, t, uses, 1);
+  return p >= 0 && kiln_pointwise_of(g, &g->ops[p], pw);
 }
 
 /* The POINTWISE form of the one live op reading t, when it reads t as x and nowhere else. */
@@ -66,8 +63,7 @@ static void fuse_one(kiln_graph *g, uint32_t n, const uint32_t *uses, const int3
   f.n_iattr = 3;
   f.iattr[2] = 0;
   f.fattr[1] = 0.0;
-  if (producer_chain(g, f.inputs[0], uses, &pw) && pw.n_iattr <= MAX_NORM_STEPS &&
-      append_steps(&f, &pw)) {
+  if (producer_chain(g, f.inputs[0], uses, &pw) && append_steps(&f, &pw)) {
     g->dead[g->tensors[f.inputs[0]].producer] = 1;
     f.inputs[0] = pw.inputs[0];
     f.iattr[2] = (int64_t)pw.n_iattr;

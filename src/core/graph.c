@@ -139,3 +139,10 @@ kiln_status kiln_graph_readers(const kiln_graph *g, const char *pass, uint32_t *
       (*reader)[g->ops[i].inputs[k]] = (int32_t)i;
   return KILN_OK;
 }
+
+int32_t kiln_graph_producer(const kiln_graph *g, uint32_t t, const uint32_t *uses,
+                            uint32_t readers) {
+  const kiln_gtensor *x = &g->tensors[t];
+  if (x->node != KILN_NODE_OP || uses[t] != readers || g->dead[x->producer]) return -1;
+  return x->producer;
+}

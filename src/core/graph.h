@@ -52,6 +52,10 @@ void kiln_graph_count_uses(const kiln_graph *g, uint32_t *uses);
  * memory is an error naming `pass`. */
 kiln_status kiln_graph_readers(const kiln_graph *g, const char *pass, uint32_t **uses,
                                int32_t **reader, kiln_error *err);
+/* The live op writing tensor t when uses[t] (as kiln_graph_count_uses counts) is `readers`,
+ * or -1: what a fusion pass asks before it takes a producer into its reader. */
+int32_t kiln_graph_producer(const kiln_graph *g, uint32_t t, const uint32_t *uses,
+                            uint32_t readers);
 /* 1 when tensor t is named by an output binding. */
 int kiln_graph_is_output(const kiln_graph *g, int32_t t);
 /* Marks dead every op whose output reaches no output binding. */
