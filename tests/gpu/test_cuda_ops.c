@@ -273,6 +273,17 @@ static void test_pointwise(void) {
   a = IN(p, KILN_I32, 1, 77);
   p_op(p, KILN_OP_NEG, 1, OPS(a), OUT(p, KILN_I32, 1, 77), 0, NULL, 0);
   compare(p, "neg i32", ri);
+  static const kiln_dtype ints[2] = {KILN_I64, KILN_I32};
+  for (int t = 0; t < 2; t++) { /* mask and position arithmetic: integers broadcast */
+    for (int k = 0; k < 3; k++) {
+      p = p_new();
+      a = IN(p, ints[t], 2, 6, 1);
+      b = IN(p, ints[t], 1, 33);
+      p_op(p, bin[k], 2, OPS(a, b), OUT(p, ints[t], 2, 6, 33), 0, NULL, 1.0);
+      snprintf(name, sizeof name, "%s broadcast %s", kiln_op_name(bin[k]), kiln_dtype_name(ints[t]));
+      compare(p, name, ri);
+    }
+  }
   p = p_new();
   a = IN(p, KILN_I64, 2, 5, 9);
   p_op(p, KILN_OP_ABS, 1, OPS(a), OUT(p, KILN_I64, 2, 5, 9), 0, NULL, 0);
