@@ -536,12 +536,14 @@ OP_CASES = [
     ("ne", aten.ne.Tensor, (rand(2, 3) > 0, rand(2, 1, seed=1) > 0), {}),
     ("ne_scalar", aten.ne.Scalar, (ids(2, 3, high=3), 0), {}),
     ("lt", aten.lt.Tensor, (rand(2, 3), rand(2, 1, seed=1)), {}),
-    ("lt_scalar", aten.lt.Scalar, (ids(2, 3, high=5), 2.5), {}),
+    ("lt_scalar", aten.lt.Scalar, (torch.arange(6).view(2, 3), 2.5), {}),  # 2 < 2.5, not < 2
     ("le", aten.le.Tensor, (ids(4, 1, high=4), ids(4, high=4, seed=1)), {}),
     ("le_scalar", aten.le.Scalar, (rand(2, 3, dtype=torch.float16), 0.1), {}),
-    ("gt", aten.gt.Tensor, (ids(2, 3, high=5), rand(3, seed=1) * 5), {}),
+    ("gt", aten.gt.Tensor, (rand(2, 3, dtype=torch.float16), rand(seed=1)), {}),  # stays f16
     ("gt_scalar", aten.gt.Scalar, (rand(2, 3, dtype=torch.bfloat16), -0.25), {}),
-    ("ge", aten.ge.Tensor, (rand(2, 3, dtype=torch.float16), rand(seed=1)), {}),
+    ("ge", aten.ge.Tensor, (torch.arange(6).view(2, 3), torch.tensor([0.5, 1.5, 2.5])), {}),  # in f32
+    # a 0-dim f32 operand promotes like a number: compared in f16, where 0.1 rounds down
+    ("ge_zero_dim", aten.ge.Tensor, (torch.tensor([0.1, 0.2], dtype=torch.float16), torch.tensor(0.1)), {}),
     ("ge_scalar", aten.ge.Scalar, (ids(2, 3, high=5).int(), 2), {}),
     ("logical_and", aten.logical_and.default, (rand(2, 3) > 0, ids(3, high=2)), {}),
     ("logical_or", aten.logical_or.default, (rand(2, 3), rand(2, 1, seed=1) > 0), {}),
