@@ -375,7 +375,10 @@ KILN_API kiln_status kiln_engine_load(const void *blob, size_t blob_size,
                                       const kiln_engine_options *opts, kiln_engine **out,
                                       kiln_error *err);
 /* Runs the plan synchronously: when it returns, outputs are written and every caller buffer
- * may be reused. Allocates nothing. Views are in binding order. */
+ * may be reused. Allocates nothing. Views are in binding order. No output may share a byte
+ * with an input or another output, even a declared in-place alias (pass separate buffers: the
+ * aliased output is copied into its input after the run); such views are refused with
+ * KILN_ERR_INVALID_ARGUMENT naming both bindings. Inputs may share bytes with each other. */
 KILN_API kiln_status kiln_engine_execute(kiln_engine *e, const kiln_tensor_view *inputs,
                                          uint32_t n_inputs, const kiln_tensor_view *outputs,
                                          uint32_t n_outputs, kiln_error *err);

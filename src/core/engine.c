@@ -166,6 +166,46 @@ static kiln_status check_view(const kiln_binding *b, uint32_t k, const kiln_tens
   return KILN_OK;
 }
 
+/* The bytes a view's binding uses, as an address range. */
+static void view_range(const kiln_plan *plan, kiln_io_kind kind, uint32_t k,
+                       const kiln_tensor_view *v, uintptr_t *lo, uintptr_t *hi) {
+  uint32_t t = kind == KILN_IO_INPUT ? plan->inputs[k] : plan->outputs[k];
+  *lo = (uintptr_t)v->data;
+  *hi = *lo + (uintptr_t)plan->tensors[t].nbytes;
+}
+
+/* No output shares a byte with an input or another output. Both engines read every input
+ * while they write outputs and copy an aliased output back after the run, so none performs a
+ * shared pair in place, declared alias or not. */
+static kiln_status check_disjoint(const kiln_engine *e, const kiln_tensor_view *inputs,
+                                  const kiln_tensor_view *outputs, kiln_error *err) {
+  const kiln_plan *plan = &e->plan;
+  const char *name[2][KILN_MAX_BINDINGS];
+  uint32_t n[2] = {0, 0};
+  for (uint32_t i = 0; i < e->metadata.n_bindings; i++) {
+    const kiln_binding *b = &e->metadata.bindings[i];
+    name[b->kind][n[b->kind]++] = b->name;
+  }
+  for (uint32_t o = 0; o < plan->n_outputs; o++) {
+    uintptr_t lo, hi;
+    view_range(plan, KILN_IO_OUTPUT, o, &outputs[o], &lo, &hi);
+    for (uint32_t j = 0; lo < hi && j < plan->n_inputs + o; j++) {
+      int is_in = j < plan->n_inputs;
+      uint32_t k = is_in ? j : j - plan->n_inputs;
+      uintptr_t lo2, hi2;
+      view_range(plan, is_in ? KILN_IO_INPUT : KILN_IO_OUTPUT, k, is_in ? &inputs[k] : &outputs[k],
+                 &lo2, &hi2);
+      if (lo2 < hi2 && lo < hi2 && lo2 < hi)
+        return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                         "output %u (\"%.63s\") shares bytes with %.6s %u (\"%.63s\"); pass "
+                         "separate buffers (an aliased output is copied into its input)",
+                         (unsigned)o, name[KILN_IO_OUTPUT][o], is_in ? "input" : "output",
+                         (unsigned)k, name[is_in ? KILN_IO_INPUT : KILN_IO_OUTPUT][k]);
+    }
+  }
+  return KILN_OK;
+}
+
 static kiln_status check_views(const kiln_engine *e, const kiln_tensor_view *inputs,
                                uint32_t n_inputs, const kiln_tensor_view *outputs,
                                uint32_t n_outputs, kiln_error *err) {
@@ -187,7 +227,7 @@ static kiln_status check_views(const kiln_engine *e, const kiln_tensor_view *inp
                                in ? &inputs[k] : &outputs[k], err);
     if (s) return s;
   }
-  return KILN_OK;
+  return check_disjoint(e, inputs, outputs, err);
 }
 
 kiln_status kiln_engine_execute(kiln_engine *e, const kiln_tensor_view *inputs, uint32_t n_inputs,
