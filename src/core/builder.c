@@ -11,6 +11,7 @@
 #include "core/memplan.h"
 #include "core/view.h"
 #include "core/shape.h"
+#include "core/utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -66,9 +67,9 @@ static kiln_status check_shape(const char *call, kiln_dtype dtype, int32_t rank,
   return KILN_OK;
 }
 
-/* A binding name: 1..63 printable bytes that no other input or output uses. */
+/* A binding name: 1..63 bytes of UTF-8 without control characters that no other input or output uses. */
 static kiln_status check_name(const kiln_graph *g, const char *name, kiln_error *err) {
-  size_t len = name ? strlen(name) : 0;
+  size_t len = name ? strlen(name) : 0, fault;
   if (g->n_inputs + g->n_outputs >= KILN_MAX_BINDINGS)
     return kiln_fail(err, KILN_ERR_UNSUPPORTED,
                      "builder: %u inputs and %u outputs reach the limit of %u bindings; split "
@@ -78,12 +79,11 @@ static kiln_status check_name(const kiln_graph *g, const char *name, kiln_error 
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                      "builder: a binding name is %llu bytes long; pass a name of 1..63 bytes",
                      (unsigned long long)len);
-  for (size_t i = 0; i < len; i++)
-    if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
-      return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
-                       "builder: a binding name has a control character at byte %u; use "
-                       "printable characters",
-                       (unsigned)i);
+  if ((fault = kiln_utf8_name_fault(name, len)) != len)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "builder: a binding name has a control character or malformed UTF-8 at "
+                     "byte %u; use printable UTF-8 text",
+                     (unsigned)fault);
   for (uint32_t i = 0; i < g->n_inputs + g->n_outputs; i++) {
     const char *other = i < g->n_inputs ? g->inputs[i].name : g->outputs[i - g->n_inputs].name;
     if (strcmp(other, name) == 0)

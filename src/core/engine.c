@@ -198,7 +198,7 @@ static kiln_status check_disjoint(const kiln_engine *e, const kiln_tensor_view *
       if (lo2 < hi2 && lo < hi2 && lo2 < hi)
         return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                          "output %u (\"%.63s\") shares bytes with %.6s %u (\"%.63s\"); pass "
-                         "separate buffers (an aliased output is copied into its input)",
+                         "disjoint buffers (an aliased output is copied back after)",
                          (unsigned)o, name[KILN_IO_OUTPUT][o], is_in ? "input" : "output",
                          (unsigned)k, name[is_in ? KILN_IO_INPUT : KILN_IO_OUTPUT][k]);
     }

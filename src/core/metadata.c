@@ -4,6 +4,7 @@
  *    "io": [{"name": str, "kind": "input"|"output", "dtype": str, "shape": [int],
  *            "max_shape": [int]?}],
  *    "aliases": [{"output": int, "input": int, "kind": "inplace"}]?, "annotations": any?} */
+#include "core/utf8.h"
 #include "kiln/kiln.h"
 
 #include <stdio.h>
@@ -131,6 +132,18 @@ static kiln_status read_string(reader *r, char *buf, size_t cap, size_t *out_len
                        "metadata string has a raw control character at byte %llu: escape it; "
                        "re-export the program",
                        at(r->pos));
+    if (c >= 0x80) {
+      uint32_t cp;
+      size_t len = kiln_utf8_next((const unsigned char *)r->s + r->pos, r->len - r->pos, &cp);
+      if (len == 0)
+        return kiln_fail(r->err, KILN_ERR_INVALID_PROGRAM,
+                         "metadata string has a byte sequence at byte %llu that is not UTF-8 "
+                         "(overlong, surrogate or past U+10FFFF); re-export the program",
+                         at(r->pos));
+      for (size_t k = 0; k < len; k++) put_byte(buf, cap, &n, (unsigned char)r->s[r->pos + k]);
+      r->pos += len;
+      continue;
+    }
     if (c != '\\') {
       put_byte(buf, cap, &n, c);
       r->pos++;
@@ -203,13 +216,11 @@ static kiln_status read_text(reader *r, const char *path, char *buf) {
                      "metadata %.32s at byte %llu is %llu bytes long, outside 1..%u: re-export "
                      "the program",
                      path, at(start), (unsigned long long)n, (unsigned)(KILN_NAME_MAX - 1));
-  for (size_t i = 0; i < n; i++) {
-    if ((unsigned char)buf[i] < 0x20)
-      return kiln_fail(r->err, KILN_ERR_INVALID_PROGRAM,
-                       "metadata %.32s at byte %llu contains a control character: re-export the "
-                       "program",
-                       path, at(start));
-  }
+  if (kiln_utf8_name_fault(buf, n) != n)
+    return kiln_fail(r->err, KILN_ERR_INVALID_PROGRAM,
+                     "metadata %.32s at byte %llu contains a control character: re-export the "
+                     "program",
+                     path, at(start));
   return KILN_OK;
 }
 

@@ -437,18 +437,18 @@ static void test_overlapping_views(void) {
     mlp_views(&io);
     io.out[1].data = io.x;
     expect_exec_refusal(e, &io, 1, 2,
-                        "output 1 (\"z\") shares bytes with input 0 (\"x\"); pass separate "
-                        "buffers (an aliased output is copied into its input)");
+                        "output 1 (\"z\") shares bytes with input 0 (\"x\"); pass disjoint "
+                        "buffers (an aliased output is copied back after)");
     mlp_views(&io);
     io.out[0].data = io.x + 3;
     expect_exec_refusal(e, &io, 1, 2,
-                        "output 0 (\"y\") shares bytes with input 0 (\"x\"); pass separate "
-                        "buffers (an aliased output is copied into its input)");
+                        "output 0 (\"y\") shares bytes with input 0 (\"x\"); pass disjoint "
+                        "buffers (an aliased output is copied back after)");
     mlp_views(&io);
     io.out[0].data = io.z + 3;
     expect_exec_refusal(e, &io, 1, 2,
-                        "output 1 (\"z\") shares bytes with output 0 (\"y\"); pass separate "
-                        "buffers (an aliased output is copied into its input)");
+                        "output 1 (\"z\") shares bytes with output 0 (\"y\"); pass disjoint "
+                        "buffers (an aliased output is copied back after)");
     /* Touching is not sharing. */
     mlp_views(&io);
     io.out[1].data = buf;
@@ -473,8 +473,8 @@ static void test_overlapping_views(void) {
     pin = view(px, sizeof px, KILN_F32, 2, D(2, 2));
     pout = view(px, sizeof px, KILN_F32, 2, D(2, 2));
     CHECK(kiln_engine_execute(e, &pin, 1, &pout, 1, &err) == KILN_ERR_INVALID_ARGUMENT);
-    CHECK_STR(err.message, "output 0 (\"y\") shares bytes with input 0 (\"x\"); pass separate "
-                           "buffers (an aliased output is copied into its input)");
+    CHECK_STR(err.message, "output 0 (\"y\") shares bytes with input 0 (\"x\"); pass disjoint "
+                           "buffers (an aliased output is copied back after)");
     CHECK(px[1] == 2.0f && px[2] == 3.0f);
     pout = view(py, sizeof py, KILN_F32, 2, D(2, 2));
     CHECK(kiln_engine_execute(e, &pin, 1, &pout, 1, &err) == KILN_OK);

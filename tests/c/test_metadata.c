@@ -1,5 +1,6 @@
 /* The strict metadata reader: every rule of the schema refuses with its exact message, and the
  * writer's output reads back to the same metadata. */
+#include "core/utf8.h"
 #include "kiln/kiln.h"
 #include "check.h"
 
@@ -373,6 +374,77 @@ static void test_strings(void) {
              offset_of(d, "\"ends", 1));
 }
 
+/* A document whose binding is named `name` (raw bytes, as written into the JSON). */
+static const char *named(const char *name) {
+  static char doc[256];
+  snprintf(doc, sizeof doc,
+           "{\"producer\": \"p\", \"device_id\": 0, \"io\": [{\"name\": \"%s\", \"kind\": "
+           "\"input\", \"dtype\": \"f32\", \"shape\": [1]}]}",
+           name);
+  return doc;
+}
+
+/* JSON is UTF-8: malformed sequences anywhere in a string, and control characters in a name,
+ * are refused; well-formed text of any plane is kept byte for byte. */
+static void test_utf8(void) {
+  static const char *const malformed[] = {
+      "\xff\xfe",          /* bytes never in UTF-8 */
+      "\xc0\xaf",          /* overlong '/' */
+      "\xe0\x80\xaf",      /* overlong '/' in three bytes */
+      "\xed\xa0\x80",      /* the surrogate U+D800 */
+      "\xf4\x90\x80\x80",  /* U+110000 */
+      "a\x80",             /* a stray continuation byte */
+      "\xe2\x82",          /* a truncated sequence */
+  };
+  static const char *const controls[] = {"a\x7f", "a\xc2\x85", "a\\u007f", "a\\u0085", "a\\u0000"};
+  kiln_error err = {0, ""};
+  const char *d;
+  for (size_t i = 0; i < sizeof malformed / sizeof *malformed; i++) {
+    d = named(malformed[i]);
+    refused_as(d, "metadata string has a byte sequence at byte %ld that is not UTF-8 (overlong, "
+                  "surrogate or past U+10FFFF); re-export the program",
+               (long)(strstr(d, malformed[i]) - d) + (malformed[i][0] == 'a'));
+  }
+  for (size_t i = 0; i < sizeof controls / sizeof *controls; i++) {
+    d = named(controls[i]);
+    refused_as(d, "metadata io[0].name at byte %ld contains a control character: re-export the "
+                  "program", (long)(strstr(d, controls[i]) - d) - 1);
+  }
+  /* Also in strings the reader only skips, such as an annotation. */
+  d = "{\"producer\": \"p\", \"device_id\": 0, " IO_X ", \"annotations\": [\"\xc0\xaf\"]}";
+  refused_as(d, "metadata string has a byte sequence at byte %ld that is not UTF-8 (overlong, "
+                "surrogate or past U+10FFFF); re-export the program", offset_of(d, "\xc0", 1));
+  /* A key: refused before its bytes could reach a message. */
+  d = "{\"\xf0roducer\": \"p\", \"device_id\": 0, " IO_X "}";
+  refused_as(d, "metadata string has a byte sequence at byte %ld that is not UTF-8 (overlong, "
+                "surrogate or past U+10FFFF); re-export the program", offset_of(d, "\xf0", 1));
+  /* Well-formed UTF-8 is kept, and shown in messages as '?' per byte. */
+  CHECK(parse(named("gr\xc3\xb6\xc3\x9f" "e \xe2\x82\xac \xf0\x9f\x94\xa5"), &err) == KILN_OK);
+  CHECK_STR(md.bindings[0].name, "gr\xc3\xb6\xc3\x9f" "e \xe2\x82\xac \xf0\x9f\x94\xa5");
+  CHECK(parse(named("\\u00e9\\ud83d\\udd25"), &err) == KILN_OK);
+  CHECK_STR(md.bindings[0].name, "\xc3\xa9\xf0\x9f\x94\xa5");
+  d = "{\"pr\xc3\xb6" "ducer\": \"p\", \"device_id\": 0, " IO_X "}";
+  refused_as(d, "metadata has unknown key \"pr??ducer\" at byte %ld: a misspelled or newer key; "
+                "re-export the program with this Kiln release", offset_of(d, "\"pr", 1));
+}
+
+/* The decoder never reads past the bytes it is given, however the sequence continues. */
+static void test_utf8_bounds(void) {
+  uint32_t cp = 0;
+  CHECK(kiln_utf8_next((const unsigned char *)"\xe2\x82\xac", 3, &cp) == 3 && cp == 0x20AC);
+  CHECK(kiln_utf8_next((const unsigned char *)"\xe2\x82\xac", 2, &cp) == 0);
+  CHECK(kiln_utf8_next((const unsigned char *)"\xf0\x9f\x94\xa5", 3, &cp) == 0);
+  CHECK(kiln_utf8_next((const unsigned char *)"a", 0, &cp) == 0);
+}
+
+/* kiln_fail keeps every message to printable ASCII, whatever its arguments hold. */
+static void test_message_bytes(void) {
+  kiln_error err = {0, ""};
+  CHECK(kiln_fail(&err, KILN_ERR_INVALID_ARGUMENT, "name \"%s\"; pass another",
+                  "a\xf0\x01\x7f\n\xc3\xb6z") == KILN_ERR_INVALID_ARGUMENT);
+  CHECK_STR(err.message, "name \"a??????z\"; pass another");
+}
+
 static void test_truncation(void) {
   refused_as("", "metadata ends early at byte 0 (truncated document): re-export the program");
   refused_as("  \n", "metadata ends early at byte 3 (truncated document): re-export the program");
@@ -550,6 +622,9 @@ int main(void) {
   test_bindings();
   test_counts();
   test_strings();
+  test_utf8();
+  test_utf8_bounds();
+  test_message_bytes();
   test_truncation();
   test_nesting();
   test_annotations();
