@@ -6,6 +6,7 @@
 #include "pte_reader.h"
 
 #include "core/linear_inputs.h"
+#include "core/load_checks.h"
 #include "core/pointwise_steps.h"
 #include "kiln/kiln.h"
 
@@ -27,18 +28,15 @@ static void release_blob(blob_contents *b) {
   memset(b, 0, sizeof *b);
 }
 
-/* Reads and checks all three sections. */
+/* Reads all three sections and runs on them every check the loader makes before it touches a
+ * device, so what inspect passes a delegate would load. */
 static kiln_status load_blob(const uint8_t *data, size_t size, blob_contents *b, kiln_error *err) {
   memset(b, 0, sizeof *b);
-  kiln_status st = kiln_blob_parse(data, size, &b->view, err);
-  if (st != KILN_OK) return st;
   b->md = malloc(sizeof *b->md);
   if (!b->md)
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "out of host memory reading blob metadata: free memory and retry");
-  st = kiln_metadata_parse((const char *)b->view.metadata, b->view.metadata_size, b->md, err);
-  if (st == KILN_OK)
-    st = kiln_plan_parse(b->view.plan, b->view.plan_size, b->view.weights_size, &b->plan, err);
+  kiln_status st = kiln_check_blob(data, size, &b->view, b->md, &b->plan, err);
   if (st != KILN_OK) release_blob(b);
   return st;
 }

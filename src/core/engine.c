@@ -3,6 +3,7 @@
 #include "core/alloc.h"
 #include "core/device.h"
 #include "core/engine_internal.h"
+#include "core/load_checks.h"
 #include "core/shape.h"
 
 #include <stdio.h>
@@ -17,36 +18,6 @@ void kiln_engine_options_default(kiln_engine_options *opts) {
 
 static const char *io_name(kiln_io_kind kind) { return kind == KILN_IO_INPUT ? "input" : "output"; }
 
-/* The metadata's bindings and the plan's inputs and outputs agree in count, dtype and shape. */
-static kiln_status check_bindings(const kiln_metadata *md, const kiln_plan *plan, kiln_error *err) {
-  uint32_t n[2] = {0, 0};
-  for (uint32_t i = 0; i < md->n_bindings; i++) n[md->bindings[i].kind]++;
-  if (n[KILN_IO_INPUT] != plan->n_inputs || n[KILN_IO_OUTPUT] != plan->n_outputs)
-    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
-                     "the metadata binds %u inputs and %u outputs but the plan has %u inputs and "
-                     "%u outputs; re-export the program",
-                     (unsigned)n[KILN_IO_INPUT], (unsigned)n[KILN_IO_OUTPUT],
-                     (unsigned)plan->n_inputs, (unsigned)plan->n_outputs);
-  n[0] = n[1] = 0;
-  for (uint32_t i = 0; i < md->n_bindings; i++) {
-    const kiln_binding *b = &md->bindings[i];
-    uint32_t k = n[b->kind]++;
-    const kiln_tensor_desc *t =
-        &plan->tensors[b->kind == KILN_IO_INPUT ? plan->inputs[k] : plan->outputs[k]];
-    char have[48], want[48];
-    if (b->dtype != t->dtype || b->rank != t->rank ||
-        memcmp(b->shape, t->dims, sizeof b->shape[0] * (size_t)b->rank) != 0)
-      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
-                       "metadata %.6s %u (\"%.63s\") is %.4s %.40s but the plan's tensor is %.4s "
-                       "%.40s; re-export the program",
-                       io_name(b->kind), (unsigned)k, b->name, kiln_dtype_name(b->dtype),
-                       kiln_shape_str(b->rank, b->shape, have, sizeof have),
-                       kiln_dtype_name(t->dtype),
-                       kiln_shape_str(t->rank, t->dims, want, sizeof want));
-  }
-  return KILN_OK;
-}
-
 static void release_engine(kiln_engine *e, int locked) {
   if (!e) return;
   kiln_plan_release(&e->plan);
@@ -58,13 +29,8 @@ static void release_engine(kiln_engine *e, int locked) {
 /* Parses what the blob holds into e and keeps a copy of the weights. */
 static kiln_status read_blob(kiln_engine *e, const void *blob, size_t blob_size, kiln_error *err) {
   kiln_blob_view view;
-  kiln_status s;
-  if ((s = kiln_blob_parse(blob, blob_size, &view, err)) ||
-      (s = kiln_metadata_parse((const char *)view.metadata, view.metadata_size, &e->metadata,
-                               err)) ||
-      (s = kiln_plan_parse(view.plan, view.plan_size, view.weights_size, &e->plan, err)) ||
-      (s = check_bindings(&e->metadata, &e->plan, err)))
-    return s;
+  kiln_status s = kiln_check_blob(blob, blob_size, &view, &e->metadata, &e->plan, err);
+  if (s) return s;
   e->weights_size = view.weights_size;
   if (view.weights_size == 0) return KILN_OK;
   if (!(e->weights = kiln_aligned_alloc(KILN_WEIGHTS_ALIGN, view.weights_size)))
