@@ -4,6 +4,7 @@
  *    "io": [{"name": str, "kind": "input"|"output", "dtype": str, "shape": [int],
  *            "max_shape": [int]?}],
  *    "aliases": [{"output": int, "input": int, "kind": "inplace"}]?, "annotations": any?} */
+#include "core/alloc.h"
 #include "core/utf8.h"
 #include "kiln/kiln.h"
 
@@ -765,7 +766,7 @@ static void emit(text *t, const char *s, size_t n) {
   if (t->cap - t->len <= n) {
     size_t cap = t->cap ? t->cap : 1024;
     while (cap - t->len <= n) cap *= 2;
-    char *p = realloc(t->p, cap);
+    char *p = kiln_realloc(t->p, cap);
     if (!p) {
       t->failed = 1;
       return;
@@ -805,20 +806,18 @@ static void emit_dims(text *t, const int64_t *dims, int32_t rank) {
   emit(t, "]", 1);
 }
 
-/* 1..KILN_NAME_MAX-1 bytes before the NUL, none of them a control character. */
+/* 1..KILN_NAME_MAX-1 bytes of UTF-8 before the NUL, no control characters: what the reader
+ * takes as a name. */
 static int valid_text(const char *s, size_t cap) {
   const char *nul = memchr(s, '\0', cap);
   if (!nul || nul == s) return 0;
-  for (; s < nul; s++) {
-    if ((unsigned char)*s < 0x20) return 0;
-  }
-  return 1;
+  return kiln_utf8_name_fault(s, (size_t)(nul - s)) == (size_t)(nul - s);
 }
 
 static kiln_status check_writable(const kiln_metadata *md, kiln_error *err) {
   if (!valid_text(md->producer, sizeof md->producer))
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
-                     "metadata producer must be 1 to %u printable bytes: set producer",
+                     "metadata producer must be 1 to %u bytes of printable UTF-8: set producer",
                      (unsigned)(KILN_NAME_MAX - 1));
   if (md->device_id < 0 || md->min_compute_capability < 0 ||
       md->min_compute_capability > MAX_COMPUTE_CAPABILITY || (md->allow_tf32 & ~1) != 0)
@@ -836,7 +835,7 @@ static kiln_status check_writable(const kiln_metadata *md, kiln_error *err) {
     const kiln_binding *b = &md->bindings[i];
     if (!valid_text(b->name, sizeof b->name))
       return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
-                       "metadata io[%u] name must be 1 to %u printable bytes: name the binding",
+                       "metadata io[%u] name must be 1 to %u bytes of printable UTF-8: name the binding",
                        (unsigned)i, (unsigned)(KILN_NAME_MAX - 1));
     if ((unsigned)b->kind > KILN_IO_OUTPUT || (unsigned)b->dtype >= KILN_DTYPE_COUNT ||
         b->rank < 0 || b->rank > KILN_MAX_RANK)

@@ -1,5 +1,6 @@
 /* The strict metadata reader: every rule of the schema refuses with its exact message, and the
  * writer's output reads back to the same metadata. */
+#include "core/alloc.h"
 #include "core/utf8.h"
 #include "kiln/kiln.h"
 #include "check.h"
@@ -598,7 +599,14 @@ static void test_round_trip(void) {
   written.bindings[1].dtype = KILN_BF16;
   written.bindings[0].name[0] = '\0';
   CHECK(kiln_metadata_write(&written, &json, &len, &err) == KILN_ERR_INVALID_ARGUMENT);
-  CHECK_STR(err.message, "metadata io[0] name must be 1 to 63 printable bytes: name the binding");
+  CHECK_STR(err.message, "metadata io[0] name must be 1 to 63 bytes of printable UTF-8: name the "
+                         "binding");
+  memcpy(written.bindings[0].name, "a\xc0\xaf", 4); /* the reader refuses it: so does the writer */
+  CHECK(kiln_metadata_write(&written, &json, &len, &err) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK_STR(err.message, "metadata io[0] name must be 1 to 63 bytes of printable UTF-8: name the "
+                         "binding");
+  memcpy(written.bindings[0].name, "a\x7f", 3);
+  CHECK(kiln_metadata_write(&written, &json, &len, &err) == KILN_ERR_INVALID_ARGUMENT);
   snprintf(written.bindings[0].name, sizeof written.bindings[0].name, "tokens");
   written.device_id = -1;
   CHECK(kiln_metadata_write(&written, &json, &len, &err) == KILN_ERR_INVALID_ARGUMENT);
@@ -609,6 +617,42 @@ static void test_round_trip(void) {
   CHECK(kiln_metadata_write(&written, &json, &len, &err) == KILN_ERR_INVALID_ARGUMENT);
   CHECK_STR(err.message, "metadata io[0] (\"tokens\") max_shape[1] = 6 is below shape[1] = 7: "
                          "re-export the program");
+}
+
+/* Failing the n-th allocation of the writer, for every n: out of memory with a message and
+ * nothing returned, until n passes the writer's allocations. 200 bindings grow its buffer
+ * several times. */
+static void test_writer_allocation_failures(void) {
+  int failures = 0, n;
+  memset(&written, 0, sizeof written);
+  snprintf(written.producer, sizeof written.producer, "p");
+  written.n_bindings = 200;
+  for (uint32_t i = 0; i < written.n_bindings; i++) {
+    kiln_binding *b = &written.bindings[i];
+    snprintf(b->name, sizeof b->name, "binding_%u", (unsigned)i);
+    b->kind = i ? KILN_IO_OUTPUT : KILN_IO_INPUT;
+    b->rank = 1;
+    b->shape[0] = b->max_shape[0] = 4;
+  }
+  for (n = 1; n < 50; n++) {
+    kiln_error err = {0, ""};
+    char *json = NULL;
+    size_t len = 0;
+    kiln_test_fail_allocations = n;
+    kiln_status st = kiln_metadata_write(&written, &json, &len, &err);
+    if (kiln_test_fail_allocations > 0) { /* the n-th allocation never came */
+      kiln_test_fail_allocations = 0;
+      CHECK(st == KILN_OK && json != NULL && len > 10000);
+      kiln_free(json);
+      break;
+    }
+    CHECK(st == KILN_ERR_OUT_OF_MEMORY && json == NULL && len == 0);
+    CHECK_STR(err.message, "out of host memory writing the metadata of 200 bindings: free memory "
+                           "and retry");
+    failures++;
+  }
+  kiln_test_fail_allocations = 0;
+  CHECK(failures >= 4 && n < 50);
 }
 
 int main(void) {
@@ -630,5 +674,6 @@ int main(void) {
   test_annotations();
   test_arguments();
   test_round_trip();
+  test_writer_allocation_failures();
   return check_report("test_metadata");
 }
