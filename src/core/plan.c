@@ -290,11 +290,15 @@ static int ranges_meet(uint64_t a, uint64_t an, uint64_t b, uint64_t bn) {
 }
 
 /* What the engines assume of the arena beyond each tensor's bounds. Every kernel on both
- * engines reads all its inputs while it writes its output (elementwise ops in chunks, the
- * others by gather, reduction or GEMM), so no output byte may lie on an input byte; the one
- * exception is a view the memory plan placed exactly on its input's bytes, which the engines
- * skip. The arena is no larger than its tensors need, aligned up, so a damaged size cannot
- * reserve memory at load. */
+ * engines reads its inputs while it writes its output, in an order no caller controls:
+ * elementwise, cast, where and fused pointwise by element, chunk or 16-byte vector; layout
+ * ops (permute, expand, cat, slice, select, copy) by gather or memcpy; reductions, softmax and
+ * norms by rows they read twice; linear and matmul by GEMM or GEMV tiles (cuBLASLt takes no
+ * output on an operand); attention by tiles of q, k and v staged while o is stored; embedding
+ * and index_select by rows. So no output byte may lie on an input byte. The one exception is a
+ * view the memory plan placed exactly on its input's bytes, which both engines skip. The arena
+ * is at most its tensors' reach aligned up, so a damaged size cannot reserve host or device
+ * memory at load. */
 static kiln_status check_arena(const kiln_plan *plan, kiln_error *err) {
   uint64_t end = 0, limit;
   for (uint32_t t = 0; t < plan->n_tensors; t++) {
