@@ -383,11 +383,12 @@ REFUSALS = [
     ("header", INVALID_PROGRAM, "blob magic"),
     ("header_sizes", INVALID_PROGRAM, "metadata"),
     ("metadata", INVALID_PROGRAM, "metadata"),
-    ("metadata_not_utf8", INVALID_PROGRAM, "unknown dtype \"f?2\""),
+    ("metadata_not_utf8", INVALID_PROGRAM, "is not UTF-8"),
     ("plan", INVALID_PROGRAM, "KPLN"),
     ("plan_op_input", INVALID_PROGRAM, "op 0"),
     ("version", INCOMPATIBLE, "container version 2"),
-    ("arena", MEMORY_ALLOCATION_FAILED, "arena"),
+    # The plan's tensors reach far less than 2^50 bytes: refused before anything is allocated.
+    ("arena", INVALID_PROGRAM, "plan arena size 1125899906842624 exceeds"),
 ]
 
 
