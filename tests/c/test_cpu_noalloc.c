@@ -164,6 +164,8 @@ static void test_remaining_kinds(void) {
   g_op(g, KILN_OP_EXPAND, 1, IDS(mean), wide, 2, DIMS(2, 3), 0);
   g_op(g, KILN_OP_COPY, 1, IDS(wide), t[16], 0, NULL, 0);
   g_op(g, KILN_OP_INDEX_SELECT, 2, IDS(t[16], ti), cols, 1, DIMS(1), 0);
+  t[17] = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 2, DIMS(2, 3));
+  g_op(g, KILN_OP_MINIMUM, 2, IDS(t[16], t[15]), t[17], 0, NULL, 0);
   g_op(g, KILN_OP_POINTWISE, 2, IDS(t[16], t[15]), out, 2,
        DIMS(KILN_PW_STEP(KILN_OP_RELU, 0, 0), KILN_PW_STEP(KILN_OP_ADD, 1, 0)), 0);
   CHECK(count_execute(g, BUFS(x), BUFS(y, z)) == 0);
@@ -177,6 +179,43 @@ static void test_every_kind_ran(void) {
   for (int k = 0; k < KILN_OP_COUNT; k++)
     if (!kind_ran[k]) missing++, fprintf(stderr, "no plan here runs op kind %s\n", kiln_op_name((kiln_op_kind)k));
   CHECK(missing == 0);
+}
+
+/* A mask from comparisons and boolean ops on positions; every new float unary op in a row. */
+static void test_logic_and_math(void) {
+  float x[6] = {-2.0f, -0.5f, 0.0f, 0.5f, 1.0f, 4.0f}, y[6] = {0};
+  int64_t ids[3] = {0, 1, 2};
+  uint8_t mask[9] = {0};
+  graph *g = g_new();
+  uint32_t ti = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(3));
+  uint32_t tc = g_tensor(g, KILN_STORE_ARENA, KILN_I64, 2, DIMS(3, 1));
+  uint32_t t1 = g_tensor(g, KILN_STORE_ARENA, KILN_BOOL, 2, DIMS(3, 3));
+  uint32_t t2 = g_tensor(g, KILN_STORE_ARENA, KILN_BOOL, 2, DIMS(3, 3));
+  uint32_t t3 = g_tensor(g, KILN_STORE_ARENA, KILN_I64, 2, DIMS(3, 1));
+  uint32_t tm = g_tensor(g, KILN_STORE_OUTPUT, KILN_BOOL, 2, DIMS(3, 3));
+  g_op(g, KILN_OP_RESHAPE, 1, IDS(ti), tc, 2, DIMS(3, 1), 0);
+  g_op(g, KILN_OP_COMPARE, 2, IDS(ti, tc), t1, 1, DIMS(KILN_CMP_LE), 0);
+  g_op(g, KILN_OP_BITWISE, 1, IDS(t1), t2, 1, DIMS(KILN_BOOL_NOT), 0);
+  g_op(g, KILN_OP_ABS, 1, IDS(tc), t3, 0, NULL, 0);
+  g_op(g, KILN_OP_LOGICAL, 2, IDS(t2, t3), tm, 1, DIMS(KILN_BOOL_XOR), 0);
+  static const kiln_op_kind unary[7] = {KILN_OP_ABS, KILN_OP_LOG, KILN_OP_COS, KILN_OP_SIN,
+                                        KILN_OP_ERF, KILN_OP_HARDSWISH, KILN_OP_HARDSIGMOID};
+  graph *h = g_new();
+  uint32_t hx = g_tensor(h, KILN_STORE_INPUT, KILN_F32, 2, DIMS(2, 3));
+  uint32_t prev = hx;
+  for (int k = 0; k < 7; k++) {
+    uint32_t t = g_tensor(h, KILN_STORE_ARENA, KILN_F32, 2, DIMS(2, 3));
+    g_op(h, unary[k], 1, IDS(prev), t, 0, NULL, 0);
+    prev = t;
+  }
+  uint32_t hy = g_tensor(h, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(2, 3));
+  g_op(h, KILN_OP_MAXIMUM, 2, IDS(prev, hx), hy, 0, NULL, 0);
+  CHECK(count_execute(g, BUFS(ids), BUFS(mask)) == 0);
+  CHECK(mask[0] == 0 && mask[1] == 1 && mask[3] == 1); /* mask[i][j]: (j > i) xor (i != 0) */
+  CHECK(count_execute(h, BUFS(x), BUFS(y)) == 0);
+  CHECK(y[5] == 4.0f);
+  free(g);
+  free(h);
 }
 
 int main(void) {
@@ -193,6 +232,7 @@ int main(void) {
   test_gemm_norm_layout();
   test_attention_gather();
   test_remaining_kinds();
+  test_logic_and_math();
   test_every_kind_ran();
   return check_report("test_cpu_noalloc");
 }
