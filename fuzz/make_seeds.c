@@ -64,7 +64,8 @@ static int elementwise_seed(const char *dir, kiln_error *err) {
 }
 
 /* One op of each family the executing fuzzer should start from: norms, attention, gathers,
- * layout, reductions, selection and casts, over x[2,4], ids[3] (i64) and keep[2,4] (bool). */
+ * layout, reductions, selection, comparisons, boolean ops, min/max and casts, over x[2,4],
+ * ids[3] (i64) and keep[2,4] (bool). */
 static int layers_seed(const char *dir, kiln_error *err) {
   kiln_builder *b = kiln_builder_create();
   if (!b) return -1;
@@ -95,7 +96,17 @@ static int layers_seed(const char *dir, kiln_error *err) {
   int32_t ix = kiln_builder_add_op(b, KILN_OP_INDEX_SELECT, (int32_t[]){xp, ids}, 2, dim0, 1, NULL, 0, err);
   int32_t sm = kiln_builder_add_op(b, KILN_OP_LOG_SOFTMAX, &ix, 1, pick, 1, NULL, 0, err);
   int32_t cs = kiln_builder_add_op(b, KILN_OP_CAST, &sm, 1, to_bf16, 1, NULL, 0, err);
-  int rc = a < 0 || t < 0 || m < 0 || cs < 0 ||
+  int64_t le[1] = {KILN_CMP_LE}, xor_op[1] = {KILN_BOOL_XOR}, not_op[1] = {KILN_BOOL_NOT};
+  int32_t cmp = kiln_builder_add_op(b, KILN_OP_COMPARE, (int32_t[]){x, sl}, 2, le, 1, NULL, 0, err);
+  int32_t lg = kiln_builder_add_op(b, KILN_OP_LOGICAL, (int32_t[]){cmp, keep}, 2, xor_op, 1, NULL, 0, err);
+  int32_t bw = kiln_builder_add_op(b, KILN_OP_BITWISE, &lg, 1, not_op, 1, NULL, 0, err);
+  int32_t ab = kiln_builder_add_op(b, KILN_OP_ABS, &sl, 1, NULL, 0, NULL, 0, err);
+  int32_t lo = kiln_builder_add_op(b, KILN_OP_LOG, &ab, 1, NULL, 0, NULL, 0, err);
+  int32_t mx = kiln_builder_add_op(b, KILN_OP_MAXIMUM, (int32_t[]){lo, x}, 2, NULL, 0, NULL, 0, err);
+  int32_t mn = kiln_builder_add_op(b, KILN_OP_MINIMUM, (int32_t[]){mx, h}, 2, NULL, 0, NULL, 0, err);
+  int rc = a < 0 || t < 0 || m < 0 || cs < 0 || bw < 0 || mn < 0 ||
+                   kiln_builder_mark_output(b, bw, "mask", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, mn, "clamped", err) != KILN_OK ||
                    kiln_builder_mark_output(b, a, "attn", err) != KILN_OK ||
                    kiln_builder_mark_output(b, t, "rows", err) != KILN_OK ||
                    kiln_builder_mark_output(b, m, "peak", err) != KILN_OK ||
