@@ -1,6 +1,7 @@
 """The delegation report: how much of a lowered program runs on Kiln and what stays on ExecuTorch."""
 
 import operator
+import struct
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
@@ -9,6 +10,12 @@ from executorch.exir.delegate import executorch_call_delegate
 
 from . import lowering
 from .program import lowered_modules
+
+# The blob header (magic, version, header size, then offset and size of each section) and the
+# plan header, whose op count follows the magic, the version and the tensor count.
+_BLOB_HEADER = "<8sII7Q"
+_PLAN_OFFSET_FIELD = 5
+_PLAN_OPS_AT = 12
 
 # Nodes that only route a delegate's outputs; they cost nothing at run time.
 _ROUTING = (operator.getitem,)
@@ -29,7 +36,7 @@ class LeftOut:
 @dataclass(frozen=True)
 class DelegationReport:
     kiln_blobs: int
-    kiln_ops: int
+    kiln_ops: int  # ops of the blobs' plans, as `kiln inspect` counts them
     left_out: Tuple[LeftOut, ...]  # grouped by op, in order of first appearance
     first_compute: Tuple[str, str, str]  # (node, op, reason) of the first compute op outside; () when none
 
@@ -64,6 +71,12 @@ def _is_compute(node):
     return entry is None or entry.compute
 
 
+def plan_ops(blob):
+    """The number of ops in a Kiln blob's plan."""
+    plan = struct.unpack_from(_BLOB_HEADER, blob)[_PLAN_OFFSET_FIELD]
+    return struct.unpack_from("<I", blob, plan + _PLAN_OPS_AT)[0]
+
+
 def _graph_module(program):
     if isinstance(program, torch.export.ExportedProgram):
         return program.graph_module
@@ -91,9 +104,6 @@ def delegation_report(program, refusals=None):
         if compute and not first:
             first = (node.name, name, reason)
     modules = lowered_modules(graph_module)
-    kiln_ops = sum(
-        1 for module in modules for node in module.original_module.graph.nodes
-        if node.op == "call_function" and node.target not in _ROUTING
-    )
+    kiln_ops = sum(plan_ops(bytes(module.processed_bytes)) for module in modules)
     left_out = tuple(LeftOut(op, count, reason, compute) for op, (count, reason, compute) in groups.items())
     return DelegationReport(len(modules), kiln_ops, left_out, first)
