@@ -51,7 +51,7 @@ class DelegationReport:
 
     def __str__(self):
         lines = [f"kiln: {self.kiln_blobs} Kiln blob{'s' if self.kiln_blobs != 1 else ''} with "
-                 f"{self.kiln_ops} ops; {self.ops_outside} op{'s' if self.ops_outside != 1 else ''} stay on ExecuTorch"]
+                 f"{self.kiln_ops} ops; {self.ops_outside} {'op stays' if self.ops_outside == 1 else 'ops stay'} on ExecuTorch"]
         for entry in self.left_out:
             kind = "" if entry.compute else " (moves data only)"
             lines.append(f"  {entry.op} x{entry.count}{kind}: {entry.reason}")
