@@ -20,6 +20,7 @@ import torch
 
 import kiln
 import models
+import zoo_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON_DIR = os.path.join(ROOT, "python")
@@ -286,6 +287,17 @@ def test_cpp_example_matches_eager(name, zoo, run_pte, tmp_path):
     print(result.stdout)
     with open(output, "rb") as f:
         assert_close(from_raw(f.read(), exported.expected), exported.expected, exported.spec.tolerance, name)
+
+
+@pytest.mark.parametrize("name", [spec.name for spec in zoo_models.REAL_ZOO])
+def test_cpp_module_runs_real_models(name, real_zoo, run_pte, tmp_path):
+    exported = real_zoo(name)  # test_model_zoo.py checks the same files in the Python runtime
+    output = str(tmp_path / "out.bin")
+    result = run([run_pte, exported.path, "--input", exported.input_path, "--output", output, "--runs", "2",
+                  "--device", "cpu"], device=None)
+    assert result.returncode == 0, result.stderr
+    with open(output, "rb") as f:
+        assert_close(from_raw(f.read(), [exported.expected]), [exported.expected], models.F32_TOLERANCE, name)
 
 
 def test_cpp_example_reads_kiln_device(zoo, run_pte):

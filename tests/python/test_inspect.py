@@ -130,7 +130,8 @@ def test_lists_the_xnnpack_delegate_with_its_size_and_bytes(kiln, xnnpack):
     assert (index, backend) == ("0", "XnnpackBackend")
     assert int(size) == len(payload)
     assert data[int(at):int(at) + int(size)] == payload  # the bytes it points at are the payload
-    assert "Kiln blob" not in r.stdout
+    assert "Kiln blob:" not in r.stdout  # no blob printed
+    assert "  delegation: 0 Kiln blobs with 0 ops; 0 ops on ExecuTorch; 1 delegate calls\n" in r.stdout
 
 
 def blob_header(data):
