@@ -42,6 +42,8 @@ OP_NAMES = (
     "tanh", "exp", "sqrt", "rsqrt", "neg", "pow", "cast", "softmax", "log_softmax",
     "layer_norm", "rms_norm", "sum", "mean", "amax", "reshape", "permute", "expand", "cat",
     "slice", "select", "copy", "embedding", "index_select", "where", "sdpa", "pointwise",
+    "conv", "conv_transpose", "batch_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+    "upsample_nearest2d", "upsample_bilinear2d",
 )
 OP = {name: index for index, name in enumerate(OP_NAMES)}
 
