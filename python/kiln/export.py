@@ -7,6 +7,7 @@ import warnings
 
 import torch
 from executorch.exir import to_edge_transform_and_lower
+from executorch.exir.passes.constant_prop_pass import constant_prop_pass
 
 from .partitioner import KilnPartitioner
 
@@ -18,7 +19,9 @@ def to_executorch(model, example_inputs, *, device_id=0, fuse=True, allow_tf32=F
     if getattr(model, "training", False):
         warnings.warn("kiln: the model is in training mode; call model.eval() before exporting "
                       "so that dropout and batch statistics do not end up in the program")
-    exported = torch.export.export(model, tuple(example_inputs))
+    # What depends only on constants and static shapes (a mask built from arange) becomes a
+    # constant, so it neither splits the program nor stays on ExecuTorch's kernels.
+    exported = constant_prop_pass(torch.export.export(model, tuple(example_inputs)))
     partitioner = KilnPartitioner(device_id=device_id, allow_tf32=allow_tf32, fuse=fuse)
     edge = to_edge_transform_and_lower(exported, partitioner=[partitioner])
     return edge.to_executorch()

@@ -287,6 +287,22 @@ def _check_copy(node):
     return None
 
 
+def _check_as_strided(node):
+    """as_strided is taken only where it reads the input's elements in order (a reshape): what
+    a flatten of a permuted tensor with unit dims becomes in the edge dialect."""
+    args = node_args(node)
+    size, stride = list(args["size"]), list(args["stride"])
+    expected, running = [], 1
+    for extent in reversed(size):
+        expected.append(running)
+        running *= extent
+    expected.reverse()
+    in_order = all(extent == 1 or s == e for extent, s, e in zip(size, stride, expected))
+    if args["storage_offset"] not in (None, 0) or not in_order or running != _val(args["self"]).numel():
+        return f"as_strided to size {size} stride {stride} offset {args['storage_offset']} (only in-order views)"
+    return None
+
+
 def _lower_embedding(ctx, node):
     args = node_args(node)
     return ctx.op("embedding", [ctx.tensor(args["weight"]), ctx.tensor(args["indices"])])
@@ -510,6 +526,8 @@ def _table():
     add(["aten::select_copy.int", "aten::select.int"], Lowering(_lower_select, compute=False))
     add(["aten::clone.default", "aten::_to_copy.default", "dim_order_ops::_clone_dim_order.default",
          "dim_order_ops::_to_dim_order_copy.default"], Lowering(_lower_copy, _check_copy, compute=False))
+    add(["aten::as_strided_copy.default", "aten::as_strided.default"],
+        Lowering(_lower_reshape, _check_as_strided, compute=False))
     add(["aten::embedding.default"], Lowering(_lower_embedding))
     add(["aten::index_select.default"], Lowering(_lower_index_select))
     add(["aten::where.self"], Lowering(_lower_where))

@@ -388,6 +388,16 @@ class LayerNormOutput(nn.Module):
         return out * 2.0
 
 
+def test_as_strided_out_of_order_is_refused():
+    graph = torch.fx.Graph()
+    x = _placeholder(graph, "x", torch.randn(3, 4))
+    op = torch.ops.aten.as_strided_copy.default
+    transposed = _node(graph, op, (x, [4, 3], [1, 4]), torch.empty(4, 3))
+    offset = _node(graph, op, (x, [2, 4], [4, 1], 4), torch.empty(2, 4))
+    assert "only in-order views" in lowering.refusal(transposed)
+    assert "only in-order views" in lowering.refusal(offset)
+
+
 def test_native_layer_norm_output_is_delegated():
     x = torch.randn(3, 8)
     edge, _ = lower(LayerNormOutput(), (x,))
@@ -587,6 +597,8 @@ OP_CASES = [
     ("_to_copy_int", aten._to_copy.default, (ids(2, 3, high=9),), {"dtype": torch.float32}),
     ("_clone_dim_order", dim_order_ops._clone_dim_order.default, (rand(2, 3),), {"dim_order": [0, 1]}),
     ("_to_dim_order_copy", dim_order_ops._to_dim_order_copy.default, (rand(2, 3),), {"dtype": torch.bfloat16}),
+    ("as_strided_copy", aten.as_strided_copy.default, (rand(2, 6, 1, 1), [2, 6, 1, 1], [6, 1, 6, 6]), {}),
+    ("as_strided", aten.as_strided.default, (rand(3, 4), [2, 6]), {"stride": [6, 1]}),
     ("embedding", aten.embedding.default, (rand(10, 4), ids(2, 3, high=10)), {}),
     ("embedding_i32", aten.embedding.default, (rand(10, 4), ids(5, high=10).int()), {}),
     ("index_select", aten.index_select.default, (rand(2, 5), -1, ids(3, high=5)), {}),
