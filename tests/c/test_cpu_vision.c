@@ -342,6 +342,15 @@ static void test_refusals(void) {
                  ATTRS(P(2, 2), P(2, 2)));
   expect_refused("align_corners 2", KILN_OP_UPSAMPLE_BILINEAR2D, 4, DIMS(1, 1, 2, 2),
                  DIMS(1, 1, 4, 4), 2, ATTRS(P(4, 4), 2));
+  /* an output dtype other than the input's */
+  graph *h = g_new();
+  uint32_t hx = g_tensor(h, KILN_STORE_INPUT, KILN_F32, 4, DIMS(1, 1, 2, 2));
+  uint32_t ho = g_tensor(h, KILN_STORE_OUTPUT, KILN_F16, 4, DIMS(1, 1, 1, 1));
+  g_op(h, KILN_OP_ADAPTIVE_AVG_POOL2D, 1, IDS(hx), ho, 1, ATTRS(P(1, 1)), 0);
+  kiln_engine *he = g_engine(h);
+  CHECK(kiln_cpu_backend.init(he, &err) == KILN_ERR_INVALID_PROGRAM);
+  free(he);
+  free(h);
   /* a convolution whose weight has more input channels than the input */
   graph *g = g_new();
   uint32_t x = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 4, DIMS(1, 2, 3, 3));
@@ -357,7 +366,7 @@ static void test_refusals(void) {
 /* ---------------------------------------------------------------- batch norm folding */
 
 /* conv (constants) -> batch norm (constants) -> relu, built with and without fusion. */
-static void *build_conv_bn(int fuse, size_t *size, uint32_t *n_bn, uint32_t *n_conv) {
+static void *build_conv_bn(int fuse, int share, size_t *size, uint32_t *n_bn, uint32_t *n_conv) {
   kiln_builder *b = kiln_builder_create();
   double wv[2 * 3 * 3 * 3], stats[4][2] = {{0.5, -1}, {2, 0.3}, {1.5, -0.7}, {0.1, 0.2}};
   float w[54], bias[2] = {0.25f, -0.5f}, p[4][2];
@@ -377,6 +386,7 @@ static void *build_conv_bn(int fuse, size_t *size, uint32_t *n_bn, uint32_t *n_c
   int32_t relu = kiln_builder_add_op(b, KILN_OP_RELU, &bn, 1, NULL, 0, NULL, 0, &err);
   CHECK(relu >= 0);
   CHECK(kiln_builder_mark_output(b, relu, "y", &err) == KILN_OK);
+  if (share) CHECK(kiln_builder_mark_output(b, conv, "features", &err) == KILN_OK);
   kiln_build_options opts;
   kiln_build_options_default(&opts);
   opts.fuse = fuse;
@@ -423,8 +433,14 @@ static void run_blob(void *blob, size_t size, const float *x, float *y) {
 static void test_batch_norm_folding(void) {
   size_t folded_size, plain_size;
   uint32_t bn_folded, conv_folded, bn_plain, conv_plain;
-  void *folded = build_conv_bn(1, &folded_size, &bn_folded, &conv_folded);
-  void *plain = build_conv_bn(0, &plain_size, &bn_plain, &conv_plain);
+  void *folded = build_conv_bn(1, 0, &folded_size, &bn_folded, &conv_folded);
+  void *plain = build_conv_bn(0, 0, &plain_size, &bn_plain, &conv_plain);
+  size_t shared_size;
+  uint32_t bn_shared, conv_shared;
+  /* the convolution's own output is also read elsewhere: the norm must stay */
+  void *shared = build_conv_bn(1, 1, &shared_size, &bn_shared, &conv_shared);
+  CHECK(bn_shared == 1 && conv_shared == 1);
+  kiln_free(shared);
   CHECK(bn_folded == 0 && conv_folded == 1);
   CHECK(bn_plain == 1 && conv_plain == 1);
   float x[75], y_folded[50], y_plain[50];

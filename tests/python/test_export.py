@@ -633,6 +633,7 @@ OP_CASES = [
     ("avg_pool2d", aten.avg_pool2d.default, (rand(2, 3, 7, 7), [3, 3], [2, 2], [1, 1]), {}),
     ("avg_pool2d_exclude_pad_ceil", aten.avg_pool2d.default,
      (rand(1, 2, 8, 7), [3, 3], [2, 2], [1, 1], True, False), {}),
+    ("avg_pool2d_ceil_last_window_dropped", aten.avg_pool2d.default, (rand(1, 1, 5, 5), [2, 2], [2, 2], [1, 1], True), {}),
     ("avg_pool2d_divisor", aten.avg_pool2d.default, (rand(1, 2, 6, 6), [2, 3], [], [0, 1], False, True, 5), {}),
     ("_adaptive_avg_pool2d", aten._adaptive_avg_pool2d.default, (rand(2, 3, 7, 5), [3, 4]), {}),
     ("adaptive_avg_pool2d_global", aten.adaptive_avg_pool2d.default, (rand(2, 3, 7, 5), [1, 1]), {}),
