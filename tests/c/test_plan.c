@@ -254,10 +254,10 @@ static void test_io_list_refusals(void) {
 static void test_op_refusals(void) {
   fixture f;
   fresh(&f);
-  char unknown[80];
+  f.ops[1].kind = (kiln_op_kind)KILN_OP_COUNT;
+  char unknown[96]; /* the first kind past the enum, whatever the enum's length */
   snprintf(unknown, sizeof unknown, "plan op 1: kind %d is unknown; re-export the program",
            (int)KILN_OP_COUNT);
-  f.ops[1].kind = (kiln_op_kind)KILN_OP_COUNT;
   expect(&f, KILN_ERR_INVALID_PROGRAM, unknown);
   fresh(&f);
   f.ops[1].n_inputs = 9;
