@@ -2,6 +2,7 @@
  * added, then builds a blob: graph passes, memory plan, plan, metadata and weights. */
 #include "core/alloc.h"
 #include "core/fold.h"
+#include "core/fold_batch_norm.h"
 #include "core/fuse.h"
 #include "core/fuse_attention.h"
 #include "core/fuse_norm.h"
@@ -490,12 +491,14 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
   return KILN_OK;
 }
 
-/* Rewrites g: constants folded, GEMMs recognized, epilogues fused, dead code removed, then
+/* Rewrites g: constants folded, GEMMs recognized, batch norms folded into convolutions,
+ * epilogues fused, dead code removed, then
  * attention's head split and merge taken into the SDPA, pointwise chains fused (after the
  * epilogues, so a GEMM keeps its activation), then pointwise ops next to a norm fused into it. */
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, kiln_error *err) {
   kiln_status s;
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
+  if (opts->fuse && (s = kiln_fold_batch_norm(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_epilogues(g, err))) return s;
   if ((s = kiln_graph_remove_dead(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_attention(g, err))) return s;
