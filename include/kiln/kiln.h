@@ -224,7 +224,9 @@ typedef enum kiln_op_kind {
   KILN_OP_WHERE,        /* cond (bool), a, b, broadcasting */
   KILN_OP_SDPA,         /* q[...,L,E], k[...,S,E], v[...,S,Ev], mask? (bool: true keeps, or additive
                            float), broadcast to [...,L,S]; iattr0 = causal, iattr1 = mask present;
-                           fattr0 = scale (0 means 1/sqrt(E)). iattr2 = 1, packed heads: one
+                           fattr0 = scale (0 means 1/sqrt(E)). Batch dims of k and v equal
+                           q's, but dim -3 (heads) may divide q's: grouped-query attention, key/
+                           value head = query head / group. iattr2 = 1, packed heads: one
                            input qkv[B,L,3,H,E] (q, k, v = qkv[:,:,i] as [B,H,L,E]), mask? over
                            [B,H,L,L] -> [B,L,H,E], the heads back in place */
   KILN_OP_POINTWISE,    /* a fused chain of float pointwise steps, one pass over memory: x, then

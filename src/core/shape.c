@@ -600,11 +600,12 @@ static kiln_status infer_sdpa(const infer_ctx *c, kiln_tensor_desc *out) {
   int ok = k->rank == r && v->rank == r && k->dims[r - 1] == q->dims[r - 1] &&
            v->dims[r - 2] == k->dims[r - 2];
   for (int32_t i = 0; ok && i < r - 2; i++)
-    ok = k->dims[i] == q->dims[i] && v->dims[i] == q->dims[i];
+    ok = k->dims[i] == v->dims[i] &&
+         kiln_sdpa_kv_group(r, i, q->dims[i], k->dims[i]) > 0;
   if (!ok)
     return kiln_fail(c->err, c->status,
                      "%.7s op %u (%.12s): q %.40s, k %.40s and v must be [...,L,E], [...,S,E] and "
-                     "[...,S,Ev] with equal batch dims%.24s",
+                     "[...,S,Ev], batch dims equal but k,v heads (dim -3) may divide q's%.24s",
                      c->stage, c->index, c->name, shape_of(q, t.a), shape_of(k, t.b), c->remedy);
   if (has_mask) {
     int64_t scores[KILN_MAX_RANK];

@@ -5,6 +5,7 @@
 
 #include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
+#include "core/shape.h"
 #include "cuda_ops.h"
 
 #include <string.h>
@@ -183,6 +184,13 @@ static kiln_status kcu_check_packed_attention(const kiln_plan *p, const kiln_op 
   return KILN_OK;
 }
 
+/* 1 when t's dim aligned with out's dim -3 is a head count neither 1 nor out's: GQA. */
+static int kcu_grouped_heads(const kiln_tensor_desc *t, const kiln_tensor_desc *out) {
+  if (t->rank < 3 || out->rank < 3) return 0;
+  int64_t h = t->dims[t->rank - 3];
+  return h != 1 && h != out->dims[out->rank - 3];
+}
+
 static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, uint32_t i,
                                        kiln_error *err) {
   if (op->n_iattr > 2 && op->iattr[2] != 0) return kcu_check_packed_attention(p, op, i, err);
@@ -202,12 +210,15 @@ static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, ui
     for (int d = 0; ok && d < r - 2; d++) ok = out->dims[d] == q->dims[d];
     for (int d = 0; ok && d < k->rank - 2; d++) {
       int64_t kd = k->dims[d], od = out->dims[d + (r - k->rank)];
-      ok = kd == 1 || kd == od;
+      ok = kd == 1 || kiln_sdpa_kv_group(r, d + (r - k->rank), od, kd) > 0;
     }
     for (int d = 0; ok && d < v->rank - 2; d++) {
       int64_t vd = v->dims[d], od = out->dims[d + (r - v->rank)];
-      ok = vd == 1 || vd == od;
+      ok = vd == 1 || kiln_sdpa_kv_group(r, d + (r - v->rank), od, vd) > 0;
     }
+    /* grouped heads (dim -3): the kernels take the group off k, so v has k's rank and heads */
+    if (ok && (kcu_grouped_heads(k, out) || kcu_grouped_heads(v, out)))
+      ok = k->rank == r && v->rank == r && k->dims[r - 3] == v->dims[r - 3];
     int64_t batch = 1;
     for (int d = 0; d < r - 2; d++) batch *= out->dims[d];
     ok = ok && batch * ((q->dims[r - 2] + 7) / 8) <= 0x7fffffffLL;

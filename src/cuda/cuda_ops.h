@@ -84,6 +84,7 @@ typedef struct kcu_attn_geometry {
   int64_t bdims[KCU_ATTN_BATCH];
   int64_t qb[KCU_ATTN_BATCH], kb[KCU_ATTN_BATCH], vb[KCU_ATTN_BATCH], mb[KCU_ATTN_BATCH],
       ob[KCU_ATTN_BATCH]; /* element strides of each operand's matrix per batch dim */
+  int64_t kv_group[KCU_ATTN_BATCH]; /* query heads per k,v head per batch dim: 1 but GQA's */
   int64_t q_row, k_row, v_row, o_row; /* elements between consecutive rows of each matrix */
   int64_t m_row, m_col;
   int mask_kind; /* 0 none, 1 bool (true keeps), 2 additive */

@@ -978,6 +978,8 @@ static void sdpa_case(const attn_case *c) {
   int64_t score_dims[4] = {od[0], od[1], l_dim, s_dim};
   for (int64_t b = 0; b < od[0] * od[1]; b++) {
     int64_t kb = ref_bcast(b, 2, od, 2, c->kd), vb = ref_bcast(b, 2, od, 2, c->vd);
+    if (c->kd[1] > 1 && c->kd[1] < od[1]) /* grouped heads: query head h reads kv head h / g */
+      kb = vb = (b / od[1]) * c->kd[1] + (b % od[1]) / (od[1] / c->kd[1]);
     for (int64_t i = 0; i < l_dim; i++) {
       double most = -INFINITY, sum = 0;
       for (int64_t j = 0; j < s_dim; j++) {
@@ -1020,6 +1022,28 @@ static void test_sdpa(void) {
         {"sdpa causal L<S", dt, {2, 2, 3, 8}, {2, 2, 5, 8}, {2, 2, 5, 4}, 1, 0.0, none, 0, {0}},
         {"sdpa causal L>S", dt, {1, 2, 6, 4}, {1, 2, 3, 4}, {1, 2, 3, 4}, 1, 0.0, none, 0, {0}},
         {"sdpa kv broadcast", dt, {2, 3, 4, 8}, {2, 1, 6, 8}, {2, 1, 6, 8}, 0, 0.0, none, 0, {0}},
+        {"sdpa grouped heads", dt, {2, 6, 3, 8}, {2, 2, 5, 8}, {2, 2, 5, 4}, 0, 0.0, none, 0, {0}},
+        {"sdpa grouped causal", dt, {1, 4, 5, 8}, {1, 2, 5, 8}, {1, 2, 5, 8}, 1, 0.0, none, 0, {0}},
+        {"sdpa grouped bool mask",
+         dt,
+         {2, 4, 3, 8},
+         {2, 1, 5, 8},
+         {2, 1, 5, 8},
+         0,
+         0.0,
+         KILN_BOOL,
+         4,
+         {1, 1, 3, 5}},
+        {"sdpa grouped float mask",
+         dt,
+         {1, 8, 2, 4},
+         {1, 2, 6, 4},
+         {1, 2, 6, 4},
+         0,
+         0.0,
+         dt,
+         4,
+         {1, 8, 2, 6}},
         {"sdpa bool mask",
          dt,
          {2, 2, 3, 8},

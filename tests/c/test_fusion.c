@@ -301,6 +301,52 @@ static void g_mha_peek(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 1, 0); }
 static void g_mha_swapped(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 0, 1); }
 static void g_mha_peek_out(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 2, 0); }
 
+/* Grouped-query attention as transformers writes it: q [1,4,6,8] and k, v [1,2,6,8], each of
+ * k and v viewed as [1,2,1,6,8], expanded to [1,2,2,6,8], copied and viewed as [1,4,6,8]
+ * (repeat_kv), then causal SDPA. `variant` 1: the expanded k is an output too; 2: k is tiled
+ * ([1,1,2,6,8] expanded over dim 1: head h reads h % 2), which is not GQA; 3: a float mask;
+ * 4: k comes as [1,2,2,6,8] and its expand changes nothing: four real heads, not a repeat;
+ * 5: v has one head repeated 4 times, k two repeated twice: k and v would differ in heads. */
+static int32_t repeat_heads(kiln_builder *b, int32_t t, int tile) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t u = tile == 2 ? t /* already [1,2,2,6,8]: the expand changes nothing */
+              : kiln_builder_add_op(b, KILN_OP_RESHAPE, T(t), 1,
+                                    tile == 1   ? D(1, 1, 2, 6, 8)
+                                    : tile == 3 ? D(1, 1, 1, 6, 8)
+                                                : D(1, 2, 1, 6, 8),
+                                    5, NULL, 0, &err);
+  int32_t e = kiln_builder_add_op(b, KILN_OP_EXPAND, T(u), 1,
+                                  tile == 3 ? D(1, 1, 4, 6, 8) : D(1, 2, 2, 6, 8), 5, NULL, 0, &err);
+  int32_t c = kiln_builder_add_op(b, KILN_OP_COPY, T(e), 1, NULL, 0, NULL, 0, &err);
+  int32_t r = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(c), 1, D(1, 4, 6, 8), 4, NULL, 0, &err);
+  if (r < 0) fprintf(stderr, "repeat_heads: %s\n", err.message);
+  CHECK(r >= 0);
+  return r;
+}
+static void gqa(kiln_builder *b, kiln_dtype dt, int variant) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t q = in(b, "q", dt, 4, D(1, 4, 6, 8));
+  int32_t k = variant == 4 ? in(b, "k", dt, 5, D(1, 2, 2, 6, 8)) : in(b, "k", dt, 4, D(1, 2, 6, 8));
+  int32_t v = variant == 5 ? in(b, "v", dt, 4, D(1, 1, 6, 8)) : in(b, "v", dt, 4, D(1, 2, 6, 8));
+  int32_t m = variant == 3 ? in(b, "m", dt, 4, D(1, 1, 6, 6)) : -1;
+  int32_t kr = repeat_heads(b, k, variant == 2 ? 1 : variant == 4 ? 2 : 0);
+  int32_t vr = repeat_heads(b, v, variant == 5 ? 3 : 0);
+  int32_t a = m >= 0 ? kiln_builder_add_op(b, KILN_OP_SDPA, T(q, kr, vr, m), 4, D(0, 1), 2, NULL,
+                                           0, &err)
+                     : kiln_builder_add_op(b, KILN_OP_SDPA, T(q, kr, vr), 3, D(1, 0), 2, NULL, 0,
+                                           &err);
+  if (a < 0) fprintf(stderr, "gqa: %s\n", err.message);
+  CHECK(a >= 0);
+  out(b, a, "y");
+  if (variant == 1) out(b, kr, "k_repeated");
+}
+static void g_gqa(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 0); }
+static void g_gqa_peek(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 1); }
+static void g_gqa_tiled(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 2); }
+static void g_gqa_mask(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 3); }
+static void g_gqa_noop(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 4); }
+static void g_gqa_uneven(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 5); }
+
 /* ---------------------------------------------------------------- building and running */
 
 typedef struct built {
@@ -1030,6 +1076,41 @@ static void test_packed_attention(void) {
   }
 }
 
+/* ---------------------------------------------------------------- grouped-query attention */
+
+static void test_grouped_kv(void) {
+  built x;
+  static const graph_fn fuses[2] = {g_gqa, g_gqa_mask};
+  for (int c = 0; c < 2; c++) {
+    if (build(fuses[c], KILN_F16, 1, &x)) {
+      const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+      CHECK(a && !find_op(&x, KILN_OP_EXPAND, 0));
+      CHECK(a && x.plan.tensors[a->inputs[1]].dims[1] == 2 &&
+            x.plan.tensors[a->inputs[2]].dims[1] == 2 && x.plan.tensors[a->output].dims[1] == 4);
+    }
+    release(&x);
+  }
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = t == 0 ? KILN_F32 : t == 1 ? KILN_F16 : KILN_BF16;
+    check_same_as_unfused(g_gqa, dt, -2.0, 2.0);
+    check_same_as_unfused(g_gqa_mask, dt, -2.0, 2.0);
+    check_same_as_unfused(g_gqa_peek, dt, -2.0, 2.0);
+    check_same_as_unfused(g_gqa_tiled, dt, -2.0, 2.0);
+    check_same_as_unfused(g_gqa_noop, dt, -2.0, 2.0);
+    check_same_as_unfused(g_gqa_uneven, dt, -2.0, 2.0);
+  }
+  /* the repeated k read elsewhere, tiled rather than repeated per head, or not repeated: the
+   * expands stay; k and v repeated from different head counts stay too */
+  static const graph_fn apart[4] = {g_gqa_peek, g_gqa_tiled, g_gqa_noop, g_gqa_uneven};
+  for (int c = 0; c < 4; c++) {
+    if (build(apart[c], KILN_F16, 1, &x)) {
+      const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+      CHECK(a && x.plan.tensors[a->inputs[1]].dims[1] == 4 && find_op(&x, KILN_OP_EXPAND, 1));
+    }
+    release(&x);
+  }
+}
+
 int main(void) {
   test_chain_fuses();
   test_chain_boundaries();
@@ -1042,5 +1123,6 @@ int main(void) {
   test_residual_fuses();
   test_views();
   test_packed_attention();
+  test_grouped_kv();
   return check_report("test_fusion");
 }
