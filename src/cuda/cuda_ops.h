@@ -146,6 +146,9 @@ static inline int kcu_gemv_fits(int64_t M, int64_t K) {
 }
 cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias, void *y,
                      kiln_dtype dt, int64_t M, int64_t N, int64_t K, kiln_activation act);
+/* The output columns one GEMV block of 8 warps takes for N columns (8, 4, 2 or 1; the warps
+ * split each column's K 8 / columns ways): enough warps for memory to stay busy. */
+int kcu_gemv_columns(int64_t N);
 
 #ifdef __cplusplus
 }

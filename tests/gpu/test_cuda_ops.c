@@ -171,6 +171,24 @@ static void test_gemm(void) {
         }
       }
     }
+    /* Split-K inside the GEMV block: N picks 1, 2, 4 or 8 columns per block (8, 4, 2 or 1 K
+     * slices each), K = 1032 splits unevenly, a partial last block at N = 10001. */
+    kcu_test_gemv_choice = 1;
+    static const int64_t split_n[4] = {1000, 2048, 4096, 10001};
+    for (int c = 0; c < 4; c++) {
+      for (int r = 0; r < 3; r++) {
+        prog *p = p_new();
+        uint32_t x = IN(p, dt, 2, gemv_rows[r], 1032);
+        uint32_t w = p_weight(p, dt, 2, DIMS(split_n[c], 1032), -0.1, 0.1);
+        uint32_t b = p_weight(p, dt, 1, DIMS(split_n[c]), -1, 1);
+        uint32_t y = OUT(p, dt, 2, gemv_rows[r], split_n[c]);
+        p_op(p, KILN_OP_LINEAR, 3, OPS(x, w, b), y, 1, ATTR(c == 1 ? KILN_ACT_GELU_ERF : 0), 0);
+        snprintf(name, sizeof name, "linear gemv split-K N %lld (%d cols) %lld rows %s",
+                 (long long)split_n[c], kcu_gemv_columns(split_n[c]), (long long)gemv_rows[r],
+                 kiln_dtype_name(dt));
+        compare(p, name, NULL);
+      }
+    }
     kcu_test_gemv_choice = -1;
     for (int act = 0; act <= KILN_ACT_GELU_TANH; act++) {
       prog *p = p_new(); /* K not a multiple of 8: cuBLASLt, erf GELU after it */
