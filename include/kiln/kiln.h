@@ -181,7 +181,8 @@ KILN_API kiln_status kiln_metadata_write(const kiln_metadata *md, char **out, si
 typedef enum kiln_op_kind {
   KILN_OP_LINEAR = 0,   /* x[...,K], w[N,K], bias[N]?, residual? -> [...,N]; iattr0 =
                            kiln_activation; iattr1 = 1: the last input, of the output's shape
-                           and dtype, is added after the bias (activation NONE), one rounding */
+                           and dtype, is added after the bias (activation NONE), one rounding.
+                           KILN_ACT_SWIGLU: x, w[2N,K] only -> [...,N] */
   KILN_OP_MATMUL,       /* a[...,M,K], b[...,K,N] (batch dims broadcast) -> [...,M,N] */
   KILN_OP_ADD,          /* a + alpha*b, broadcasting; fattr0 = alpha */
   KILN_OP_SUB,          /* a - alpha*b, broadcasting; fattr0 = alpha */
@@ -256,7 +257,9 @@ typedef enum kiln_activation {
   KILN_ACT_NONE = 0,
   KILN_ACT_RELU = 1,
   KILN_ACT_GELU_ERF = 2,
-  KILN_ACT_GELU_TANH = 3
+  KILN_ACT_GELU_TANH = 3,
+  KILN_ACT_SWIGLU = 4 /* w [2N,K] is gate over up: y = silu(x gate^T) * (x up^T) -> [...,N];
+                         no bias, no residual */
 } kiln_activation;
 
 KILN_API const char *kiln_op_name(kiln_op_kind op); /* "linear", "matmul", ... */

@@ -53,8 +53,10 @@ static kiln_status kcu_check_gemm(const kiln_plan *p, const kiln_op *op, uint32_
     return KCU_BAD("op %u (%.16s): operands need at least one dim and K > 0; re-export the "
                    "program", i, name);
   if (op->kind == KILN_OP_LINEAR) {
+    int64_t n_out = op->n_iattr > 0 && op->iattr[0] == KILN_ACT_SWIGLU ? w->dims[0] / 2 : w->dims[0];
     if (w->rank != 2 || w->dims[1] != x->dims[x->rank - 1] || out->rank != x->rank ||
-        out->dims[out->rank - 1] != w->dims[0] || kcu_count(out) != kcu_count(x) / w->dims[1] * w->dims[0])
+        out->dims[out->rank - 1] != n_out || kcu_count(out) != kcu_count(x) / w->dims[1] * n_out ||
+        (n_out != w->dims[0] && (w->dims[0] % 2 != 0 || op->n_inputs != 2)))
       return KCU_BAD("op %u (linear): weight, input and output shapes disagree; re-export the "
                      "program", i);
     if (kiln_linear_has_bias(op)) {
@@ -71,7 +73,7 @@ static kiln_status kcu_check_gemm(const kiln_plan *p, const kiln_op *op, uint32_
     if (op->n_inputs > 3 && !kiln_linear_has_residual(op))
       return KCU_BAD("op %u (linear): 4 inputs without the residual flag; re-export the program",
                      i);
-    if (op->n_iattr > 0 && (op->iattr[0] < 0 || op->iattr[0] > KILN_ACT_GELU_TANH))
+    if (op->n_iattr > 0 && (op->iattr[0] < 0 || op->iattr[0] > KILN_ACT_SWIGLU))
       return KCU_BAD("op %u (linear): activation %lld is not a kiln_activation; re-export the "
                      "program", i, (long long)op->iattr[0]);
     return KILN_OK;

@@ -5,7 +5,8 @@
  * slice in 16-byte loads, several issued before any is used, multiply them with every input
  * row in f32 and reduce by warp shuffles; the slices meet in shared memory, and one warp per
  * column applies bias and activation (erf GELU included, which no cuBLASLt epilogue
- * computes) before the one store. */
+ * computes) before the one store. SwiGLU (w = [gate; up], 2N rows) pairs a gate and an up
+ * column in one block and stores silu(gate) * up. */
 #include "cuda_device.cuh"
 
 #define KCU_GEMV_WARPS 8
@@ -49,7 +50,11 @@ static __device__ __forceinline__ void kcu_gemv_body(int dt, const void *x, cons
   __shared__ float part[KCU_GEMV_WARPS][KCU_GEMV_MAX_ROWS];
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int col = warp % cols, slice = warp / cols, slices = KCU_GEMV_WARPS / cols;
-  int64_t n = (int64_t)blockIdx.x * cols + col;
+  /* SwiGLU: the block's first half of columns reads gate rows, the second the matching up
+   * rows (N below them), and each output column combines one of each. */
+  int glu = act == KILN_ACT_SWIGLU, outs = glu ? cols / 2 : cols;
+  int64_t n = (int64_t)blockIdx.x * outs + col % outs;
+  int64_t row = glu && col >= outs ? N + n : n;
   const int per = dt == KILN_F32 ? 4 : 8;
   const int64_t chunks = K / per; /* 16-byte vectors per row */
   const int64_t span = (chunks + slices - 1) / slices;
@@ -58,7 +63,7 @@ static __device__ __forceinline__ void kcu_gemv_body(int dt, const void *x, cons
 #pragma unroll
   for (int m = 0; m < KCU_GEMV_MAX_ROWS; m++) acc[m] = 0.0f;
   if (n < N) {
-    const uint4 *wrow = (const uint4 *)w + n * chunks;
+    const uint4 *wrow = (const uint4 *)w + row * chunks;
     const uint4 *xv = (const uint4 *)x;
     for (int64_t c0 = c_begin + lane; c0 < c_end; c0 += 32 * KCU_GEMV_UNROLL) {
       uint4 wv[KCU_GEMV_UNROLL];
@@ -91,12 +96,14 @@ static __device__ __forceinline__ void kcu_gemv_body(int dt, const void *x, cons
     if (lane == 0) part[warp][m] = v;
   }
   __syncthreads();
-  if (slice != 0 || n >= N) return;
+  if (slice != 0 || col >= outs || n >= N) return;
   float b = bias ? kcu_ld(bias, dt, n) : 0.0f;
   if (lane < M) {
-    float v = 0.0f;
+    float v = 0.0f, up = 0.0f;
     for (int k = 0; k < slices; k++) v += part[k * cols + col][lane];
-    kcu_st(y, dt, (int64_t)lane * N + n, kcu_gemv_act(act, v + b));
+    for (int k = 0; glu && k < slices; k++) up += part[k * cols + col + outs][lane];
+    v = glu ? kcu_unop(KILN_OP_SILU, v, 0.0f) * up : kcu_gemv_act(act, v + b);
+    kcu_st(y, dt, (int64_t)lane * N + n, v);
   }
 }
 
@@ -119,8 +126,11 @@ int kcu_gemv_columns(int64_t N) {
 cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias, void *y,
                      kiln_dtype dt, int64_t M, int64_t N, int64_t K, kiln_activation act) {
   if (N == 0) return cudaSuccess;
-  int cols = kcu_gemv_columns(N);
-  unsigned blocks = (unsigned)((N + cols - 1) / cols);
+  int glu = act == KILN_ACT_SWIGLU;
+  int cols = kcu_gemv_columns(glu ? 2 * N : N);
+  if (glu && cols < 2) cols = 2; /* a gate and an up column per output */
+  int outs = glu ? cols / 2 : cols;
+  unsigned blocks = (unsigned)((N + outs - 1) / outs);
   int threads = KCU_GEMV_WARPS * 32;
   if (dt == KILN_F32)
     kcu_gemv_f32<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act, cols);

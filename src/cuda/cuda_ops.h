@@ -35,6 +35,9 @@ cudaError_t kcu_unary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
                       const kcu_tensor *out, float param);
 cudaError_t kcu_where(cudaStream_t s, const kcu_tensor *cond, const kcu_tensor *a,
                       const kcu_tensor *b, const kcu_tensor *out);
+/* out[M,N] = silu(t[:, :N]) * t[:, N:] for t[M,2N] of out's dtype: SwiGLU after a GEMM. */
+cudaError_t kcu_swiglu(cudaStream_t s, const void *t, void *out, kiln_dtype dt, int64_t M,
+                       int64_t N);
 /* In place on a contiguous float tensor: the activation a GEMM epilogue could not fuse. */
 cudaError_t kcu_activation(cudaStream_t s, kiln_activation act, const kcu_tensor *t);
 
@@ -139,7 +142,8 @@ cudaError_t kcu_flash_attention(cudaStream_t s, const kcu_tensor *q, const kcu_t
                                 const kcu_attn_geometry *geo);
 
 /* cuda_gemv.cu: y[M,N] = act(x[M,K] w[N,K]^T + bias) for a few rows, f32 accumulation, bias
- * (may be NULL) and activation fused; operands contiguous and 16-byte aligned. */
+ * (may be NULL) and activation fused; operands contiguous and 16-byte aligned. With
+ * KILN_ACT_SWIGLU, w has 2N rows (gate over up), no bias: y = silu(x gate^T) * (x up^T). */
 #define KCU_GEMV_MAX_ROWS 8
 static inline int kcu_gemv_fits(int64_t M, int64_t K) {
   return M >= 1 && M <= KCU_GEMV_MAX_ROWS && K > 0 && K % 8 == 0;

@@ -203,6 +203,10 @@ static void test_shape_refusals(void) {
   int32_t huge = input(b, "huge", KILN_F32, 2, D(0, (int64_t)1 << 62));
   int32_t cond = input(b, "cond", KILN_BOOL, 2, D(2, 1));
 
+  int32_t w33 = constant(b, 2, D(3, 3), NULL);
+  expect_refusal(b, KILN_OP_LINEAR, T(x, w33), 2, I(KILN_ACT_SWIGLU), 1, NULL, 0, bad,
+                 "builder op 0 (linear): SwiGLU takes x and one weight of 2N rows (gate over up), "
+                 "but has 2 inputs and weight [3,3]");
   expect_refusal(b, KILN_OP_LINEAR, T(x, w42), 2, NULL, 0, NULL, 0, bad,
                  "builder op 0 (linear): input 0 has 3 columns but the weight [4,2] expects 2; "
                  "the weight must be [N,K] with K = the input's last dim");
@@ -340,7 +344,7 @@ static void test_shape_refusals(void) {
                  "must match a 4th input and excludes causal");
   /* Refusals leave nothing behind: the next op is still op 0. */
   expect_refusal(b, KILN_OP_COPY, T(99), 1, NULL, 0, NULL, 0, bad,
-                 "builder op 0 (copy): input 0 is tensor 99 but the builder has 26 tensors; pass "
+                 "builder op 0 (copy): input 0 is tensor 99 but the builder has 27 tensors; pass "
                  "ids the builder returned");
   expect_refusal(b, (kiln_op_kind)77, T(x), 1, NULL, 0, NULL, 0, KILN_ERR_UNSUPPORTED,
                  "builder op 0: op kind 77 is unknown; pass a kiln_op_kind");

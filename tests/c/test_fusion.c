@@ -347,6 +347,45 @@ static void g_gqa_mask(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 3); }
 static void g_gqa_noop(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 4); }
 static void g_gqa_uneven(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 5); }
 
+/* A gated MLP: down(silu(gate(x)) * up(x)), x [3,16], hidden 12; `variant` 1: the product
+ * is up * silu(gate); 2: the up projection has a bias; 3: gate's output is read again;
+ * 4: up reads another input; 5: sigmoid in place of silu. */
+static int32_t constant(kiln_builder *b, kiln_dtype dt, int32_t rank, const int64_t *dims,
+                        uint32_t seed) {
+  kiln_error err = {KILN_OK, ""};
+  int64_t n = 1;
+  for (int32_t d = 0; d < rank; d++) n *= dims[d];
+  void *data = calloc((size_t)n, kiln_dtype_size(dt));
+  CHECK(data != NULL);
+  for (int64_t i = 0; data && i < n; i++) /* multiples of 1/64 in [-0.5, 0.5) */
+    fill_value(data, dt, i, (double)((seed * 37u + (uint32_t)i * 29u) % 64u) / 64.0 - 0.5);
+  int32_t id = kiln_builder_add_constant(b, dt, rank, dims, data,
+                                         (size_t)n * kiln_dtype_size(dt), &err);
+  if (id < 0) fprintf(stderr, "add_constant: %s\n", err.message);
+  CHECK(id >= 0);
+  free(data);
+  return id;
+}
+
+static void swiglu(kiln_builder *b, kiln_dtype dt, int variant) {
+  int32_t x = in(b, "x", dt, 2, D(3, 16)), x2 = variant == 4 ? in(b, "x2", dt, 2, D(3, 16)) : x;
+  int32_t wg = constant(b, dt, 2, D(12, 16), 11), wu = constant(b, dt, 2, D(12, 16), 12);
+  int32_t wd = constant(b, dt, 2, D(16, 12), 13), bu = constant(b, dt, 1, D(12), 14);
+  int32_t gate = op(b, KILN_OP_LINEAR, T(x, wg), 2, 0, 0, NULL, 0);
+  int32_t up = variant == 2 ? op(b, KILN_OP_LINEAR, T(x2, wu, bu), 3, 0, 0, NULL, 0)
+                            : op(b, KILN_OP_LINEAR, T(x2, wu), 2, 0, 0, NULL, 0);
+  int32_t act = unary(b, variant == 5 ? KILN_OP_SIGMOID : KILN_OP_SILU, gate);
+  int32_t h = variant == 1 ? binary(b, KILN_OP_MUL, up, act) : binary(b, KILN_OP_MUL, act, up);
+  out(b, op(b, KILN_OP_LINEAR, T(h, wd), 2, 0, 0, NULL, 0), "y");
+  if (variant == 3) out(b, gate, "gate");
+}
+static void g_swiglu(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 0); }
+static void g_swiglu_swapped(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 1); }
+static void g_swiglu_bias(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 2); }
+static void g_swiglu_peek(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 3); }
+static void g_swiglu_two_inputs(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 4); }
+static void g_swiglu_sigmoid(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 5); }
+
 /* ---------------------------------------------------------------- building and running */
 
 typedef struct built {
@@ -1111,6 +1150,34 @@ static void test_grouped_kv(void) {
   }
 }
 
+/* ---------------------------------------------------------------- SwiGLU */
+
+static void test_swiglu(void) {
+  built x;
+  static const graph_fn fuses[2] = {g_swiglu, g_swiglu_swapped};
+  for (int c = 0; c < 2; c++) {
+    if (build(fuses[c], KILN_F16, 1, &x)) {
+      const kiln_op *a = find_op(&x, KILN_OP_LINEAR, 0);
+      CHECK(a && a->iattr[0] == KILN_ACT_SWIGLU && a->n_inputs == 2 &&
+            x.plan.tensors[a->inputs[1]].dims[0] == 24 && x.plan.tensors[a->output].dims[1] == 12);
+      CHECK(x.plan.n_ops == 2 && !find_op(&x, KILN_OP_SILU, 0) && !find_op(&x, KILN_OP_MUL, 0));
+    }
+    release(&x);
+    /* f32: the fused product rounds gate and up to f32 as the two LINEARs did: same bits */
+    check_same_as_unfused(fuses[c], KILN_F32, -2.0, 2.0);
+  }
+  static const graph_fn apart[4] = {g_swiglu_bias, g_swiglu_peek, g_swiglu_two_inputs,
+                                    g_swiglu_sigmoid};
+  for (int c = 0; c < 4; c++) {
+    if (build(apart[c], KILN_F32, 1, &x)) {
+      const kiln_op *a = find_op(&x, KILN_OP_LINEAR, 0);
+      CHECK(a && a->iattr[0] != KILN_ACT_SWIGLU && find_op(&x, KILN_OP_LINEAR, 2));
+    }
+    release(&x);
+    check_same_as_unfused(apart[c], KILN_F32, -2.0, 2.0);
+  }
+}
+
 int main(void) {
   test_chain_fuses();
   test_chain_boundaries();
@@ -1124,5 +1191,6 @@ int main(void) {
   test_views();
   test_packed_attention();
   test_grouped_kv();
+  test_swiglu();
   return check_report("test_fusion");
 }

@@ -189,6 +189,40 @@ static void test_gemm(void) {
         compare(p, name, NULL);
       }
     }
+    /* SwiGLU (w = [gate; up]): on the GEMV (its gate and up columns paired in a block), on
+     * cuBLASLt into the engine's scratch then the combine kernel, and at 40 rows (cuBLASLt
+     * only); N 100 and 3000 give 2 and 8 columns per GEMV block. */
+    static const int64_t glu_rows[4] = {1, 3, 8, 40}, glu_n[2] = {100, 3000};
+    for (int choice = 0; choice < 2; choice++) {
+      kcu_test_gemv_choice = choice;
+      for (int r = 0; r < 4; r++) {
+        for (int c = 0; c < 2; c++) {
+          if (r == 3 && choice == 1) continue;
+          prog *p = p_new();
+          uint32_t x = IN(p, dt, 2, glu_rows[r], 520);
+          uint32_t w = p_weight(p, dt, 2, DIMS(2 * glu_n[c], 520), -0.1, 0.1);
+          uint32_t y = OUT(p, dt, 2, glu_rows[r], glu_n[c]);
+          p_op(p, KILN_OP_LINEAR, 2, OPS(x, w), y, 1, ATTR(KILN_ACT_SWIGLU), 0);
+          snprintf(name, sizeof name, "linear swiglu %lld rows N %lld %s on %s",
+                   (long long)glu_rows[r], (long long)glu_n[c], kiln_dtype_name(dt),
+                   choice ? "gemv" : "cublaslt");
+          compare(p, name, NULL);
+        }
+      }
+    }
+    {
+      /* one scratch for attention scores and SwiGLU's gate and up: f32 SDPA on cuBLASLt, then
+       * a SwiGLU linear of its output */
+      kcu_test_gemv_choice = -1;
+      prog *p = p_new();
+      uint32_t q = IN(p, dt, 3, 2, 20, 64), k = IN(p, dt, 3, 2, 30, 64), v = IN(p, dt, 3, 2, 30, 64);
+      uint32_t a = MID(p, dt, 3, 2, 20, 64);
+      p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), a, 2, ATTR(0, 0), 0);
+      uint32_t w = p_weight(p, dt, 2, DIMS(256, 64), -0.2, 0.2);
+      p_op(p, KILN_OP_LINEAR, 2, OPS(a, w), OUT(p, dt, 3, 2, 20, 128), 1, ATTR(KILN_ACT_SWIGLU), 0);
+      snprintf(name, sizeof name, "sdpa then linear swiglu %s", kiln_dtype_name(dt));
+      compare(p, name, NULL);
+    }
     kcu_test_gemv_choice = -1;
     for (int act = 0; act <= KILN_ACT_GELU_TANH; act++) {
       prog *p = p_new(); /* K not a multiple of 8: cuBLASLt, erf GELU after it */
