@@ -235,13 +235,48 @@ typedef enum kiln_op_kind {
                            x's shape and dtype; iattr = steps in order (KILN_PW_STEP), 1..8;
                            fattr0 = the exponent of its one POW step, else 0. Intermediates stay
                            f32; only the result is rounded to the dtype. */
+  KILN_OP_COMPARE,      /* a, b of one dtype, broadcasting -> bool; iattr0 = kiln_compare. Floats
+                           compare in f32 (NaN is unequal to everything), integers exactly */
+  KILN_OP_LOGICAL,      /* a, b? of any dtypes (nonzero is true), broadcasting -> bool; iattr0 =
+                           kiln_bool_op; NOT takes one input, the others two */
+  KILN_OP_BITWISE,      /* a, b? of one dtype, bool, i32 or i64, broadcasting -> that dtype; iattr0
+                           = kiln_bool_op; NOT takes one input (on bool: logical not) */
+  KILN_OP_ABS,          /* float, i32 or i64 (integers wrap: |INT_MIN| is INT_MIN) */
+  KILN_OP_LOG,
+  KILN_OP_COS,
+  KILN_OP_SIN,
+  KILN_OP_ERF,
+  KILN_OP_HARDSWISH,    /* x * min(max(x + 3, 0), 6) / 6 */
+  KILN_OP_HARDSIGMOID,  /* min(max(x + 3, 0), 6) / 6 */
+  KILN_OP_MINIMUM,      /* a, b of one dtype, broadcasting; a NaN operand gives NaN. Clamp and
+                           hardtanh are MAXIMUM with the lower bound, then MINIMUM with the upper */
+  KILN_OP_MAXIMUM,      /* as MINIMUM */
   KILN_OP_COUNT
 } kiln_op_kind;
 
+/* KILN_OP_COMPARE's iattr0: a op b. */
+typedef enum kiln_compare {
+  KILN_CMP_EQ = 0,
+  KILN_CMP_NE = 1,
+  KILN_CMP_LT = 2,
+  KILN_CMP_LE = 3,
+  KILN_CMP_GT = 4,
+  KILN_CMP_GE = 5
+} kiln_compare;
+
+/* KILN_OP_LOGICAL's and KILN_OP_BITWISE's iattr0. */
+typedef enum kiln_bool_op {
+  KILN_BOOL_AND = 0,
+  KILN_BOOL_OR = 1,
+  KILN_BOOL_XOR = 2,
+  KILN_BOOL_NOT = 3 /* one input */
+} kiln_bool_op;
+
 /* One KILN_OP_POINTWISE step: bits 0-7 the op (RELU, GELU, SILU, SIGMOID, TANH, EXP, SQRT,
- * RSQRT, NEG, POW, or ADD, SUB, MUL, DIV with alpha 1), bits 8-11 the input slot (1..7) of a
- * binary step's other operand (0 for unary), then flags. A binary step computes
- * chain op operand, or operand op chain with KILN_PW_REVERSED. */
+ * RSQRT, NEG, POW, ABS, LOG, COS, SIN, ERF, HARDSWISH, HARDSIGMOID, or ADD, SUB, MUL, DIV with
+ * alpha 1, MINIMUM, MAXIMUM), bits 8-11 the input slot (1..7) of a binary step's other operand
+ * (0 for unary), then flags. A binary step computes chain op operand, or operand op chain with
+ * KILN_PW_REVERSED. */
 #define KILN_PW_MAX_STEPS 8
 #define KILN_PW_KIND_MASK 0xff
 #define KILN_PW_INPUT_SHIFT 8

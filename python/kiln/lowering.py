@@ -111,7 +111,96 @@ class Context:
 
 
 def _unary(name):
-    return lambda ctx, node: ctx.op(name, [ctx.tensor(node.args[0])])
+    """An op of one tensor, cast first to the result's dtype (log of an integer is a float)."""
+    return lambda ctx, node: ctx.op(name, [ctx.promoted(node.args[0], _val(node).dtype)])
+
+
+def _operand_kind(value):
+    """What torch.result_type needs to know of an operand: a number, or a tensor's dtype and
+    whether it is 0-dim (which promotes like a number of its category)."""
+    if isinstance(value, torch.fx.Node):
+        val = _val(value)
+        return torch.empty(() if val.dim() == 0 else (0,), dtype=val.dtype)
+    return value
+
+
+def _compare(which):
+    """eq, ne, lt, le, gt, ge: both operands in their promoted dtype, compared into bool."""
+
+    def lower(ctx, node):
+        args = node_args(node)
+        a, b = args["self"], args["other"]
+        dtype = torch.result_type(_operand_kind(a), _operand_kind(b))
+        inputs = [ctx.promoted(a, dtype), ctx.promoted(b, dtype)]
+        return ctx.op("compare", inputs, [_lib.COMPARE[which]])
+
+    return lower
+
+
+def _logical(which):
+    """logical_*: any dtypes (nonzero is true) into bool."""
+
+    def lower(ctx, node):
+        args = node_args(node)
+        inputs = [ctx.tensor(args["self"])]
+        if which != "not":
+            inputs.append(ctx.tensor(args["other"]))
+        return ctx.op("logical", inputs, [_lib.BOOL_OPS[which]])
+
+    return lower
+
+
+def _bitwise(which):
+    """bitwise_*: operands in the result's dtype (bool, i32 or i64)."""
+
+    def lower(ctx, node):
+        args = node_args(node)
+        dtype = _val(node).dtype
+        inputs = [ctx.promoted(args["self"], dtype)]
+        if which != "not":
+            inputs.append(ctx.promoted(args["other"], dtype))
+        return ctx.op("bitwise", inputs, [_lib.BOOL_OPS[which]])
+
+    return lower
+
+
+def _min_max(name):
+    def lower(ctx, node):
+        args = node_args(node)
+        dtype = _val(node).dtype
+        return ctx.op(name, [ctx.promoted(args["self"], dtype), ctx.promoted(args["other"], dtype)])
+
+    return lower
+
+
+def _clamped(ctx, node, x, low, high):
+    """x bounded below by low and above by high (None: no bound), each a number or a node,
+    in the result's dtype: maximum with low, then minimum with high, as PyTorch's clamp (a
+    NaN propagates, and low > high gives high)."""
+    dtype = _val(node).dtype
+    value = ctx.promoted(x, dtype)
+    if low is not None:
+        value = ctx.op("maximum", [value, ctx.promoted(low, dtype)])
+    if high is not None:
+        value = ctx.op("minimum", [value, ctx.promoted(high, dtype)])
+    return value
+
+
+def _lower_clamp(ctx, node):
+    args = node_args(node)
+    return _clamped(ctx, node, args["self"], args["min"], args["max"])
+
+
+def _check_clamp(node):
+    args = node_args(node)
+    if args["min"] is None and args["max"] is None:
+        return "clamp with neither min nor max"
+    return None
+
+
+def _lower_hardtanh(ctx, node):
+    args = node_args(node)
+    return _clamped(ctx, node, args["self"], args["min_val"], args["max_val"])
 
 
 def _binary(name, has_alpha):
@@ -365,6 +454,19 @@ def _table():
     add(["aten::div.Tensor", "aten::div.Scalar"], Lowering(_binary("div", False)))
     for name in ("relu", "silu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "neg"):
         add([f"aten::{name}.default"], Lowering(_unary(name)))
+    for name in ("abs", "log", "cos", "sin", "erf", "hardswish", "hardsigmoid"):
+        add([f"aten::{name}.default"], Lowering(_unary(name)))
+    for which in ("eq", "ne", "lt", "le", "gt", "ge"):
+        add([f"aten::{which}.Tensor", f"aten::{which}.Scalar"], Lowering(_compare(which)))
+    for which in ("and", "or", "xor", "not"):
+        add([f"aten::logical_{which}.default"], Lowering(_logical(which)))
+    for which in ("and", "or", "xor"):
+        add([f"aten::bitwise_{which}.Tensor", f"aten::bitwise_{which}.Scalar"], Lowering(_bitwise(which)))
+    add(["aten::bitwise_not.default"], Lowering(_bitwise("not")))
+    add(["aten::minimum.default"], Lowering(_min_max("minimum")))
+    add(["aten::maximum.default"], Lowering(_min_max("maximum")))
+    add(["aten::clamp.default", "aten::clamp.Tensor"], Lowering(_lower_clamp, _check_clamp))
+    add(["aten::hardtanh.default"], Lowering(_lower_hardtanh))
     add(["aten::gelu.default"], Lowering(_lower_gelu))
     add(["aten::pow.Tensor_Scalar"], Lowering(_lower_pow))
     add(["aten::_softmax.default", "aten::softmax.int"], Lowering(_softmax("softmax")))
@@ -410,6 +512,8 @@ OPS_TO_NOT_DECOMPOSE = _ops(
     "aten::layer_norm.default",
     "aten::rms_norm.default",
     "aten::silu.default",
+    "aten::hardswish.default",
+    "aten::hardsigmoid.default",
 )
 
 

@@ -38,6 +38,18 @@ static const char *const op_names[KILN_OP_COUNT] = {
     [KILN_OP_WHERE] = "where",
     [KILN_OP_SDPA] = "sdpa",
     [KILN_OP_POINTWISE] = "pointwise",
+    [KILN_OP_COMPARE] = "compare",
+    [KILN_OP_LOGICAL] = "logical",
+    [KILN_OP_BITWISE] = "bitwise",
+    [KILN_OP_ABS] = "abs",
+    [KILN_OP_LOG] = "log",
+    [KILN_OP_COS] = "cos",
+    [KILN_OP_SIN] = "sin",
+    [KILN_OP_ERF] = "erf",
+    [KILN_OP_HARDSWISH] = "hardswish",
+    [KILN_OP_HARDSIGMOID] = "hardsigmoid",
+    [KILN_OP_MINIMUM] = "minimum",
+    [KILN_OP_MAXIMUM] = "maximum",
 };
 
 const char *kiln_op_name(kiln_op_kind op) {

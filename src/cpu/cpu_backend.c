@@ -104,7 +104,19 @@ static kiln_status run_op(const kiln_cpu_run *r, uint32_t index, kiln_error *err
   case KILN_OP_ADD:
   case KILN_OP_SUB:
   case KILN_OP_MUL:
-  case KILN_OP_DIV: kiln_cpu_binary(r, op); break;
+  case KILN_OP_DIV:
+  case KILN_OP_MINIMUM:
+  case KILN_OP_MAXIMUM: kiln_cpu_binary(r, op); break;
+  case KILN_OP_COMPARE: kiln_cpu_compare(r, op); break;
+  case KILN_OP_LOGICAL:
+  case KILN_OP_BITWISE: kiln_cpu_bool_op(r, op); break;
+  case KILN_OP_ABS:
+  case KILN_OP_LOG:
+  case KILN_OP_COS:
+  case KILN_OP_SIN:
+  case KILN_OP_ERF:
+  case KILN_OP_HARDSWISH:
+  case KILN_OP_HARDSIGMOID:
   case KILN_OP_RELU:
   case KILN_OP_GELU:
   case KILN_OP_SILU:

@@ -160,6 +160,11 @@ static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
     uint32_t where;
     return kiln_pointwise_check(op, &where) == KILN_PW_FINE && operands_fit(p, op, 1);
   }
+  case KILN_OP_COMPARE: return a[0] >= KILN_CMP_EQ && a[0] <= KILN_CMP_GE;
+  case KILN_OP_LOGICAL:
+  case KILN_OP_BITWISE:
+    return a[0] >= KILN_BOOL_AND && a[0] <= KILN_BOOL_NOT &&
+           op->n_inputs == (a[0] == KILN_BOOL_NOT ? 1u : 2u);
   default: return 1;
   }
 }
@@ -179,6 +184,9 @@ static int bad_operand(const kiln_plan *p, const kiln_op *op, out_class cls) {
            dt == KILN_BOOL || kiln_cpu_is_float(dt);
       break;
     case KILN_OP_POINTWISE: ok = dt == out; break;
+    case KILN_OP_COMPARE: ok = out == KILN_BOOL && dt == p->tensors[op->inputs[0]].dtype; break;
+    case KILN_OP_LOGICAL: ok = out == KILN_BOOL; break;
+    case KILN_OP_BITWISE: ok = dt == out && !kiln_cpu_is_float(out); break;
     default: ok = cls != OUT_SAME || dt == out; break;
     }
     if (!ok) return (int)k;
@@ -196,9 +204,15 @@ static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_c
   case KILN_OP_DIV: *min_in = *max_in = 2; break;
   case KILN_OP_ADD:
   case KILN_OP_SUB:
-  case KILN_OP_MUL: *min_in = *max_in = 2, *cls = OUT_ANY; break;
+  case KILN_OP_MUL:
+  case KILN_OP_MINIMUM:
+  case KILN_OP_MAXIMUM:
+  case KILN_OP_COMPARE: *min_in = *max_in = 2, *cls = OUT_ANY; break;
+  case KILN_OP_LOGICAL:
+  case KILN_OP_BITWISE: *max_in = 2, *cls = OUT_ANY; break;
   case KILN_OP_RELU:
   case KILN_OP_NEG:
+  case KILN_OP_ABS:
   case KILN_OP_CAST:
   case KILN_OP_SUM:
   case KILN_OP_AMAX: *cls = OUT_ANY; break;

@@ -123,10 +123,14 @@ void kiln_cpu_binary(const kiln_cpu_run *r, const kiln_op *op);
 void kiln_cpu_unary(const kiln_cpu_run *r, const kiln_op *op);
 void kiln_cpu_cast(const kiln_cpu_run *r, const kiln_op *op);
 void kiln_cpu_where(const kiln_cpu_run *r, const kiln_op *op);
-/* One element of a float op in f32: ADD..DIV, and the unary ops RELU..POW of op (which
- * carries GELU's iattr0 and POW's fattr0). */
+/* One element of a float op in f32: ADD..DIV, MINIMUM, MAXIMUM, and the unary ops (RELU..POW,
+ * ABS..HARDSIGMOID) of op, which carries GELU's iattr0 and POW's fattr0. */
 float kiln_cpu_binary_f32(kiln_op_kind kind, float a, float b, float alpha);
 float kiln_cpu_unary_f32(const kiln_op *op, float x);
+
+/* cpu_logic.c: COMPARE; LOGICAL and BITWISE */
+void kiln_cpu_compare(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_bool_op(const kiln_cpu_run *r, const kiln_op *op);
 
 /* cpu_fused_pointwise.c: POINTWISE, every step in f32 and one rounding to the output dtype;
  * and the steps of an op decoded once and run on one element, shared with the norms. */

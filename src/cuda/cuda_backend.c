@@ -163,12 +163,18 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
     return kcu_gemm_run(&s->gemm[i], s->lt, st, in, op->n_inputs, &out, s->workspace,
                         s->workspace_size);
   case KILN_OP_ADD: case KILN_OP_SUB: case KILN_OP_MUL: case KILN_OP_DIV:
+  case KILN_OP_MINIMUM: case KILN_OP_MAXIMUM:
     return kcu_binary(st, op->kind, &in[0], &in[1], &out, (float)op->fattr[0]);
+  case KILN_OP_COMPARE:
+    return kcu_compare(st, (kiln_compare)op->iattr[0], &in[0], &in[1], &out);
+  case KILN_OP_LOGICAL: case KILN_OP_BITWISE:
+    return kcu_bool_op(st, op->kind, (kiln_bool_op)op->iattr[0], in, op->n_inputs, &out);
   case KILN_OP_GELU:
     return kcu_unary(st, op->kind, &in[0], &out, op->n_iattr > 0 && op->iattr[0] ? 1.0f : 0.0f);
   case KILN_OP_RELU: case KILN_OP_SILU: case KILN_OP_SIGMOID: case KILN_OP_TANH:
   case KILN_OP_EXP: case KILN_OP_SQRT: case KILN_OP_RSQRT: case KILN_OP_NEG: case KILN_OP_POW:
-  case KILN_OP_CAST:
+  case KILN_OP_ABS: case KILN_OP_LOG: case KILN_OP_COS: case KILN_OP_SIN: case KILN_OP_ERF:
+  case KILN_OP_HARDSWISH: case KILN_OP_HARDSIGMOID: case KILN_OP_CAST:
     return kcu_unary(st, op->kind, &in[0], &out, (float)op->fattr[0]);
   case KILN_OP_SOFTMAX: case KILN_OP_LOG_SOFTMAX:
     return kcu_softmax(st, &in[0], &out, (int32_t)op->iattr[0], op->kind == KILN_OP_LOG_SOFTMAX);

@@ -249,7 +249,33 @@ static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, ui
 static const uint32_t kcu_min_inputs[KILN_OP_COUNT] = {
     [KILN_OP_LINEAR] = 2, [KILN_OP_MATMUL] = 2, [KILN_OP_ADD] = 2, [KILN_OP_SUB] = 2,
     [KILN_OP_MUL] = 2, [KILN_OP_DIV] = 2, [KILN_OP_WHERE] = 3, [KILN_OP_SDPA] = 1,
-    [KILN_OP_EMBEDDING] = 2, [KILN_OP_INDEX_SELECT] = 2};
+    [KILN_OP_EMBEDDING] = 2, [KILN_OP_INDEX_SELECT] = 2, [KILN_OP_MINIMUM] = 2,
+    [KILN_OP_MAXIMUM] = 2, [KILN_OP_COMPARE] = 2};
+
+/* COMPARE, LOGICAL, BITWISE: the operator, the input count it takes and the dtypes. */
+static kiln_status kcu_check_logic(const kiln_plan *p, const kiln_op *op, uint32_t i,
+                                   kiln_error *err) {
+  const kiln_tensor_desc *x = &p->tensors[op->inputs[0]], *out = &p->tensors[op->output];
+  const kiln_tensor_desc *y = &p->tensors[op->inputs[op->n_inputs - 1]];
+  int64_t which = op->n_iattr > 0 ? op->iattr[0] : -1;
+  int ok;
+  if (op->kind == KILN_OP_COMPARE)
+    ok = which >= KILN_CMP_EQ && which <= KILN_CMP_GE && op->n_inputs == 2 &&
+         y->dtype == x->dtype && out->dtype == KILN_BOOL;
+  else
+    ok = which >= KILN_BOOL_AND && which <= KILN_BOOL_NOT &&
+         op->n_inputs == (which == KILN_BOOL_NOT ? 1u : 2u) &&
+         (op->kind == KILN_OP_LOGICAL ? out->dtype == KILN_BOOL
+                                      : !kcu_float(out->dtype) && x->dtype == out->dtype &&
+                                            y->dtype == out->dtype);
+  for (uint32_t k = 0; ok && k < op->n_inputs; k++)
+    ok = kcu_broadcasts(&p->tensors[op->inputs[k]], out);
+  if (!ok)
+    return KCU_BAD("op %u (%.16s): operator %lld, %u inputs, their dtypes or shapes do not fit "
+                   "the output; re-export the program", i, kiln_op_name(op->kind),
+                   (long long)which, op->n_inputs);
+  return KILN_OK;
+}
 
 kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
   const kiln_op *op = &p->ops[i];
@@ -264,7 +290,10 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
   switch (op->kind) {
   case KILN_OP_LINEAR:
   case KILN_OP_MATMUL: return kcu_check_gemm(p, op, i, err);
+  case KILN_OP_COMPARE: case KILN_OP_LOGICAL: case KILN_OP_BITWISE:
+    return kcu_check_logic(p, op, i, err);
   case KILN_OP_ADD: case KILN_OP_SUB: case KILN_OP_MUL: case KILN_OP_DIV: case KILN_OP_WHERE:
+  case KILN_OP_MINIMUM: case KILN_OP_MAXIMUM:
     for (uint32_t k = 0; k < need; k++)
       if (!kcu_broadcasts(&p->tensors[op->inputs[k]], out))
         return KCU_BAD("op %u (%.16s): input %u (tensor %u) does not broadcast to the output; "
@@ -361,7 +390,7 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
       return KCU_BAD("op %u (%.16s): input has %lld elements, output %lld; re-export the "
                      "program", i, name, (long long)kcu_count(x), (long long)kcu_count(out));
     if (op->kind != KILN_OP_CAST && op->kind != KILN_OP_NEG && op->kind != KILN_OP_RELU &&
-        (!kcu_float(x->dtype) || !kcu_float(out->dtype)))
+        op->kind != KILN_OP_ABS && (!kcu_float(x->dtype) || !kcu_float(out->dtype)))
       return kiln_fail(err, KILN_ERR_UNSUPPORTED,
                        "op %u (%.16s): the CUDA engine computes it on float tensors only; cast "
                        "the input to f32 before export", i, name);

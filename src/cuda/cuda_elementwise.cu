@@ -1,4 +1,5 @@
-/* Elementwise ops: binary arithmetic with broadcasting, unary math, cast and where.
+/* Elementwise ops: binary arithmetic with broadcasting, unary math, cast and where (comparisons
+ * and boolean ops are in cuda_logic.cu).
  * Contiguous same-shape float operands with 16-byte aligned addresses take a vectorized
  * path (16 bytes per thread per operand); everything else decomposes indices. */
 #include "cuda_device.cuh"
@@ -9,7 +10,19 @@ static __device__ __forceinline__ long long kcu_binop_int(int op, long long a, l
   case KILN_OP_ADD: return a + alpha * b;
   case KILN_OP_SUB: return a - alpha * b;
   case KILN_OP_MUL: return a * b;
+  case KILN_OP_MINIMUM: return b < a ? b : a;
+  case KILN_OP_MAXIMUM: return a < b ? b : a;
   default: return b == 0 ? 0 : a / b;
+  }
+}
+
+/* RELU, NEG and ABS on integers. */
+static __device__ __forceinline__ long long kcu_unop_int(int op, long long v) {
+  unsigned long long negated = 0ull - (unsigned long long)v; /* wraps, as on the CPU */
+  switch (op) {
+  case KILN_OP_NEG: return (long long)negated;
+  case KILN_OP_ABS: return v < 0 ? (long long)negated : v;
+  default: return v < 0 ? 0 : v; /* RELU */
   }
 }
 
@@ -58,8 +71,7 @@ __global__ void kcu_unary_generic(int op, const void *x, int dx, void *out, int 
       if (kcu_is_int(dx)) kcu_sti(out, dout, i, kcu_ldi(x, dx, i));
       else kcu_st(out, dout, i, kcu_ld(x, dx, i));
     } else if (kcu_is_int(dout)) {
-      long long v = kcu_ldi(x, dx, i);
-      kcu_sti(out, dout, i, op == KILN_OP_NEG ? -v : (op == KILN_OP_RELU && v < 0 ? 0 : v));
+      kcu_sti(out, dout, i, kcu_unop_int(op, kcu_ldi(x, dx, i)));
     } else {
       kcu_st(out, dout, i, kcu_unop(op, kcu_ld(x, dx, i), p));
     }
@@ -91,7 +103,7 @@ static int kcu_same_shape(const kcu_tensor *a, const kcu_tensor *b) {
 
 static int kcu_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-static kcu_bcast kcu_make_bcast(const kcu_tensor *out, const kcu_tensor *const *ops, int n) {
+kcu_bcast kcu_make_bcast(const kcu_tensor *out, const kcu_tensor *const *ops, int n) {
   kcu_bcast g;
   memset(&g, 0, sizeof g);
   g.rank = out->rank;

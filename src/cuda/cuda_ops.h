@@ -27,10 +27,11 @@ void kcu_strides(const kcu_tensor *t, int64_t *strides);
 void kcu_broadcast_strides(const kcu_tensor *t, int32_t rank, const int64_t *dims,
                            int64_t *strides);
 
-/* cuda_elementwise.cu: ADD/SUB/MUL/DIV (alpha for ADD/SUB), broadcasting. */
+/* cuda_elementwise.cu: ADD/SUB/MUL/DIV (alpha for ADD/SUB), MINIMUM, MAXIMUM, broadcasting. */
 cudaError_t kcu_binary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *a,
                        const kcu_tensor *b, const kcu_tensor *out, float alpha);
-/* RELU..POW and CAST; param is POW's exponent or GELU's approximation flag. */
+/* The unary ops (RELU..POW, ABS..HARDSIGMOID) and CAST; param is POW's exponent or GELU's
+ * approximation flag. */
 cudaError_t kcu_unary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
                       const kcu_tensor *out, float param);
 cudaError_t kcu_where(cudaStream_t s, const kcu_tensor *cond, const kcu_tensor *a,
@@ -40,6 +41,13 @@ cudaError_t kcu_swiglu(cudaStream_t s, const void *t, void *out, kiln_dtype dt, 
                        int64_t N);
 /* In place on a contiguous float tensor: the activation a GEMM epilogue could not fuse. */
 cudaError_t kcu_activation(cudaStream_t s, kiln_activation act, const kcu_tensor *t);
+
+/* cuda_logic.cu: COMPARE of a and b (one dtype) into bool; LOGICAL or BITWISE (kind) of one
+ * or two inputs, broadcasting. */
+cudaError_t kcu_compare(cudaStream_t s, kiln_compare cmp, const kcu_tensor *a,
+                        const kcu_tensor *b, const kcu_tensor *out);
+cudaError_t kcu_bool_op(cudaStream_t s, kiln_op_kind kind, kiln_bool_op which,
+                        const kcu_tensor *in, uint32_t n_in, const kcu_tensor *out);
 
 /* cuda_fused_pointwise.cu: POINTWISE, every step of the chain in one kernel. */
 cudaError_t kcu_fused_pointwise(cudaStream_t s, const kiln_op *op, const kcu_tensor *in,

@@ -747,9 +747,66 @@ static void test_allocation_failures(void) {
   CHECK(failures > 20);
 }
 
+/* Comparisons, boolean ops, the new unary ops and minimum/maximum: shapes and refusals. */
+static void test_logic_and_math(void) {
+  const kiln_status bad = KILN_ERR_INVALID_ARGUMENT;
+  kiln_builder *b = builder();
+  int32_t x = input(b, "x", KILN_F32, 2, D(2, 3)), r = input(b, "r", KILN_F32, 2, D(4, 1));
+  int32_t l = input(b, "l", KILN_I64, 2, D(4, 1)), lr = input(b, "lr", KILN_I64, 1, D(5));
+  int32_t m = input(b, "m", KILN_BOOL, 2, D(2, 1)), h = input(b, "h", KILN_F16, 1, D(3));
+  int32_t n = input(b, "n", KILN_I32, 1, D(3)), v4 = input(b, "v4", KILN_F32, 1, D(4));
+
+  expect_shape(b, op(b, KILN_OP_COMPARE, T(l, lr), 2, I(KILN_CMP_LE), 1, NULL, 0), "bool [4,5]");
+  expect_shape(b, op(b, KILN_OP_COMPARE, T(x, x), 2, I(KILN_CMP_NE), 1, NULL, 0), "bool [2,3]");
+  expect_shape(b, op(b, KILN_OP_LOGICAL, T(m, x), 2, I(KILN_BOOL_AND), 1, NULL, 0), "bool [2,3]");
+  expect_shape(b, op(b, KILN_OP_LOGICAL, T(n), 1, I(KILN_BOOL_NOT), 1, NULL, 0), "bool [3]");
+  expect_shape(b, op(b, KILN_OP_BITWISE, T(l, lr), 2, I(KILN_BOOL_XOR), 1, NULL, 0), "i64 [4,5]");
+  expect_shape(b, op(b, KILN_OP_BITWISE, T(m), 1, I(KILN_BOOL_NOT), 1, NULL, 0), "bool [2,1]");
+  expect_shape(b, op(b, KILN_OP_MINIMUM, T(r, v4), 2, NULL, 0, NULL, 0), "f32 [4,4]");
+  expect_shape(b, op(b, KILN_OP_MAXIMUM, T(l, lr), 2, NULL, 0, NULL, 0), "i64 [4,5]");
+  expect_shape(b, op(b, KILN_OP_MAXIMUM, T(m, m), 2, NULL, 0, NULL, 0), "bool [2,1]");
+  expect_shape(b, op(b, KILN_OP_ABS, T(n), 1, NULL, 0, NULL, 0), "i32 [3]");
+  expect_shape(b, op(b, KILN_OP_HARDSWISH, T(h), 1, NULL, 0, NULL, 0), "f16 [3]");
+
+  expect_refusal(b, KILN_OP_COMPARE, T(x, x), 2, I(6), 1, NULL, 0, bad,
+                 "builder op 11 (compare): attribute iattr0 is 6 but must be 0..5");
+  expect_refusal(b, KILN_OP_COMPARE, T(h, n), 2, I(KILN_CMP_EQ), 1, NULL, 0, bad,
+                 "builder op 11 (compare): input 1 is i32 but input 0 is f16; cast them to one "
+                 "dtype first");
+  expect_refusal(b, KILN_OP_COMPARE, T(x, v4), 2, I(KILN_CMP_GT), 1, NULL, 0, bad,
+                 "builder op 11 (compare): shapes [2,3] and [4] do not broadcast (output dim 1)");
+  expect_refusal(b, KILN_OP_LOGICAL, T(m, m), 2, I(KILN_BOOL_NOT), 1, NULL, 0, bad,
+                 "builder op 11 (logical): iattr0 3 (0 and, 1 or, 2 xor, 3 not) takes 1 inputs "
+                 "but the op has 2");
+  expect_refusal(b, KILN_OP_LOGICAL, T(m), 1, I(KILN_BOOL_OR), 1, NULL, 0, bad,
+                 "builder op 11 (logical): iattr0 1 (0 and, 1 or, 2 xor, 3 not) takes 2 inputs "
+                 "but the op has 1");
+  expect_refusal(b, KILN_OP_LOGICAL, T(m), 1, I(-1), 1, NULL, 0, bad,
+                 "builder op 11 (logical): attribute iattr0 is -1 but must be 0..3");
+  expect_refusal(b, KILN_OP_BITWISE, T(x, x), 2, I(KILN_BOOL_AND), 1, NULL, 0, bad,
+                 "builder op 11 (bitwise): input 0 is f32 but the op needs bool, i32 or i64; "
+                 "cast it first");
+  expect_refusal(b, KILN_OP_BITWISE, T(m, l), 2, I(KILN_BOOL_OR), 1, NULL, 0, bad,
+                 "builder op 11 (bitwise): input 1 is i64 but input 0 is bool; cast them to one "
+                 "dtype first");
+  expect_refusal(b, KILN_OP_MINIMUM, T(x, h), 2, NULL, 0, NULL, 0, bad,
+                 "builder op 11 (minimum): input 1 is f16 but input 0 is f32; cast them to one "
+                 "dtype first");
+  expect_refusal(b, KILN_OP_LOG, T(n), 1, NULL, 0, NULL, 0, bad,
+                 "builder op 11 (log): input 0 is i32 but the op needs f32, f16 or bf16; cast it "
+                 "first");
+  expect_refusal(b, KILN_OP_ABS, T(m), 1, NULL, 0, NULL, 0, bad,
+                 "builder op 11 (abs): input 0 is bool but the op needs f32, f16 or bf16; cast it "
+                 "first");
+  expect_refusal(b, KILN_OP_ERF, T(x), 1, I(1), 1, NULL, 0, bad,
+                 "builder op 11 (erf): takes 0 to 0 integer attributes but has 1");
+  kiln_builder_destroy(b);
+}
+
 int main(void) {
   test_shapes();
   test_shape_refusals();
+  test_logic_and_math();
   test_api_refusals();
   test_binding_limit();
   test_dead_code();

@@ -119,6 +119,43 @@ static void test_attention_gather(void) {
   free(g);
 }
 
+/* A mask from comparisons and boolean ops on positions; every new float unary op in a row. */
+static void test_logic_and_math(void) {
+  float x[6] = {-2.0f, -0.5f, 0.0f, 0.5f, 1.0f, 4.0f}, y[6] = {0};
+  int64_t ids[3] = {0, 1, 2};
+  uint8_t mask[9] = {0};
+  graph *g = g_new();
+  uint32_t ti = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(3));
+  uint32_t tc = g_tensor(g, KILN_STORE_ARENA, KILN_I64, 2, DIMS(3, 1));
+  uint32_t t1 = g_tensor(g, KILN_STORE_ARENA, KILN_BOOL, 2, DIMS(3, 3));
+  uint32_t t2 = g_tensor(g, KILN_STORE_ARENA, KILN_BOOL, 2, DIMS(3, 3));
+  uint32_t t3 = g_tensor(g, KILN_STORE_ARENA, KILN_I64, 2, DIMS(3, 1));
+  uint32_t tm = g_tensor(g, KILN_STORE_OUTPUT, KILN_BOOL, 2, DIMS(3, 3));
+  g_op(g, KILN_OP_RESHAPE, 1, IDS(ti), tc, 2, DIMS(3, 1), 0);
+  g_op(g, KILN_OP_COMPARE, 2, IDS(ti, tc), t1, 1, DIMS(KILN_CMP_LE), 0);
+  g_op(g, KILN_OP_BITWISE, 1, IDS(t1), t2, 1, DIMS(KILN_BOOL_NOT), 0);
+  g_op(g, KILN_OP_ABS, 1, IDS(tc), t3, 0, NULL, 0);
+  g_op(g, KILN_OP_LOGICAL, 2, IDS(t2, t3), tm, 1, DIMS(KILN_BOOL_XOR), 0);
+  static const kiln_op_kind unary[7] = {KILN_OP_ABS, KILN_OP_LOG, KILN_OP_COS, KILN_OP_SIN,
+                                        KILN_OP_ERF, KILN_OP_HARDSWISH, KILN_OP_HARDSIGMOID};
+  graph *h = g_new();
+  uint32_t hx = g_tensor(h, KILN_STORE_INPUT, KILN_F32, 2, DIMS(2, 3));
+  uint32_t prev = hx;
+  for (int k = 0; k < 7; k++) {
+    uint32_t t = g_tensor(h, KILN_STORE_ARENA, KILN_F32, 2, DIMS(2, 3));
+    g_op(h, unary[k], 1, IDS(prev), t, 0, NULL, 0);
+    prev = t;
+  }
+  uint32_t hy = g_tensor(h, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(2, 3));
+  g_op(h, KILN_OP_MAXIMUM, 2, IDS(prev, hx), hy, 0, NULL, 0);
+  CHECK(count_execute(g, BUFS(ids), BUFS(mask)) == 0);
+  CHECK(mask[0] == 0 && mask[1] == 1 && mask[3] == 1); /* mask[i][j]: (j > i) xor (i != 0) */
+  CHECK(count_execute(h, BUFS(x), BUFS(y)) == 0);
+  CHECK(y[5] == 4.0f);
+  free(g);
+  free(h);
+}
+
 int main(void) {
 #ifdef SANITIZED
   printf("test_cpu_noalloc: AddressSanitizer owns malloc; allocations are not counted here\n");
@@ -132,5 +169,6 @@ int main(void) {
 #endif
   test_gemm_norm_layout();
   test_attention_gather();
+  test_logic_and_math();
   return check_report("test_cpu_noalloc");
 }

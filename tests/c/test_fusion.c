@@ -117,6 +117,28 @@ static void g_two_pows(kiln_builder *b, kiln_dtype dt) {
   out(b, unary(b, KILN_OP_NEG, c), "y_out");
 }
 
+/* A rank-0 constant of dt holding v. */
+static int32_t scalar(kiln_builder *b, kiln_dtype dt, float v) {
+  kiln_error err = {KILN_OK, ""};
+  uint16_t h = dt == KILN_F16 ? kiln_f32_to_f16(v) : kiln_f32_to_bf16(v);
+  int32_t id = kiln_builder_add_constant(b, dt, 0, NULL, dt == KILN_F32 ? (const void *)&v : &h,
+                                         kiln_dtype_size(dt), &err);
+  CHECK(id >= 0);
+  return id;
+}
+
+/* log(|hardswish(erf(sin(clamp(x, -0.5, 0.75))))|), clamp as the lowering writes it, and
+ * hardsigmoid(maximum(y, cos(x))): the new steps, MAXIMUM with the chain on its right. */
+static void g_new_steps(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 3, D(2, 3, 4)), y = in(b, "y", dt, 1, D(4));
+  int32_t v = binary(b, KILN_OP_MAXIMUM, x, scalar(b, dt, -0.5f));
+  v = binary(b, KILN_OP_MINIMUM, v, scalar(b, dt, 0.75f));
+  v = unary(b, KILN_OP_ERF, unary(b, KILN_OP_SIN, v));
+  out(b, unary(b, KILN_OP_LOG, unary(b, KILN_OP_ABS, unary(b, KILN_OP_HARDSWISH, v))), "a");
+  v = binary(b, KILN_OP_MAXIMUM, y, unary(b, KILN_OP_COS, x));
+  out(b, unary(b, KILN_OP_HARDSIGMOID, v), "b");
+}
+
 /* x + 2 * y keeps its alpha: it stays an ADD, and its relu stays alone. */
 static void g_alpha(kiln_builder *b, kiln_dtype dt) {
   int32_t x = in(b, "x", dt, 1, D(8)), y = in(b, "y", dt, 1, D(8));
@@ -557,6 +579,20 @@ static void test_chain_fuses(void) {
   }
   release(&x);
   check_same_as_unfused(g_all_steps, KILN_F32, 0.25, 2.0);
+
+  if (build(g_new_steps, KILN_F32, 1, &x)) {
+    const kiln_op *p = plan_op(&x, 0), *q = plan_op(&x, 1);
+    CHECK(x.plan.n_ops == 2 && p->kind == KILN_OP_POINTWISE && q->kind == KILN_OP_POINTWISE);
+    CHECK(p->n_inputs == 3 && p->n_iattr == 7);
+    CHECK(p->iattr[0] == KILN_PW_STEP(KILN_OP_MAXIMUM, 1, 0));
+    CHECK(p->iattr[1] == KILN_PW_STEP(KILN_OP_MINIMUM, 2, 0));
+    CHECK(p->iattr[6] == KILN_PW_STEP(KILN_OP_LOG, 0, 0));
+    CHECK(q->n_inputs == 2 && q->n_iattr == 3);
+    CHECK(q->iattr[1] == KILN_PW_STEP(KILN_OP_MAXIMUM, 1, KILN_PW_REVERSED));
+    CHECK_STR(kiln_pointwise_step_str(q->iattr[1], 0.0, text, sizeof text), "rmaximum(in1)");
+  }
+  release(&x);
+  check_same_as_unfused(g_new_steps, KILN_F32, -2.0, 2.0);
 }
 
 static void test_chain_boundaries(void) {

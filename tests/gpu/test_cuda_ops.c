@@ -278,10 +278,11 @@ static void test_gemm(void) {
 
 static void test_pointwise(void) {
   char name[96];
-  static const kiln_op_kind bin[4] = {KILN_OP_ADD, KILN_OP_SUB, KILN_OP_MUL, KILN_OP_DIV};
+  static const kiln_op_kind bin[6] = {KILN_OP_ADD, KILN_OP_SUB,     KILN_OP_MUL,
+                                      KILN_OP_DIV, KILN_OP_MINIMUM, KILN_OP_MAXIMUM};
   for (int t = 0; t < 3; t++) {
     kiln_dtype dt = float_types[t];
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 6; k++) {
       prog *p = p_new(); /* same shape: the vectorized path, with a tail */
       uint32_t a = IN(p, dt, 2, 33, 129), b = IN(p, dt, 2, 33, 129);
       p_op(p, bin[k], 2, OPS(a, b), OUT(p, dt, 2, 33, 129), 0, NULL, 0.5);
@@ -295,17 +296,22 @@ static void test_pointwise(void) {
       snprintf(name, sizeof name, "%s broadcast %s", kiln_op_name(bin[k]), kiln_dtype_name(dt));
       compare(p, name, r);
     }
-    static const kiln_op_kind un[10] = {KILN_OP_RELU, KILN_OP_GELU, KILN_OP_SILU, KILN_OP_SIGMOID,
-                                        KILN_OP_TANH, KILN_OP_EXP, KILN_OP_SQRT, KILN_OP_RSQRT,
-                                        KILN_OP_NEG, KILN_OP_POW};
-    for (int k = 0; k < 10; k++) {
+    static const kiln_op_kind un[17] = {
+        KILN_OP_RELU, KILN_OP_GELU, KILN_OP_SILU, KILN_OP_SIGMOID,   KILN_OP_TANH,
+        KILN_OP_EXP,  KILN_OP_SQRT, KILN_OP_RSQRT, KILN_OP_NEG,      KILN_OP_POW,
+        KILN_OP_ABS,  KILN_OP_LOG,  KILN_OP_COS,   KILN_OP_SIN,      KILN_OP_ERF,
+        KILN_OP_HARDSWISH, KILN_OP_HARDSIGMOID};
+    for (int k = 0; k < 17; k++) {
       for (int approx = 0; approx < (un[k] == KILN_OP_GELU ? 2 : 1); approx++) {
         prog *p = p_new();
         uint32_t x = IN(p, dt, 3, 3, 7, 101);
         p_op(p, un[k], 1, OPS(x), OUT(p, dt, 3, 3, 7, 101), 1, ATTR(approx), 2.5);
         snprintf(name, sizeof name, "%s%s %s", kiln_op_name(un[k]), approx ? " tanh" : "",
                  kiln_dtype_name(dt));
-        io_range r = {un[k] == KILN_OP_SQRT || un[k] == KILN_OP_RSQRT || un[k] == KILN_OP_POW ? 0.1 : -3, 3};
+        int positive = un[k] == KILN_OP_SQRT || un[k] == KILN_OP_RSQRT || un[k] == KILN_OP_POW ||
+                       un[k] == KILN_OP_LOG;
+        int wide = un[k] == KILN_OP_HARDSWISH || un[k] == KILN_OP_HARDSIGMOID; /* both kinks */
+        io_range r = {positive ? 0.1 : wide ? -5 : -3, wide ? 5 : 3};
         compare(p, name, &r);
       }
     }
@@ -319,6 +325,52 @@ static void test_pointwise(void) {
   a = IN(p, KILN_I32, 1, 77);
   p_op(p, KILN_OP_NEG, 1, OPS(a), OUT(p, KILN_I32, 1, 77), 0, NULL, 0);
   compare(p, "neg i32", ri);
+  static const kiln_dtype ints[2] = {KILN_I64, KILN_I32};
+  for (int t = 0; t < 2; t++) { /* mask and position arithmetic: integers broadcast */
+    for (int k = 0; k < 3; k++) {
+      p = p_new();
+      a = IN(p, ints[t], 2, 6, 1);
+      b = IN(p, ints[t], 1, 33);
+      p_op(p, bin[k], 2, OPS(a, b), OUT(p, ints[t], 2, 6, 33), 0, NULL, 1.0);
+      snprintf(name, sizeof name, "%s broadcast %s", kiln_op_name(bin[k]), kiln_dtype_name(ints[t]));
+      compare(p, name, ri);
+    }
+  }
+  p = p_new();
+  a = IN(p, KILN_I64, 2, 5, 9);
+  p_op(p, KILN_OP_ABS, 1, OPS(a), OUT(p, KILN_I64, 2, 5, 9), 0, NULL, 0);
+  compare(p, "abs i64", ri);
+  p = p_new();
+  a = IN(p, KILN_I32, 1, 77);
+  b = IN(p, KILN_I32, 2, 3, 1);
+  p_op(p, KILN_OP_MINIMUM, 2, OPS(a, b), OUT(p, KILN_I32, 2, 3, 77), 0, NULL, 0);
+  compare(p, "minimum i32 broadcast", ri);
+  p = p_new();
+  a = IN(p, KILN_BOOL, 2, 5, 1);
+  b = IN(p, KILN_BOOL, 1, 9);
+  p_op(p, KILN_OP_MAXIMUM, 2, OPS(a, b), OUT(p, KILN_BOOL, 2, 5, 9), 0, NULL, 0);
+  compare(p, "maximum bool broadcast", NULL);
+  /* NaN from log of negatives propagates through maximum; -inf at 0 is not reached */
+  p = p_new();
+  a = IN(p, KILN_F32, 2, 33, 129);
+  uint32_t lg = MID(p, KILN_F32, 2, 33, 129);
+  p_op(p, KILN_OP_LOG, 1, OPS(a), lg, 0, NULL, 0);
+  p_op(p, KILN_OP_MAXIMUM, 2, OPS(lg, a), OUT(p, KILN_F32, 2, 33, 129), 0, NULL, 0);
+  compare(p, "maximum of NaN from log f32", NULL);
+  /* clamp as the lowering writes it, with the lower bound above the upper in the second */
+  for (int t = 0; t < 3; t++) {
+    for (int swapped = 0; swapped < 2; swapped++) {
+      kiln_dtype dt = float_types[t];
+      p = p_new();
+      uint32_t x = IN(p, dt, 2, 7, 65), m = MID(p, dt, 2, 7, 65);
+      uint32_t lo = p_weight(p, dt, 0, NULL, swapped ? 0.4 : -0.6, swapped ? 0.5 : -0.5);
+      uint32_t hi = p_weight(p, dt, 0, NULL, swapped ? -0.6 : 0.4, swapped ? -0.5 : 0.5);
+      p_op(p, KILN_OP_MAXIMUM, 2, OPS(x, lo), m, 0, NULL, 0);
+      p_op(p, KILN_OP_MINIMUM, 2, OPS(m, hi), OUT(p, dt, 2, 7, 65), 0, NULL, 0);
+      snprintf(name, sizeof name, "clamp%s %s", swapped ? " min above max" : "", kiln_dtype_name(dt));
+      compare(p, name, NULL);
+    }
+  }
 
   static const kiln_dtype casts[][2] = {{KILN_F32, KILN_F16}, {KILN_F16, KILN_F32},
                                         {KILN_F32, KILN_BF16}, {KILN_F32, KILN_I32},
@@ -339,6 +391,56 @@ static void test_pointwise(void) {
     p_op(p, KILN_OP_WHERE, 3, OPS(c, x, y), OUT(p, float_types[t], 3, 2, 6, 5), 0, NULL, 0);
     snprintf(name, sizeof name, "where broadcast %s", kiln_dtype_name(float_types[t]));
     compare(p, name, NULL);
+  }
+}
+
+/* COMPARE of x against a row of itself (so that equal pairs occur), broadcast, in every dtype;
+ * LOGICAL of mixed dtypes and BITWISE of bools and integers, broadcast; NOT of each. */
+static void test_logic(void) {
+  char name[96];
+  static const kiln_dtype all[6] = {KILN_F32, KILN_F16, KILN_BF16, KILN_I64, KILN_I32, KILN_BOOL};
+  static const char *const cmp_names[6] = {"eq", "ne", "lt", "le", "gt", "ge"};
+  io_range small[2] = {{-3, 3}, {-3, 3}};
+  for (int t = 0; t < 6; t++) {
+    for (int cmp = KILN_CMP_EQ; cmp <= KILN_CMP_GE; cmp++) {
+      prog *p = p_new();
+      uint32_t x = IN(p, all[t], 3, 4, 3, 40), row = MID(p, all[t], 3, 4, 1, 40);
+      p_op(p, KILN_OP_SLICE, 1, OPS(x), row, 4, ATTR(1, 1, 2, 1), 0);
+      p_op(p, KILN_OP_COMPARE, 2, OPS(x, row), OUT(p, KILN_BOOL, 3, 4, 3, 40), 1, ATTR(cmp), 0);
+      snprintf(name, sizeof name, "compare %s %s", cmp_names[cmp], kiln_dtype_name(all[t]));
+      compare(p, name, small);
+    }
+  }
+  prog *p = p_new(); /* NaN compares unequal, and ne true */
+  uint32_t x = IN(p, KILN_F32, 2, 9, 50), lg = MID(p, KILN_F32, 2, 9, 50);
+  p_op(p, KILN_OP_LOG, 1, OPS(x), lg, 0, NULL, 0);
+  p_op(p, KILN_OP_COMPARE, 2, OPS(lg, lg), OUT(p, KILN_BOOL, 2, 9, 50), 1, ATTR(KILN_CMP_NE), 0);
+  compare(p, "compare ne of NaN f32", small);
+
+  static const char *const op_names[4] = {"and", "or", "xor", "not"};
+  static const kiln_dtype lhs[3] = {KILN_BOOL, KILN_F32, KILN_I32};
+  for (int which = KILN_BOOL_AND; which <= KILN_BOOL_NOT; which++) {
+    int two = which != KILN_BOOL_NOT;
+    for (int t = 0; t < 3; t++) {
+      p = p_new();
+      x = IN(p, lhs[t], 3, 4, 1, 40);
+      uint32_t y = IN(p, KILN_I64, 2, 3, 1);
+      p_op(p, KILN_OP_LOGICAL, two ? 2 : 1, OPS(x, y), OUT(p, KILN_BOOL, 3, 4, two ? 3 : 1, 40), 1,
+           ATTR(which), 0);
+      snprintf(name, sizeof name, "logical %s %s", op_names[which], kiln_dtype_name(lhs[t]));
+      io_range r[2] = {{-1, 1}, {-1, 1}}; /* integers round to -1, 0 and 1 */
+      compare(p, name, r);
+    }
+    for (int t = 3; t < 6; t++) {
+      p = p_new();
+      x = IN(p, all[t], 3, 4, 1, 40);
+      uint32_t y = IN(p, all[t], 2, 3, 1);
+      p_op(p, KILN_OP_BITWISE, two ? 2 : 1, OPS(x, y), OUT(p, all[t], 3, 4, two ? 3 : 1, 40), 1,
+           ATTR(which), 0);
+      snprintf(name, sizeof name, "bitwise %s %s", op_names[which], kiln_dtype_name(all[t]));
+      io_range r[2] = {{-1000, 1000}, {-1000, 1000}};
+      compare(p, name, r);
+    }
   }
 }
 
@@ -379,6 +481,35 @@ static void test_fused_pointwise(void) {
     snprintf(name, sizeof name, "pointwise eight unary steps %s", kiln_dtype_name(dt));
     io_range rp = {0.1, 3};
     compare(p, name, &rp);
+
+    /* the steps added with the comparison ops: clamp by two operands, trig, erf, the hard
+     * activations, abs and log; same-shape operands, then a broadcast lower bound */
+    for (int spread = 0; spread < 2; spread++) {
+      p = p_new();
+      x = IN(p, dt, 2, 33, 129);
+      y = spread ? IN(p, dt, 1, 129) : IN(p, dt, 2, 33, 129);
+      z = IN(p, dt, 2, 33, 129);
+      int64_t fresh[8] = {KILN_PW_STEP(KILN_OP_MAXIMUM, 1, 0),
+                          KILN_PW_STEP(KILN_OP_MINIMUM, 2, KILN_PW_REVERSED),
+                          KILN_PW_STEP(KILN_OP_SIN, 0, 0),
+                          KILN_PW_STEP(KILN_OP_HARDSWISH, 0, 0),
+                          KILN_PW_STEP(KILN_OP_COS, 0, 0),
+                          KILN_PW_STEP(KILN_OP_ERF, 0, 0),
+                          KILN_PW_STEP(KILN_OP_HARDSIGMOID, 0, 0),
+                          KILN_PW_STEP(KILN_OP_LOG, 0, 0)};
+      p_op(p, KILN_OP_POINTWISE, 3, OPS(x, y, z), OUT(p, dt, 2, 33, 129), 8, fresh, 0);
+      snprintf(name, sizeof name, "pointwise new steps%s %s", spread ? " broadcast" : "",
+               kiln_dtype_name(dt));
+      io_range rn[3] = {{-4, 4}, {-2, 0}, {0, 2}};
+      compare(p, name, rn);
+    }
+    p = p_new();
+    x = IN(p, dt, 2, 7, 101);
+    int64_t absolute[2] = {KILN_PW_STEP(KILN_OP_ABS, 0, 0), KILN_PW_STEP(KILN_OP_LOG, 0, 0)};
+    p_op(p, KILN_OP_POINTWISE, 1, OPS(x), OUT(p, dt, 2, 7, 101), 2, absolute, 0);
+    snprintf(name, sizeof name, "pointwise abs, log %s", kiln_dtype_name(dt));
+    io_range ra = {-3, 3};
+    compare(p, name, &ra);
   }
   prog *p = p_new(); /* an operand that does not broadcast to the output */
   uint32_t x = IN(p, KILN_F32, 2, 4, 10), y = IN(p, KILN_F32, 1, 9);
@@ -1152,6 +1283,24 @@ static void test_refusals(void) {
   p_unload(e);
   p_free(p);
 
+  p = p_new(); /* a logical not given two inputs */
+  x = IN(p, KILN_BOOL, 2, 4, 10);
+  p_op(p, KILN_OP_LOGICAL, 2, OPS(x, x), OUT(p, KILN_BOOL, 2, 4, 10), 1, ATTR(KILN_BOOL_NOT), 0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("logical not of two inputs: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM && strstr(err.message, "op 0 (logical)"));
+  p_unload(e);
+  p_free(p);
+
+  p = p_new(); /* a comparison into f32 */
+  x = IN(p, KILN_F32, 2, 4, 10);
+  p_op(p, KILN_OP_COMPARE, 2, OPS(x, x), OUT(p, KILN_F32, 2, 4, 10), 1, ATTR(KILN_CMP_LT), 0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("compare into f32: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM && strstr(err.message, "op 0 (compare)"));
+  p_unload(e);
+  p_free(p);
+
   p = p_new(); /* a binary op whose input does not broadcast */
   x = IN(p, KILN_F32, 2, 4, 10);
   uint32_t y = IN(p, KILN_F32, 1, 9);
@@ -1297,6 +1446,7 @@ int main(int argc, char **argv) {
   if (argc > 2 && strcmp(argv[1], "--only") == 0) only_filter = argv[2];
   test_gemm();
   test_pointwise();
+  test_logic();
   test_fused_pointwise();
   test_normalize_reduce();
   test_layout_gather();
