@@ -102,6 +102,7 @@ static const char *activation_name(int64_t a) {
   case KILN_ACT_RELU: return "relu";
   case KILN_ACT_GELU_ERF: return "gelu (erf)";
   case KILN_ACT_GELU_TANH: return "gelu (tanh)";
+  case KILN_ACT_SWIGLU: return "swiglu (silu(gate) * up)";
   }
   return "unknown";
 }

@@ -181,7 +181,8 @@ KILN_API kiln_status kiln_metadata_write(const kiln_metadata *md, char **out, si
 typedef enum kiln_op_kind {
   KILN_OP_LINEAR = 0,   /* x[...,K], w[N,K], bias[N]?, residual? -> [...,N]; iattr0 =
                            kiln_activation; iattr1 = 1: the last input, of the output's shape
-                           and dtype, is added after the bias (activation NONE), one rounding */
+                           and dtype, is added after the bias (activation NONE), one rounding.
+                           KILN_ACT_SWIGLU: x, w[2N,K] only -> [...,N] */
   KILN_OP_MATMUL,       /* a[...,M,K], b[...,K,N] (batch dims broadcast) -> [...,M,N] */
   KILN_OP_ADD,          /* a + alpha*b, broadcasting; fattr0 = alpha */
   KILN_OP_SUB,          /* a - alpha*b, broadcasting; fattr0 = alpha */
@@ -224,7 +225,9 @@ typedef enum kiln_op_kind {
   KILN_OP_WHERE,        /* cond (bool), a, b, broadcasting */
   KILN_OP_SDPA,         /* q[...,L,E], k[...,S,E], v[...,S,Ev], mask? (bool: true keeps, or additive
                            float), broadcast to [...,L,S]; iattr0 = causal, iattr1 = mask present;
-                           fattr0 = scale (0 means 1/sqrt(E)). iattr2 = 1, packed heads: one
+                           fattr0 = scale (0 means 1/sqrt(E)). Batch dims of k and v equal
+                           q's, but dim -3 (heads) may divide q's: grouped-query attention, key/
+                           value head = query head / group. iattr2 = 1, packed heads: one
                            input qkv[B,L,3,H,E] (q, k, v = qkv[:,:,i] as [B,H,L,E]), mask? over
                            [B,H,L,L] -> [B,L,H,E], the heads back in place */
   KILN_OP_POINTWISE,    /* a fused chain of float pointwise steps, one pass over memory: x, then
@@ -320,7 +323,9 @@ typedef enum kiln_activation {
   KILN_ACT_NONE = 0,
   KILN_ACT_RELU = 1,
   KILN_ACT_GELU_ERF = 2,
-  KILN_ACT_GELU_TANH = 3
+  KILN_ACT_GELU_TANH = 3,
+  KILN_ACT_SWIGLU = 4 /* w [2N,K] is gate over up: y = silu(x gate^T) * (x up^T) -> [...,N];
+                         no bias, no residual */
 } kiln_activation;
 
 KILN_API const char *kiln_op_name(kiln_op_kind op); /* "linear", "matmul", ... */

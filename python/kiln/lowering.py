@@ -421,8 +421,6 @@ def _check_sdpa(node):
     args = node_args(node)
     if args["dropout_p"] != 0:
         return f"scaled_dot_product_attention with dropout_p={args['dropout_p']} (inference only)"
-    if args["enable_gqa"]:
-        return "scaled_dot_product_attention with enable_gqa=True"
     return None
 
 

@@ -5,6 +5,8 @@
 #include "core/fold_batch_norm.h"
 #include "core/fuse.h"
 #include "core/fuse_attention.h"
+#include "core/fuse_grouped_kv.h"
+#include "core/fuse_swiglu.h"
 #include "core/fuse_norm.h"
 #include "core/fuse_pointwise.h"
 #include "core/graph.h"
@@ -492,15 +494,18 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
 }
 
 /* Rewrites g: constants folded, GEMMs recognized, batch norms folded into convolutions,
- * epilogues fused, dead code removed, then
- * attention's head split and merge taken into the SDPA, pointwise chains fused (after the
- * epilogues, so a GEMM keeps its activation), then pointwise ops next to a norm fused into it. */
+ * epilogues fused, dead code removed, then SwiGLU's gate and up projections joined into one
+ * GEMM, repeated k and v heads dropped (grouped-query attention), attention's head split and
+ * merge taken into the SDPA, pointwise chains fused (after the epilogues, so a GEMM keeps its
+ * activation), then pointwise ops next to a norm fused into it. */
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, kiln_error *err) {
   kiln_status s;
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
   if (opts->fuse && (s = kiln_fold_batch_norm(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_epilogues(g, err))) return s;
   if ((s = kiln_graph_remove_dead(g, err))) return s;
+  if (opts->fuse && (s = kiln_fuse_swiglu(g, err))) return s;
+  if (opts->fuse && (s = kiln_fuse_grouped_kv(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_attention(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_pointwise(g, err))) return s;
   return opts->fuse ? kiln_fuse_norms(g, err) : KILN_OK;

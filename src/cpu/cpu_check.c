@@ -134,7 +134,7 @@ static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
     const kiln_tensor_desc *res = &p->tensors[op->inputs[op->n_inputs - 1]];
     int residual = kiln_linear_has_residual(op), ok = res->rank == out->rank;
     for (int32_t d = 0; ok && d < res->rank; d++) ok = res->dims[d] == out->dims[d];
-    return a[0] >= KILN_ACT_NONE && a[0] <= KILN_ACT_GELU_TANH && x->rank >= 1 &&
+    return a[0] >= KILN_ACT_NONE && a[0] <= KILN_ACT_SWIGLU && x->rank >= 1 &&
            p->tensors[op->inputs[1]].rank == 2 && (a[1] == 0 || a[1] == 1) &&
            op->n_inputs <= 3u + (uint32_t)residual &&
            (!residual || (ok && a[0] == KILN_ACT_NONE && op->n_inputs >= 3));

@@ -106,7 +106,8 @@ void kiln_cpu_iter_init(kiln_cpu_iter *it, const kiln_tensor_desc *out,
 void kiln_cpu_iter_next(kiln_cpu_iter *it);
 
 /* Element offset of the matrix (trailing `core` dims) of t that batch index b of the batch
- * shape bdims[brank] reads, with t's batch dims broadcast against it. */
+ * shape bdims[brank] reads, with t's batch dims broadcast against it; a dim of t that divides
+ * the batch dim is read in groups (grouped-query heads: index / (batch dim / t's dim)). */
 int64_t kiln_cpu_batch_offset(const kiln_tensor_desc *t, int32_t core, int64_t b, int32_t brank,
                               const int64_t *bdims);
 

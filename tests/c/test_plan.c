@@ -299,9 +299,14 @@ static void test_op_refusals(void) {
          "plan op 0 (linear): attribute fattr0 is nan, not a finite number; re-export the "
          "program");
   fresh(&f);
-  f.ops[0].iattr[0] = 4;
+  f.ops[0].iattr[0] = 5;
   expect(&f, KILN_ERR_INVALID_PROGRAM,
-         "plan op 0 (linear): attribute iattr0 is 4 but must be 0..3; re-export the program");
+         "plan op 0 (linear): attribute iattr0 is 5 but must be 0..4; re-export the program");
+  fresh(&f);
+  f.ops[0].iattr[0] = KILN_ACT_SWIGLU; /* SwiGLU with a bias */
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 0 (linear): SwiGLU takes x and one weight of 2N rows (gate over up), but has 3 "
+         "inputs and weight [4,3]; re-export the program");
 }
 
 static void test_order_refusals(void) {

@@ -38,6 +38,10 @@ KILN_OPS = {
                "aten.select_copy", "aten.permute_copy", "dim_order_ops._to_dim_order_copy"},
     "mixed": {"aten.linear", "aten.relu"},
     "half_mlp": {"aten.linear", "aten.layer_norm", "aten.gelu"},
+    "llama_block": {"aten.linear", "aten.scaled_dot_product_attention", "aten.expand_copy",
+                    "aten.cat", "aten.neg", "aten.slice_copy", "aten.silu", "aten.rsqrt"},
+    "llama_block_gqa_half": {"aten.linear", "aten.scaled_dot_product_attention", "aten.cat",
+                             "aten.neg", "aten.silu", "dim_order_ops._to_dim_order_copy"},
 }
 
 
