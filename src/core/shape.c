@@ -4,6 +4,7 @@
 #include "core/internal.h"
 #include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
+#include "core/vision_shape.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,6 +63,14 @@ static const op_arity arity[KILN_OP_COUNT] = {
     [KILN_OP_HARDSIGMOID] = {1, 1, 0, 0},
     [KILN_OP_MINIMUM] = {2, 2, 0, 0},
     [KILN_OP_MAXIMUM] = {2, 2, 0, 0},
+    [KILN_OP_CONV] = {2, 3, 5, 5},
+    [KILN_OP_CONV_TRANSPOSE] = {2, 3, 6, 6},
+    [KILN_OP_BATCH_NORM] = {3, 5, 1, 1},
+    [KILN_OP_MAX_POOL2D] = {1, 1, 5, 5},
+    [KILN_OP_AVG_POOL2D] = {1, 1, 6, 6},
+    [KILN_OP_ADAPTIVE_AVG_POOL2D] = {1, 1, 1, 1},
+    [KILN_OP_UPSAMPLE_NEAREST2D] = {1, 1, 1, 1},
+    [KILN_OP_UPSAMPLE_BILINEAR2D] = {1, 1, 2, 2},
 };
 
 /* One inference call: the op, its inputs, and how to word a refusal. */
@@ -211,7 +220,7 @@ static kiln_status infer_linear(const infer_ctx *c, kiln_tensor_desc *out) {
   const kiln_tensor_desc *x = c->in[0], *w = c->in[1];
   shape_text t;
   kiln_status s = need_floats_alike(c, c->op->n_inputs);
-  if (s || (s = need_min_rank(c, 0, 1)) || (s = need_flag(c, 0, KILN_ACT_GELU_TANH))) return s;
+  if (s || (s = need_min_rank(c, 0, 1)) || (s = need_flag(c, 0, KILN_ACT_SWIGLU))) return s;
   if (w->rank != 2)
     return kiln_fail(c->err, c->status,
                      "%.7s op %u (%.12s): the weight must be 2-D [N,K] but has shape %.40s%.24s",
@@ -240,8 +249,15 @@ static kiln_status infer_linear(const infer_ctx *c, kiln_tensor_desc *out) {
                      "[%lld]%.24s",
                      c->stage, c->index, c->name, shape_of(c->in[2], t.a), shape_of(w, t.b),
                      (long long)w->dims[0], c->remedy);
+  int swiglu = c->op->iattr[0] == KILN_ACT_SWIGLU;
+  if (swiglu && (c->op->n_inputs != 2 || w->dims[0] % 2 != 0))
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): SwiGLU takes x and one weight of 2N rows (gate over up), "
+                     "but has %u inputs and weight %.40s%.24s",
+                     c->stage, c->index, c->name, (unsigned)c->op->n_inputs, shape_of(w, t.a),
+                     c->remedy);
   set_shape(out, x->dtype, x->rank, x->dims);
-  out->dims[x->rank - 1] = w->dims[0];
+  out->dims[x->rank - 1] = swiglu ? w->dims[0] / 2 : w->dims[0];
   if (residual) {
     const kiln_tensor_desc *r = c->in[c->op->n_inputs - 1];
     int same = r->rank == out->rank;
@@ -655,11 +671,12 @@ static kiln_status infer_sdpa(const infer_ctx *c, kiln_tensor_desc *out) {
   int ok = k->rank == r && v->rank == r && k->dims[r - 1] == q->dims[r - 1] &&
            v->dims[r - 2] == k->dims[r - 2];
   for (int32_t i = 0; ok && i < r - 2; i++)
-    ok = k->dims[i] == q->dims[i] && v->dims[i] == q->dims[i];
+    ok = k->dims[i] == v->dims[i] &&
+         kiln_sdpa_kv_group(r, i, q->dims[i], k->dims[i]) > 0;
   if (!ok)
     return kiln_fail(c->err, c->status,
                      "%.7s op %u (%.12s): q %.40s, k %.40s and v must be [...,L,E], [...,S,E] and "
-                     "[...,S,Ev] with equal batch dims%.24s",
+                     "[...,S,Ev], batch dims equal but k,v heads (dim -3) may divide q's%.24s",
                      c->stage, c->index, c->name, shape_of(q, t.a), shape_of(k, t.b), c->remedy);
   if (has_mask) {
     int64_t scores[KILN_MAX_RANK];
@@ -792,6 +809,14 @@ static kiln_status infer_norm(const infer_ctx *c, kiln_tensor_desc *out) {
   return KILN_OK;
 }
 
+/* Convolution, batch norm, pooling and resize: the geometry's own words name the fault. */
+static kiln_status infer_vision(const infer_ctx *c, kiln_tensor_desc *out) {
+  char why[160];
+  if (kiln_vision_infer(c->op, c->in, out, why, sizeof why) == 0) return KILN_OK;
+  return kiln_fail(c->err, c->status, "%.7s op %u (%.12s): %.159s%.24s", c->stage, c->index,
+                   c->name, why, c->remedy);
+}
+
 static kiln_status infer_dispatch(const infer_ctx *c, kiln_tensor_desc *out) {
   switch (c->op->kind) {
   case KILN_OP_LINEAR: return infer_linear(c, out);
@@ -844,6 +869,14 @@ static kiln_status infer_dispatch(const infer_ctx *c, kiln_tensor_desc *out) {
   case KILN_OP_WHERE: return infer_where(c, out);
   case KILN_OP_SDPA: return infer_sdpa(c, out);
   case KILN_OP_POINTWISE: return infer_fused_pointwise(c, out);
+  case KILN_OP_CONV:
+  case KILN_OP_CONV_TRANSPOSE:
+  case KILN_OP_BATCH_NORM:
+  case KILN_OP_MAX_POOL2D:
+  case KILN_OP_AVG_POOL2D:
+  case KILN_OP_ADAPTIVE_AVG_POOL2D:
+  case KILN_OP_UPSAMPLE_NEAREST2D:
+  case KILN_OP_UPSAMPLE_BILINEAR2D: return infer_vision(c, out);
   case KILN_OP_COUNT: break;
   }
   return kiln_fail(c->err, c->status, "%.7s op %u: op kind %u is unknown%.24s", c->stage,

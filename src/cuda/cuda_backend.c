@@ -53,7 +53,7 @@ typedef struct kcu_state {
   kcu_io *in, *out;
   kcu_gemm *gemm; /* one per op; used by LINEAR and MATMUL */
   kcu_attn_gemm *attn; /* one per op; used by SDPA */
-  void *attn_scratch;  /* scores of the SDPA op being run, sized for the largest */
+  void *attn_scratch;  /* scores of the SDPA op (or SwiGLU's gate and up) being run */
   cudaGraphExec_t graph_host, graph_dev;
   void **dev_in, **dev_out;   /* caller addresses graph_dev was last updated with */
   void **run_in, **run_out;   /* addresses of the run in progress */
@@ -452,9 +452,14 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     if (st != KILN_OK) return st;
     if (s->attn[i].scratch_bytes > scratch) scratch = s->attn[i].scratch_bytes;
   }
-  /* One score buffer serves every SDPA op: they run one after another on one stream. */
+  for (uint32_t i = 0; i < p->n_ops; i++)
+    if (s->gemm[i].glu_bytes > scratch) scratch = s->gemm[i].glu_bytes;
+  /* One buffer serves every SDPA op's scores and every SwiGLU linear's gate and up: the ops
+   * run one after another on one stream. */
   kiln_status sst = kcu_dev_alloc(s, &s->attn_scratch, (size_t)scratch, "attention scores", err);
   if (sst != KILN_OK) return sst;
+  for (uint32_t i = 0; i < p->n_ops; i++)
+    if (s->gemm[i].swiglu) s->gemm[i].glu_scratch = s->attn_scratch;
   if (attention) {
     cudaError_t rc = kcu_attention_prepare(KCU_ATTN_MAX_HEAD);
     if (rc == cudaSuccess) rc = kcu_flash_prepare();

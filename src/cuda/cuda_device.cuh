@@ -206,8 +206,8 @@ static __device__ __forceinline__ void kcu_attn_offsets(const kcu_attn_geometry 
     int64_t c = b % g->bdims[d];
     b /= g->bdims[d];
     *qo += c * g->qb[d];
-    *ko += c * g->kb[d];
-    *vo += c * g->vb[d];
+    *ko += c / g->kv_group[d] * g->kb[d];
+    *vo += c / g->kv_group[d] * g->vb[d];
     *mo += c * g->mb[d];
     *oo += c * g->ob[d];
   }

@@ -182,3 +182,19 @@ cudaError_t kcu_activation(cudaStream_t s, kiln_activation act, const kcu_tensor
   float param = act == KILN_ACT_GELU_TANH ? 1.0f : 0.0f;
   return kcu_unary(s, kind, t, t, param);
 }
+
+__global__ void kcu_swiglu_kernel(const void *t, void *out, int dt, int64_t M, int64_t N) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x, n = M * N;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    int64_t m = i / N, j = i % N;
+    float gate = kcu_ld(t, dt, m * 2 * N + j), up = kcu_ld(t, dt, m * 2 * N + N + j);
+    kcu_st(out, dt, i, kcu_unop(KILN_OP_SILU, gate, 0.0f) * up);
+  }
+}
+
+cudaError_t kcu_swiglu(cudaStream_t s, const void *t, void *out, kiln_dtype dt, int64_t M,
+                       int64_t N) {
+  if (M * N == 0) return cudaSuccess;
+  kcu_swiglu_kernel<<<kcu_grid(M * N, 4), KCU_BLOCK, 0, s>>>(t, out, (int)dt, M, N);
+  return cudaGetLastError();
+}

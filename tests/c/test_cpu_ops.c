@@ -1116,7 +1116,40 @@ static void linear_case(kiln_dtype dt, int has_bias, kiln_activation act, int64_
   free(x), free(w), free(b), free(o), free(g);
 }
 
+/* SwiGLU: w [2N,K] is gate over up, out = silu(x gate^T) * (x up^T). */
+static void linear_swiglu_case(kiln_dtype dt, int64_t k_dim) {
+  const int64_t n_dim = 5, rows = 6;
+  void *x = alloc_buf(rows * k_dim, dt), *w = alloc_buf(2 * n_dim * k_dim, dt);
+  void *o = alloc_buf(rows * n_dim, dt);
+  double want[30];
+  fill_random(x, dt, rows * k_dim, 41, 1.0);
+  fill_random(w, dt, 2 * n_dim * k_dim, 43, 1.0);
+  graph *g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, dt, 3, DIMS(2, 3, k_dim));
+  uint32_t tw = g_tensor(g, KILN_STORE_INPUT, dt, 2, DIMS(2 * n_dim, k_dim));
+  uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, dt, 3, DIMS(2, 3, n_dim));
+  g_op(g, KILN_OP_LINEAR, 2, IDS(tx, tw), to, 1, (const int64_t[]){KILN_ACT_SWIGLU}, 0);
+  CHECK(g_run(g, BUFS(x, w), BUFS(o), &err) == KILN_OK);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < n_dim; j++) {
+      double gate = 0.0, up = 0.0;
+      for (int64_t k = 0; k < k_dim; k++) {
+        gate += value_at(x, dt, i * k_dim + k) * value_at(w, dt, j * k_dim + k);
+        up += value_at(x, dt, i * k_dim + k) * value_at(w, dt, (n_dim + j) * k_dim + k);
+      }
+      want[i * n_dim + j] = gate / (1.0 + exp(-gate)) * up;
+    }
+  char what[64];
+  snprintf(what, sizeof what, "linear swiglu K %d %s", (int)k_dim, kiln_dtype_name(dt));
+  CHECK_VALUES(what, o, dt, want, rows * n_dim);
+  free(x), free(w), free(o), free(g);
+}
+
 static void test_linear(void) {
+  for (int t = 0; t < 3; t++) {
+    linear_swiglu_case(float_dtypes[t], 37);
+    linear_swiglu_case(float_dtypes[t], 8);
+  }
   for (int t = 0; t < 3; t++)
     for (int act = KILN_ACT_NONE; act <= KILN_ACT_GELU_TANH; act++) {
       linear_case(float_dtypes[t], 1, (kiln_activation)act, 37);
@@ -1249,6 +1282,8 @@ static void sdpa_case(const attn_case *c) {
   int64_t score_dims[4] = {od[0], od[1], l_dim, s_dim};
   for (int64_t b = 0; b < od[0] * od[1]; b++) {
     int64_t kb = ref_bcast(b, 2, od, 2, c->kd), vb = ref_bcast(b, 2, od, 2, c->vd);
+    if (c->kd[1] > 1 && c->kd[1] < od[1]) /* grouped heads: query head h reads kv head h / g */
+      kb = vb = (b / od[1]) * c->kd[1] + (b % od[1]) / (od[1] / c->kd[1]);
     for (int64_t i = 0; i < l_dim; i++) {
       double most = -INFINITY, sum = 0;
       for (int64_t j = 0; j < s_dim; j++) {
@@ -1291,6 +1326,28 @@ static void test_sdpa(void) {
         {"sdpa causal L<S", dt, {2, 2, 3, 8}, {2, 2, 5, 8}, {2, 2, 5, 4}, 1, 0.0, none, 0, {0}},
         {"sdpa causal L>S", dt, {1, 2, 6, 4}, {1, 2, 3, 4}, {1, 2, 3, 4}, 1, 0.0, none, 0, {0}},
         {"sdpa kv broadcast", dt, {2, 3, 4, 8}, {2, 1, 6, 8}, {2, 1, 6, 8}, 0, 0.0, none, 0, {0}},
+        {"sdpa grouped heads", dt, {2, 6, 3, 8}, {2, 2, 5, 8}, {2, 2, 5, 4}, 0, 0.0, none, 0, {0}},
+        {"sdpa grouped causal", dt, {1, 4, 5, 8}, {1, 2, 5, 8}, {1, 2, 5, 8}, 1, 0.0, none, 0, {0}},
+        {"sdpa grouped bool mask",
+         dt,
+         {2, 4, 3, 8},
+         {2, 1, 5, 8},
+         {2, 1, 5, 8},
+         0,
+         0.0,
+         KILN_BOOL,
+         4,
+         {1, 1, 3, 5}},
+        {"sdpa grouped float mask",
+         dt,
+         {1, 8, 2, 4},
+         {1, 2, 6, 4},
+         {1, 2, 6, 4},
+         0,
+         0.0,
+         dt,
+         4,
+         {1, 8, 2, 6}},
         {"sdpa bool mask",
          dt,
          {2, 2, 3, 8},

@@ -171,6 +171,58 @@ static void test_gemm(void) {
         }
       }
     }
+    /* Split-K inside the GEMV block: N picks 1, 2, 4 or 8 columns per block (8, 4, 2 or 1 K
+     * slices each), K = 1032 splits unevenly, a partial last block at N = 10001. */
+    kcu_test_gemv_choice = 1;
+    static const int64_t split_n[4] = {1000, 2048, 4096, 10001};
+    for (int c = 0; c < 4; c++) {
+      for (int r = 0; r < 3; r++) {
+        prog *p = p_new();
+        uint32_t x = IN(p, dt, 2, gemv_rows[r], 1032);
+        uint32_t w = p_weight(p, dt, 2, DIMS(split_n[c], 1032), -0.1, 0.1);
+        uint32_t b = p_weight(p, dt, 1, DIMS(split_n[c]), -1, 1);
+        uint32_t y = OUT(p, dt, 2, gemv_rows[r], split_n[c]);
+        p_op(p, KILN_OP_LINEAR, 3, OPS(x, w, b), y, 1, ATTR(c == 1 ? KILN_ACT_GELU_ERF : 0), 0);
+        snprintf(name, sizeof name, "linear gemv split-K N %lld (%d cols) %lld rows %s",
+                 (long long)split_n[c], kcu_gemv_columns(split_n[c]), (long long)gemv_rows[r],
+                 kiln_dtype_name(dt));
+        compare(p, name, NULL);
+      }
+    }
+    /* SwiGLU (w = [gate; up]): on the GEMV (its gate and up columns paired in a block), on
+     * cuBLASLt into the engine's scratch then the combine kernel, and at 40 rows (cuBLASLt
+     * only); N 100 and 3000 give 2 and 8 columns per GEMV block. */
+    static const int64_t glu_rows[4] = {1, 3, 8, 40}, glu_n[2] = {100, 3000};
+    for (int choice = 0; choice < 2; choice++) {
+      kcu_test_gemv_choice = choice;
+      for (int r = 0; r < 4; r++) {
+        for (int c = 0; c < 2; c++) {
+          if (r == 3 && choice == 1) continue;
+          prog *p = p_new();
+          uint32_t x = IN(p, dt, 2, glu_rows[r], 520);
+          uint32_t w = p_weight(p, dt, 2, DIMS(2 * glu_n[c], 520), -0.1, 0.1);
+          uint32_t y = OUT(p, dt, 2, glu_rows[r], glu_n[c]);
+          p_op(p, KILN_OP_LINEAR, 2, OPS(x, w), y, 1, ATTR(KILN_ACT_SWIGLU), 0);
+          snprintf(name, sizeof name, "linear swiglu %lld rows N %lld %s on %s",
+                   (long long)glu_rows[r], (long long)glu_n[c], kiln_dtype_name(dt),
+                   choice ? "gemv" : "cublaslt");
+          compare(p, name, NULL);
+        }
+      }
+    }
+    {
+      /* one scratch for attention scores and SwiGLU's gate and up: f32 SDPA on cuBLASLt, then
+       * a SwiGLU linear of its output */
+      kcu_test_gemv_choice = -1;
+      prog *p = p_new();
+      uint32_t q = IN(p, dt, 3, 2, 20, 64), k = IN(p, dt, 3, 2, 30, 64), v = IN(p, dt, 3, 2, 30, 64);
+      uint32_t a = MID(p, dt, 3, 2, 20, 64);
+      p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), a, 2, ATTR(0, 0), 0);
+      uint32_t w = p_weight(p, dt, 2, DIMS(256, 64), -0.2, 0.2);
+      p_op(p, KILN_OP_LINEAR, 2, OPS(a, w), OUT(p, dt, 3, 2, 20, 128), 1, ATTR(KILN_ACT_SWIGLU), 0);
+      snprintf(name, sizeof name, "sdpa then linear swiglu %s", kiln_dtype_name(dt));
+      compare(p, name, NULL);
+    }
     kcu_test_gemv_choice = -1;
     for (int act = 0; act <= KILN_ACT_GELU_TANH; act++) {
       prog *p = p_new(); /* K not a multiple of 8: cuBLASLt, erf GELU after it */
@@ -712,6 +764,53 @@ static void test_attention(void) {
   }
 }
 
+static void flash_compare(prog *p, const char *name, const io_range *ranges);
+static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int64_t kv_heads,
+                            int64_t L, int64_t E, int causal, kiln_dtype dt);
+
+/* Grouped-query attention (k and v with fewer heads, key/value head = query head / group)
+ * against the CPU engine: on cuBLASLt (f32, and f16 heads of 32) with the grouped heads as one
+ * taller matrix, on the flash kernel (f16, bf16), with masks and causal, decode-shaped L = 1;
+ * then the three kernels against each other on the device. */
+static void test_grouped_attention(void) {
+  char name[96];
+  io_range r[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {-3, 0}};
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    const char *dn = kiln_dtype_name(dt);
+    prog *p = p_new();
+    uint32_t q = IN(p, dt, 4, 2, 8, 40, 64), k = IN(p, dt, 4, 2, 2, 40, 64),
+             v = IN(p, dt, 4, 2, 2, 40, 64);
+    p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 2, 8, 40, 64), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "sdpa grouped 8/2 causal %s", dn);
+    if (t == 0) compare(p, name, r); else flash_compare(p, name, r);
+    p = p_new(); /* head dim 32: cuBLASLt for every dtype; an additive mask per batch */
+    q = IN(p, dt, 4, 2, 6, 20, 32), k = IN(p, dt, 4, 2, 3, 30, 32), v = IN(p, dt, 4, 2, 3, 30, 32);
+    uint32_t m = IN(p, dt, 4, 2, 1, 20, 30);
+    p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 2, 6, 20, 32), 2, ATTR(0, 1), 0);
+    snprintf(name, sizeof name, "sdpa grouped 6/3 E32 float mask %s", dn);
+    compare(p, name, r);
+    p = p_new(); /* decode: one query row, 32 query and 8 key/value heads, a bool mask */
+    q = IN(p, dt, 4, 1, 32, 1, 128), k = IN(p, dt, 4, 1, 8, 77, 128), v = IN(p, dt, 4, 1, 8, 77, 128);
+    m = IN(p, KILN_BOOL, 2, 1, 77);
+    p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 1, 32, 1, 128), 2, ATTR(0, 1), 0);
+    snprintf(name, sizeof name, "sdpa grouped 32/8 decode bool mask %s", dn);
+    io_range rb[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {-0.5, 1}};
+    if (t == 0) compare(p, name, rb); else flash_compare(p, name, rb);
+    p = p_new(); /* one key/value head for all query heads (multi-query) */
+    q = IN(p, dt, 4, 1, 4, 16, 64), k = IN(p, dt, 4, 1, 1, 16, 64), v = IN(p, dt, 4, 1, 1, 16, 64);
+    p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 1, 4, 16, 64), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "sdpa grouped 4/1 causal %s", dn);
+    compare(p, name, r);
+  }
+  if (selected("sdpa grouped kernels") && cuda_ok(kcu_flash_prepare(), "kcu_flash_prepare") &&
+      cuda_ok(kcu_attention_prepare(KCU_ATTN_MAX_HEAD), "kcu_attention_prepare"))
+    for (int t = 1; t < 3; t++) {
+      time_sdpa_shape("sdpa grouped kernels", 2, 8, 2, 70, 64, 1, float_types[t]);
+      time_sdpa_shape("sdpa grouped kernels", 1, 32, 8, 128, 128, 1, float_types[t]);
+    }
+}
+
 /* The last op of p (SDPA) as the flash kernel's predicate sees it, every buffer at `base`. */
 static int flash_takes(const prog *p, uintptr_t base) {
   const kiln_op *op = &p->ops[p->n_ops - 1];
@@ -948,11 +1047,11 @@ static double device_rel_error(const void *a, const void *b, kiln_dtype dt, uint
   return e;
 }
 
-static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int64_t L,
-                            int64_t E, int causal, kiln_dtype dt) {
+static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int64_t kv_heads,
+                            int64_t L, int64_t E, int causal, kiln_dtype dt) {
   prog *p = p_new();
-  uint32_t q = IN(p, dt, 4, batch, heads, L, E), k = IN(p, dt, 4, batch, heads, L, E),
-           v = IN(p, dt, 4, batch, heads, L, E);
+  uint32_t q = IN(p, dt, 4, batch, heads, L, E), k = IN(p, dt, 4, batch, kv_heads, L, E),
+           v = IN(p, dt, 4, batch, kv_heads, L, E);
   uint32_t o = OUT(p, dt, 4, batch, heads, L, E);
   p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), o, 2, ATTR(causal, 0), 0);
   kiln_plan pl;
@@ -977,11 +1076,12 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
     kt->dtype = dt;
     kt->rank = 4;
     kt->dims[0] = batch;
-    kt->dims[1] = heads;
+    kt->dims[1] = t == 1 || t == 2 ? kv_heads : heads;
     kt->dims[2] = L;
     kt->dims[3] = E;
-    kt->numel = (int64_t)n;
+    kt->numel = (int64_t)n; /* k and v use the first kv_heads / heads of theirs */
     if (!cuda_ok(cudaMalloc(&kt->data, n * 2), "cudaMalloc")) die("device");
+    kt->numel = batch * kt->dims[1] * L * E;
     if (t < 3) {
       fill(host, dt, n, t == 2 ? -1 : -2, t == 2 ? 1 : 2);
       cudaMemcpy(kt->data, host, n * 2, cudaMemcpyHostToDevice);
@@ -1003,11 +1103,11 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
   double flops = 4.0 * (double)batch * heads * L * L * E * (causal ? 0.5 : 1.0);
   double e_lt = gemm ? device_rel_error(b.out[0].data, b.out[1].data, dt, n) : -1.0;
   double e_fma = device_rel_error(b.out[0].data, b.out[2].data, dt, n);
-  printf("time-sdpa %-10s b%-3lld %-4s flash %8.1f us (%5.1f TFLOP/s)  cublasLt %8.1f us  fma %8.1f us"
+  printf("time-sdpa %-10s b%-3lld kv%-3lld %-4s flash %8.1f us (%5.1f TFLOP/s)  cublasLt %8.1f us  fma %8.1f us"
          "  flash vs cublasLt %.1e, vs fma %.1e\n",
-         label, (long long)batch, kiln_dtype_name(dt), flash, flops / (flash * 1e6), lt, fma, e_lt,
+         label, (long long)batch, (long long)kv_heads, kiln_dtype_name(dt), flash, flops / (flash * 1e6), lt, fma, e_lt,
          e_fma);
-  CHECK(flash > 0.0 && e_fma <= dtype_tolerance(dt));
+  CHECK(flash > 0.0 && e_fma <= dtype_tolerance(dt) && (!gemm || e_lt <= dtype_tolerance(dt)));
   kcu_attn_gemm_release(&b.ag);
   if (b.lt) cublasLtDestroy(b.lt);
   cudaFree(b.ws);
@@ -1020,16 +1120,18 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
   p_free(p);
 }
 
-/* The attention of bench/bench.py's encoder (16 heads, L = S = 128, head dim 64) and GPT block
- * (16 heads, L = S = 512, causal, head dim 128) at batch 1 and 32. */
+/* The attention of bench/bench.py's encoder (16 heads, L = S = 128, head dim 64), GPT block
+ * (16 heads, L = S = 512, causal, head dim 128) and Llama block (32 query and 8 key/value
+ * heads, L = S = 128, causal, head dim 128) at batch 1 and 32. */
 static int time_sdpa(void) {
   if (!cuda_ok(kcu_flash_prepare(), "kcu_flash_prepare") ||
       !cuda_ok(kcu_attention_prepare(KCU_ATTN_MAX_HEAD), "kcu_attention_prepare"))
     return 1;
   for (int t = 1; t < 3; t++) {
     for (int b = 1; b <= 32; b += 31) {
-      time_sdpa_shape("encoder", b, 16, 128, 64, 0, float_types[t]);
-      time_sdpa_shape("gpt_block", b, 16, 512, 128, 1, float_types[t]);
+      time_sdpa_shape("encoder", b, 16, 16, 128, 64, 0, float_types[t]);
+      time_sdpa_shape("gpt_block", b, 16, 16, 512, 128, 1, float_types[t]);
+      time_sdpa_shape("llama_gqa", b, 32, 8, 128, 128, 1, float_types[t]);
     }
   }
   return check_report("test_cuda_ops --time-sdpa");
@@ -1338,6 +1440,7 @@ int main(int argc, char **argv) {
     test_attention();
     test_flash_attention();
     test_packed_attention();
+    test_grouped_attention();
     return check_report("test_cuda_ops --matmul-attention");
   }
   if (argc > 2 && strcmp(argv[1], "--only") == 0) only_filter = argv[2];
@@ -1350,6 +1453,7 @@ int main(int argc, char **argv) {
   test_attention();
   test_flash_attention();
   test_packed_attention();
+  test_grouped_attention();
   if (only_filter) return check_report("test_cuda_ops --only");
   test_residency();
   test_refusals();
