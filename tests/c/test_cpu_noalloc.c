@@ -218,6 +218,48 @@ static void test_logic_and_math(void) {
   free(h);
 }
 
+static void test_vision(void) {
+  float x[2 * 6 * 6], w[3 * 2 * 3 * 3], y[3 * 2 * 2] = {0};
+  float stats[3] = {0.5f, 1.0f, 2.0f};
+  uint32_t seed = 3;
+  for (int i = 0; i < 72; i++) x[i] = (float)next_random(&seed);
+  for (int i = 0; i < 54; i++) w[i] = (float)next_random(&seed);
+  graph *g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 4, DIMS(1, 2, 6, 6));
+  uint32_t tw = g_weight(g, KILN_F32, 4, DIMS(3, 2, 3, 3), w);
+  uint32_t ts = g_weight(g, KILN_F32, 1, DIMS(3), stats);
+  uint32_t c1 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 4, DIMS(1, 3, 6, 6));
+  uint32_t c2 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 4, DIMS(1, 3, 6, 6));
+  uint32_t c3 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 4, DIMS(1, 3, 3, 3));
+  uint32_t c4 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 4, DIMS(1, 3, 6, 6));
+  uint32_t c5 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 4, DIMS(1, 3, 6, 6));
+  uint32_t c6 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 4, DIMS(1, 3, 3, 3));
+  uint32_t ty = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 4, DIMS(1, 3, 2, 2));
+  g_op(g, KILN_OP_CONV, 2, IDS(tx, tw), c1, 5,
+       DIMS(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 0), 0);
+  g_op(g, KILN_OP_BATCH_NORM, 3, IDS(c1, ts, ts), c2, 1, DIMS(0), 1e-5);
+  g_op(g, KILN_OP_MAX_POOL2D, 1, IDS(c2), c3, 5,
+       DIMS(KILN_PAIR(3, 3), KILN_PAIR(2, 2), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 0), 0);
+  g_op(g, KILN_OP_UPSAMPLE_BILINEAR2D, 1, IDS(c3), c4, 2, DIMS(KILN_PAIR(6, 6), 0), 0);
+  g_op(g, KILN_OP_UPSAMPLE_NEAREST2D, 1, IDS(c4), c5, 1, DIMS(KILN_PAIR(6, 6)), 0);
+  g_op(g, KILN_OP_AVG_POOL2D, 1, IDS(c5), c6, 6,
+       DIMS(KILN_PAIR(2, 2), KILN_PAIR(2, 2), KILN_PAIR(0, 0), 0, 1, 0), 0);
+  g_op(g, KILN_OP_ADAPTIVE_AVG_POOL2D, 1, IDS(c6), ty, 1, DIMS(KILN_PAIR(2, 2)), 0);
+  CHECK(count_execute(g, BUFS(x), BUFS(y)) == 0);
+  CHECK(y[0] != 0.0f);
+  free(g);
+
+  graph *h = g_new(); /* the transposed convolution */
+  uint32_t hx = g_tensor(h, KILN_STORE_INPUT, KILN_F32, 4, DIMS(1, 3, 2, 2));
+  uint32_t hw = g_weight(h, KILN_F32, 4, DIMS(3, 2, 3, 3), w);
+  uint32_t hy = g_tensor(h, KILN_STORE_OUTPUT, KILN_F32, 4, DIMS(1, 2, 3, 3));
+  float out[18] = {0};
+  g_op(h, KILN_OP_CONV_TRANSPOSE, 2, IDS(hx, hw), hy, 6,
+       DIMS(KILN_PAIR(2, 2), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 0, KILN_PAIR(0, 0)), 0);
+  CHECK(count_execute(h, BUFS(x), BUFS(out)) == 0);
+  free(h);
+}
+
 int main(void) {
 #ifdef SANITIZED
   printf("test_cpu_noalloc: AddressSanitizer owns malloc; allocations are not counted here\n");
@@ -230,6 +272,7 @@ int main(void) {
   CHECK(allocations == 1);
 #endif
   test_gemm_norm_layout();
+  test_vision();
   test_attention_gather();
   test_remaining_kinds();
   test_logic_and_math();

@@ -1283,6 +1283,30 @@ static void test_refusals(void) {
   p_unload(e);
   p_free(p);
 
+  /* The vision ops run on the CPU engine; the CUDA engine refuses each at load, naming it. */
+  static const kiln_op_kind vision[] = {KILN_OP_CONV, KILN_OP_MAX_POOL2D};
+  for (int v = 0; v < 2; v++) {
+    p = p_new();
+    x = IN(p, KILN_F32, 4, 1, 2, 5, 5);
+    if (vision[v] == KILN_OP_CONV) {
+      w = IN(p, KILN_F32, 4, 3, 2, 3, 3);
+      p_op(p, KILN_OP_CONV, 2, OPS(x, w), OUT(p, KILN_F32, 4, 1, 3, 3, 3), 5,
+           ATTR(KILN_PAIR(1, 1), KILN_PAIR(0, 0), KILN_PAIR(1, 1), 1, 0), 0);
+    } else {
+      p_op(p, KILN_OP_MAX_POOL2D, 1, OPS(x), OUT(p, KILN_F32, 4, 1, 2, 2, 2), 5,
+           ATTR(KILN_PAIR(2, 2), KILN_PAIR(2, 2), KILN_PAIR(0, 0), KILN_PAIR(1, 1), 0), 0);
+    }
+    e = p_load(p, &kiln_cpu_backend, 0, &err);
+    CHECK(e != NULL);
+    p_unload(e);
+    e = p_load(p, &kiln_cuda_backend, 0, &err);
+    printf("%s on CUDA: %s: %s\n", kiln_op_name(vision[v]), kiln_status_name(err.status), err.message);
+    CHECK(e == NULL && err.status == KILN_ERR_UNSUPPORTED && strstr(err.message, "no kernel for it yet") &&
+          strstr(err.message, kiln_op_name(vision[v])));
+    p_unload(e);
+    p_free(p);
+  }
+
   p = p_new(); /* a logical not given two inputs */
   x = IN(p, KILN_BOOL, 2, 4, 10);
   p_op(p, KILN_OP_LOGICAL, 2, OPS(x, x), OUT(p, KILN_BOOL, 2, 4, 10), 1, ATTR(KILN_BOOL_NOT), 0);
