@@ -755,6 +755,16 @@ int kiln_cuda_device_count(kiln_error *err) {
   return count;
 }
 
+int kiln_cuda_buffer_device(const void *ptr) {
+  struct cudaPointerAttributes a;
+  memset(&a, 0, sizeof a);
+  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+    cudaGetLastError(); /* no driver or no device: no device memory either */
+    return -1;
+  }
+  return a.type == cudaMemoryTypeDevice && a.hostPointer == NULL ? a.device : -1;
+}
+
 kiln_status kiln_cuda_engine_stats(const kiln_engine *e, kiln_cuda_stats *out, kiln_error *err) {
   if (!e || e->backend != &kiln_cuda_backend || !e->impl)
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
