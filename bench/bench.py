@@ -160,6 +160,17 @@ def pinned_rates(nbytes=1 << 28):
     return rates
 
 
+def host_copy_rates(lib, nbytes=1 << 26):
+    """Bytes per second of copying 64 MiB of pageable memory into pinned memory with 1, 2, 4 and
+    8 CPU threads: the host side of staging, which Kiln does on one thread."""
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    rates = {threads: lib.kb_host_copy_rate(ctypes.c_void_p(dst.data_ptr()), ctypes.c_void_p(src.data_ptr()),
+                                            ctypes.c_size_t(nbytes), threads, 10) for threads in (1, 2, 4, 8)}
+    del src, dst
+    return rates
+
+
 def run_case(lib, name, batch, dtype, iters, workdir):
     factory, shape = CASES[name]
     torch.manual_seed(0)
@@ -254,7 +265,9 @@ def link_columns(r, links):
 
 def table(rows, rate, device, date, links=None):
     links = links or {}
-    link_line = (f" Pinned copy rates in the same run: host to device {links['h2d'] / 1e9:.1f} GB/s, device to host {links['d2h'] / 1e9:.1f} GB/s."
+    link_line = (f" Pinned copy rates in the same run: host to device {links['h2d'] / 1e9:.1f} GB/s, device to host {links['d2h'] / 1e9:.1f} GB/s;"
+                 " pageable to pinned host copy (the CPU side of staging) by threads: "
+                 + ", ".join(f"{t}: {r / 1e9:.1f} GB/s" for t, r in links.get("host_copy", {}).items()) + "."
                  if links else "")
     lines = [
         f"# Kiln benchmark, {date}, {device}",
@@ -329,14 +342,17 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     lib = ctypes.CDLL(os.environ.get("KILN_BENCH_LIBRARY", os.path.join(ROOT, "build-bench", "libkiln_bench.so")))
     lib.kb_time_pte.restype = ctypes.c_int
+    lib.kb_host_copy_rate.restype = ctypes.c_double
     lib.kb_time_blob.restype = ctypes.c_int
     lib.kb_time_blob.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                  ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_int]
     device = torch.cuda.get_device_name(0)
     rate = copy_rate()
     links = pinned_rates()
+    links["host_copy"] = host_copy_rates(lib)
     print(f"copy rate {rate / 1e12:.2f} TB/s on {device}; pinned host to device {links['h2d'] / 1e9:.1f} GB/s, "
-          f"device to host {links['d2h'] / 1e9:.1f} GB/s", flush=True)
+          f"device to host {links['d2h'] / 1e9:.1f} GB/s; pageable to pinned host copy by threads "
+          + ", ".join(f"{t}: {r / 1e9:.1f}" for t, r in links["host_copy"].items()) + " GB/s", flush=True)
     workdir = os.environ.get("TMPDIR", "/tmp")
     rows = []
     stem = os.path.join(args.out, f"bench_{args.date}_h200")

@@ -7,10 +7,12 @@
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 using executorch::extension::module::Module;
@@ -153,4 +155,27 @@ extern "C" __attribute__((visibility("default"))) int kb_time_blob(
   }
   kiln_engine_destroy(engine);
   return 0;
+}
+
+// The host side of staging: the median rate (bytes per second) of copying n bytes from src to
+// dst (pageable to pinned, as Kiln stages a host buffer) split over `threads` threads, over
+// reps copies. It tells whether one CPU thread's copy keeps up with the link.
+extern "C" __attribute__((visibility("default"))) double kb_host_copy_rate(
+    void *dst, const void *src, size_t n, int threads, int reps) {
+  std::vector<double> rates;
+  for (int r = 0; r < reps + 1; r++) {
+    const double t0 = now_us();
+    std::vector<std::thread> pool;
+    const size_t slice = (n + threads - 1) / threads;
+    for (int t = 1; t < threads; t++) {
+      const size_t off = std::min(n, slice * t), len = std::min(slice, n - off);
+      pool.emplace_back([=] { std::memcpy(static_cast<char *>(dst) + off, static_cast<const char *>(src) + off, len); });
+    }
+    std::memcpy(dst, src, std::min(slice, n));
+    for (auto &worker : pool) worker.join();
+    const double t1 = now_us();
+    if (r > 0) rates.push_back(n / ((t1 - t0) * 1e-6));  // the first copy faults the pages in
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
 }

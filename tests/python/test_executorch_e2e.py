@@ -750,3 +750,10 @@ def test_engine_reads_the_callers_input_buffer(zoo, runtime, monkeypatch):
         changed, original = flat(model(x)), flat(model(x / -2.0))
     assert_close(got, changed, exported.spec.tolerance, "mlp on the changed input")
     assert (got[0] - original[0]).abs().max().item() > 1e-3, "the output is that of the values at set_input"
+
+
+def test_output_without_a_buffer_is_refused_in_cpp(zoo, cpp_tests):
+    result = run([os.path.join(cpp_tests, "kiln_unbound_output"), zoo["mlp"].path])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "forward without output buffers: Error::InvalidArgument (0x12)" in result.stdout, result.stdout
+    assert "output aten_linear_default_2 has no buffer: the program leaves it to the caller" in result.stderr, result.stderr
