@@ -207,9 +207,10 @@ def run_case(lib, name, batch, dtype, iters, workdir):
     dev_data = (ctypes.c_void_p * 1)(x_et.data_ptr())
     dev_out = (ctypes.c_void_p * 1)(y_et.data_ptr())
     rc = lib.kb_time_pte(path.encode(), 1, dev_data, sizes, ranks, dtypes, 1, dev_out, 5, iters, times, msg, 256)
-    if rc != 0:
-        raise RuntimeError(f"{name}: kb_time_pte on device: {msg.value.decode()}")
-    row["kiln_et_dev"] = list(times)
+    if rc == 0:
+        row["kiln_et_dev"] = list(times)
+    else:  # a case of several outputs, or a program ExecuTorch plans: the other columns stand
+        print(f"{name}: kb_time_pte on device: {msg.value.decode()}", flush=True)
     del x_et, y_et
     if len(blobs) == 1:
         rc = lib.kb_time_blob(blobs[0], len(blobs[0]), None, 5, iters, times, msg, 256)
@@ -375,7 +376,7 @@ def main():
             rows.append(row)
             print(f"{name} b{batch} {row['dtype']}: eager {spread(row['eager'])[0]:.0f} compile "
                   f"{spread(row['compile'])[0]:.0f} kiln {spread(row['kiln_et'])[0]:.0f} kiln ET dev "
-                  f"{spread(row['kiln_et_dev'])[0]:.0f} us "
+                  f"{spread(row['kiln_et_dev'])[0] if 'kiln_et_dev' in row else float('nan'):.0f} us "
                   f"(export {row['export_s']:.0f} s, compile {row['compile_s']:.0f} s, "
                   f"case {time.perf_counter() - t0:.0f} s)", flush=True)
             # Written after every case, so a run cut short still leaves its table.
