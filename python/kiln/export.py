@@ -1,13 +1,19 @@
 """kiln.export: a PyTorch module to a .pte file whose supported parts run on Kiln."""
 
+import operator
 import os
 import stat
 import tempfile
 import warnings
 
 import torch
-from executorch.exir import to_edge_transform_and_lower
+from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+from executorch.exir.delegate import executorch_call_delegate
+from executorch.exir.lowered_backend_module import LoweredBackendModule
+from executorch.exir.passes import MemoryPlanningPass
+from torch.export.graph_signature import InputKind, OutputKind
 
+from .backend import KilnBackend
 from .folding import DEFAULT_FOLD_LIMIT_BYTES, FoldConstants, drop_unused_constants
 from .partitioner import KilnPartitioner
 from .report import NotWholeError, delegation_report
@@ -94,9 +100,41 @@ def to_executorch(model, example_inputs=None, *, kwargs=None, dynamic_shapes=Non
             raise NotWholeError(f"kiln: {op} (node {node}) stays on ExecuTorch: {reason}; the program is not "
                                 f"whole on Kiln (require_whole=True)\n{report}")
         warnings.warn(str(report), stacklevel=3)
-    program = edge.to_executorch()
+    program = edge.to_executorch(caller_buffer_config(edge.exported_program()))
     program.kiln_report = report
     return program
+
+
+def _kiln_call(node):
+    """Whether node is a delegate call whose lowered module is a Kiln blob."""
+    if node.op != "call_function" or node.target is not executorch_call_delegate:
+        return False
+    owner = node.graph.owning_module
+    module = getattr(owner, node.args[0].target, None)
+    return isinstance(module, LoweredBackendModule) and module.backend_id == KilnBackend.__name__
+
+
+def caller_buffer_config(program):
+    """ExecuTorch's backend config that leaves the program's inputs (outputs) out of its memory
+    plan when every one of them only feeds (comes straight from) a Kiln blob, so the caller's
+    buffers are what the delegate receives: set_input shares the tensor's data pointer, and
+    unplanned outputs take the buffer given with set_output_data_ptr (Module::set_output)."""
+    graph = program.graph_module.graph
+    placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
+    user_inputs = [placeholders[spec.arg.name] for spec in program.graph_signature.input_specs
+                   if spec.kind == InputKind.USER_INPUT and getattr(spec.arg, "name", None) in placeholders]
+    inputs_to_kiln = bool(user_inputs) and all(
+        node.users and all(_kiln_call(user) for user in node.users) for node in user_inputs)
+    output_node = next(node for node in graph.nodes if node.op == "output")
+    returned = list(output_node.args[0])
+    user = [value for value, spec in zip(returned, program.graph_signature.output_specs)
+            if spec.kind == OutputKind.USER_OUTPUT]
+    # Each output a distinct result of a Kiln call: a buffer returned twice cannot be the caller's twice.
+    outputs_from_kiln = bool(user) and len(set(user)) == len(user) and all(
+        isinstance(value, torch.fx.Node) and (_kiln_call(value) or (
+            value.target is operator.getitem and _kiln_call(value.args[0]))) for value in user)
+    return ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(
+        alloc_graph_input=not inputs_to_kiln, alloc_graph_output=not outputs_from_kiln))
 
 
 def _write_beside(path, data):

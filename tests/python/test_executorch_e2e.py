@@ -714,3 +714,59 @@ def test_cmake_package_ignores_a_decoy_in_a_parent_directory(tmp_path, delegate_
     result = configure_consumer(tmp_path, package / "cmake")
     assert result.returncode != 0, result.stdout
     assert "libexecutorch_backend_kiln.so is missing from" in result.stderr, result.stderr
+
+
+# ---------------------------------------------------------------- caller buffers reach the engine
+
+
+class CumsumFirst(torch.nn.Module):
+    """An input that ExecuTorch's own kernel reads first (Kiln has no cumsum), then Kiln."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.fc(torch.cumsum(x, dim=-1))
+
+
+def planned(path, runtime):
+    meta = runtime.load_program(path).load_method("forward").metadata
+    return ([meta.input_tensor_meta(i).is_memory_planned() for i in range(meta.num_inputs())],
+            [meta.output_tensor_meta(i).is_memory_planned() for i in range(meta.num_outputs())])
+
+
+def test_kiln_io_is_left_out_of_the_memory_plan(zoo, runtime, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    for name, exported in zoo.items():
+        inputs, outputs = planned(exported.path, runtime)
+        assert not any(inputs) and not any(outputs), f"{name}: planned inputs {inputs}, outputs {outputs}"
+    # An input an ExecuTorch kernel reads keeps its planned buffer; the output from Kiln does not.
+    path = str(tmp_path / "cumsum_first.pte")
+    kiln.export(CumsumFirst().eval(), (torch.randn(4, 16),), path)
+    assert planned(path, runtime) == ([True], [False])
+
+
+def test_engine_reads_the_callers_input_buffer(zoo, runtime, monkeypatch):
+    """The input set before execute and changed in place afterwards: the output is that of the
+    changed values, so the engine read the caller's buffer at execute, not a copy set_input made."""
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    exported = zoo["mlp"]
+    model = exported.spec.make()
+    method = runtime.load_program(exported.path).load_method("forward")
+    x = exported.inputs[0].clone()
+    method._method.set_inputs([x])
+    x.mul_(-2.0)
+    method._method.execute()
+    got = flat(method._method.get_outputs())
+    with torch.no_grad():
+        changed, original = flat(model(x)), flat(model(x / -2.0))
+    assert_close(got, changed, exported.spec.tolerance, "mlp on the changed input")
+    assert (got[0] - original[0]).abs().max().item() > 1e-3, "the output is that of the values at set_input"
+
+
+def test_output_without_a_buffer_is_refused_in_cpp(zoo, cpp_tests):
+    result = run([os.path.join(cpp_tests, "kiln_unbound_output"), zoo["mlp"].path])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "forward without output buffers: Error::InvalidArgument (0x12)" in result.stdout, result.stdout
+    assert "output aten_linear_default_2 has no buffer: the program leaves it to the caller" in result.stderr, result.stderr
