@@ -42,6 +42,7 @@ OP_NAMES = (
     "tanh", "exp", "sqrt", "rsqrt", "neg", "pow", "cast", "softmax", "log_softmax",
     "layer_norm", "rms_norm", "sum", "mean", "amax", "reshape", "permute", "expand", "cat",
     "slice", "select", "copy", "embedding", "index_select", "where", "sdpa", "pointwise",
+    "cumsum", "gather", "index", "argmax",
 )
 OP = {name: index for index, name in enumerate(OP_NAMES)}
 

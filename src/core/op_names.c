@@ -38,6 +38,10 @@ static const char *const op_names[KILN_OP_COUNT] = {
     [KILN_OP_WHERE] = "where",
     [KILN_OP_SDPA] = "sdpa",
     [KILN_OP_POINTWISE] = "pointwise",
+    [KILN_OP_CUMSUM] = "cumsum",
+    [KILN_OP_GATHER] = "gather",
+    [KILN_OP_INDEX] = "index",
+    [KILN_OP_ARGMAX] = "argmax",
 };
 
 const char *kiln_op_name(kiln_op_kind op) {

@@ -135,6 +135,10 @@ static kiln_status run_op(const kiln_cpu_run *r, uint32_t index, kiln_error *err
   case KILN_OP_WHERE: kiln_cpu_where(r, op); break;
   case KILN_OP_SDPA: kiln_cpu_sdpa(r, op); break;
   case KILN_OP_POINTWISE: kiln_cpu_fused_pointwise(r, op); break;
+  case KILN_OP_CUMSUM: kiln_cpu_cumsum(r, op); break;
+  case KILN_OP_GATHER: return kiln_cpu_gather(r, index, op, err);
+  case KILN_OP_INDEX: return kiln_cpu_index(r, index, op, err);
+  case KILN_OP_ARGMAX: kiln_cpu_argmax(r, op); break;
   case KILN_OP_COUNT: break; /* refused at init */
   }
   return KILN_OK;
