@@ -1132,6 +1132,26 @@ static void test_refusals(void) {
   p_unload(e);
   p_free(p);
 
+  p = p_new(); /* gather whose indices are wider than x along a dim not gathered */
+  x = IN(p, KILN_F32, 2, 4, 6);
+  uint32_t wide = IN(p, KILN_I64, 2, 4, 7);
+  p_op(p, KILN_OP_GATHER, 2, OPS(x, wide), OUT(p, KILN_F32, 2, 4, 7), 1, ATTR(0), 0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("gather [4,7] from [4,6] along 0: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM && strstr(err.message, "op 0 (gather)"));
+  p_unload(e);
+  p_free(p);
+
+  p = p_new(); /* index whose output ignores where the broadcast index shape goes */
+  x = IN(p, KILN_F32, 3, 2, 3, 4);
+  uint32_t picks = IN(p, KILN_I64, 1, 5);
+  p_op(p, KILN_OP_INDEX, 2, OPS(x, picks), OUT(p, KILN_F32, 3, 5, 2, 4), 1, ATTR(2), 0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("index dim 1 into [5,2,4]: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM && strstr(err.message, "op 0 (index)"));
+  p_unload(e);
+  p_free(p);
+
   p = p_new(); /* embedding index out of range */
   w = p_weight(p, KILN_F32, 2, DIMS(10, 8), -1, 1);
   uint32_t idx = IN(p, KILN_I64, 1, 3);

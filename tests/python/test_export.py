@@ -320,7 +320,7 @@ def cpu_ops_of_edge(edge):
 
 class LayoutBetweenCpuOps(nn.Module):
     def forward(self, x):
-        return torch.cumsum(torch.cumsum(x, 0).view(4, 3), 1)
+        return torch.flip(torch.flip(x, [0]).view(4, 3), [1])
 
 
 def test_partition_that_only_moves_data_is_not_delegated():
@@ -395,6 +395,78 @@ def test_native_layer_norm_output_is_delegated():
     assert "aten.native_layer_norm" in delegated_ops(blob)
     expected = [LayerNormOutput()(x)]
     assert_close(kiln.run_blob(blob.processed_bytes, [x]), expected, models.F32_TOLERANCE, "layer norm")
+
+
+class SplitProjection(nn.Module):
+    """GPT-2's attention projection: one linear split into three pieces, one of them unused,
+    one handed out of the blob to an op Kiln lacks."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, _ = self.qkv(x).split(8, dim=-1)
+        return torch.flip(k, [0]), (q * k).softmax(-1) + q
+
+
+def test_split_pieces_are_delegated_with_their_users():
+    torch.manual_seed(0)
+    model, x = SplitProjection().eval(), torch.randn(2, 5, 8)
+    edge, partitioner = lower(model, (x,))
+    (blob,) = edge_blobs(edge)
+    assert "aten.split_with_sizes_copy" in delegated_ops(blob)
+    assert cpu_ops_of_edge(edge) == {"aten.flip"}, partitioner.refusals
+    reference = flat(blob.original_module.module()(x))
+    assert_close(kiln.run_blob(blob.processed_bytes, [x]), reference, models.F32_TOLERANCE, "split")
+
+
+class Positions(nn.Module):
+    """transformers' position and token-type code: a cumsum of the attention mask, a gather
+    from a buffer of type ids, rows picked by two broadcasting index tensors, and a greedy
+    argmax over the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.pos, self.typ = nn.Embedding(32, 8), nn.Embedding(8, 8), nn.Embedding(3, 8)
+        self.register_buffer("types", (torch.arange(8) % 3)[None])
+        self.head = nn.Linear(8, 32)
+
+    def forward(self, ids, mask):
+        positions = mask.cumsum(-1) * mask
+        types = self.types.expand(ids.shape[0], -1).gather(1, positions)
+        h = self.tok(ids) + self.pos(positions) + self.typ(types)
+        rows = torch.arange(ids.shape[0])[:, None]
+        logits = self.head(h[rows, positions])
+        return logits, logits.argmax(-1)
+
+
+def test_position_code_runs_whole_on_kiln():
+    torch.manual_seed(0)
+    model = Positions().eval()
+    ids = torch.randint(0, 32, (2, 7), generator=torch.Generator().manual_seed(3))
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1, 1]])
+    edge, partitioner = lower(model, (ids, mask))
+    (blob,) = edge_blobs(edge)
+    assert cpu_ops_of_edge(edge) == set(), partitioner.refusals
+    assert {"aten.cumsum", "aten.gather", "aten.index", "aten.argmax"} <= delegated_ops(blob)
+    interpreter = KilnInterpreter(edge)
+    with torch.no_grad():
+        actual, expected = flat(interpreter.run(ids, mask)), flat(model(ids, mask))
+    assert_close(actual, expected, models.F32_TOLERANCE, "positions")
+
+
+class MaskedRows(nn.Module):
+    def forward(self, x, keep):
+        return x[keep] * 2.0
+
+
+def test_bool_mask_index_stays_on_cpu_with_its_reason():
+    x, keep = torch.randn(4, 3), torch.tensor([True, False, True, True])
+    edge, partitioner = lower(MaskedRows(), (x, keep))
+    assert "aten.index" in cpu_ops_of_edge(edge)
+    reasons = refusals_of(partitioner, "aten_index")
+    assert reasons and all("bool mask" in r and "depends on the mask" in r for r in reasons), reasons
 
 
 class ConstantOutput(nn.Module):
