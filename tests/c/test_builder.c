@@ -738,6 +738,7 @@ static void test_index_scan_shapes(void) {
   int32_t i21 = input(b, "i21", KILN_I64, 2, D(2, 1)), i3 = input(b, "i3", KILN_I64, 1, D(3));
   int32_t s0 = input(b, "s0", KILN_F32, 0, NULL), z = input(b, "z", KILN_F32, 2, D(3, 0));
   int32_t f2 = input(b, "f2", KILN_F32, 1, D(2)), big = input(b, "big", KILN_F32, 2, D(3, 5));
+  int32_t x4 = input(b, "x4", KILN_F32, 4, D(2, 3, 4, 5));
 
   expect_shape(b, op(b, KILN_OP_CUMSUM, T(x), 1, I(-1, KILN_F32), 2, NULL, 0), "f32 [2,3,4]");
   expect_shape(b, op(b, KILN_OP_CUMSUM, T(flag), 1, I(1, KILN_I64), 2, NULL, 0), "i64 [1,5]");
@@ -749,6 +750,8 @@ static void test_index_scan_shapes(void) {
   expect_shape(b, op(b, KILN_OP_INDEX, T(x, i21, i13), 3, I(3), 1, NULL, 0), "f32 [2,3,4]");
   expect_shape(b, op(b, KILN_OP_INDEX, T(x, i21, i3), 3, I(6), 1, NULL, 0), "f32 [2,2,3]");
   expect_shape(b, op(b, KILN_OP_INDEX, T(x, i2, i2), 3, I(5), 1, NULL, 0), "f32 [2,3]");
+  expect_shape(b, op(b, KILN_OP_INDEX, T(x4, i3, i3), 3, I(10), 1, NULL, 0), "f32 [3,2,4]");
+  expect_shape(b, op(b, KILN_OP_INDEX, T(x4, i3, i3), 3, I(6), 1, NULL, 0), "f32 [2,3,5]");
   expect_shape(b, op(b, KILN_OP_INDEX, T(flag, i3), 2, I(2), 1, NULL, 0), "bool [1,3]");
   expect_shape(b, op(b, KILN_OP_ARGMAX, T(x), 1, I(-1, 0), 2, NULL, 0), "i64 [2,3]");
   expect_shape(b, op(b, KILN_OP_ARGMAX, T(x), 1, I(1, 1), 2, NULL, 0), "i64 [2,1,4]");
@@ -761,6 +764,7 @@ static void test_index_scan_shapes(void) {
   i2 = input(b, "i2", KILN_I64, 1, D(2)), i13 = input(b, "i13", KILN_I32, 2, D(1, 3));
   i3 = input(b, "i3", KILN_I64, 1, D(3)), s0 = input(b, "s0", KILN_F32, 0, NULL);
   z = input(b, "z", KILN_F32, 2, D(3, 0)), f2 = input(b, "f2", KILN_F32, 1, D(2));
+  int32_t wide = input(b, "wide", KILN_I64, 3, D(2, 2, 5));
   expect_refusal(b, KILN_OP_CUMSUM, T(x), 1, I(3, KILN_F32), 2, NULL, 0, bad,
                  "builder op 0 (cumsum): dim 3 is outside 0..2 of input 0 [2,3,4]");
   expect_refusal(b, KILN_OP_CUMSUM, T(x), 1, I(0, KILN_BOOL), 2, NULL, 0, bad,
@@ -776,6 +780,9 @@ static void test_index_scan_shapes(void) {
   expect_refusal(b, KILN_OP_GATHER, T(x, g2), 2, I(0), 1, NULL, 0, bad,
                  "builder op 0 (gather): indices [2,3] must have the rank of input 0 [2,3,4] and "
                  "no larger dim but 0");
+  expect_refusal(b, KILN_OP_GATHER, T(x, wide), 2, I(1), 1, NULL, 0, bad,
+                 "builder op 0 (gather): indices [2,2,5] must have the rank of input 0 [2,3,4] "
+                 "and no larger dim but 1");
   expect_refusal(b, KILN_OP_GATHER, T(g2, g2), 2, I(2), 1, NULL, 0, bad,
                  "builder op 0 (gather): dim 2 is outside 0..1 of input 0 [2,3]");
   expect_refusal(b, KILN_OP_GATHER, T(x, x), 2, I(0), 1, NULL, 0, bad,

@@ -854,16 +854,17 @@ static void test_cumsum(void) {
   free(g);
 
   /* i64 summed as f16, the input converted first */
-  int64_t n[3] = {1, 2, 2049};
+  int64_t n[3] = {2049, 1, 1};
   uint16_t h[3] = {0};
   g = g_new();
   tx = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(3));
   to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F16, 1, DIMS(3));
   g_op(g, KILN_OP_CUMSUM, 1, IDS(tx), to, 2, DIMS(0, KILN_F16), 0);
   CHECK(g_run(g, BUFS(n), BUFS(h), &err) == KILN_OK);
-  /* 2049 is 2048 in f16, so the last prefix is 3 + 2048 = 2051, held as 2052 */
-  CHECK(kiln_f16_to_f32(h[0]) == 1.0f && kiln_f16_to_f32(h[1]) == 3.0f &&
-        kiln_f16_to_f32(h[2]) == 2052.0f);
+  /* 2049 is 2048 in f16, so the prefixes are 2048, 2049 (held as 2048) and 2050, as in
+   * PyTorch; summing before converting would give 2048, 2050, 2052 */
+  CHECK(kiln_f16_to_f32(h[0]) == 2048.0f && kiln_f16_to_f32(h[1]) == 2048.0f &&
+        kiln_f16_to_f32(h[2]) == 2050.0f);
   free(g);
 }
 

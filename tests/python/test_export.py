@@ -328,6 +328,19 @@ def test_partition_that_only_moves_data_is_not_delegated():
     assert edge_blobs(edge) == []
 
 
+class SplitAndArangeBetweenCpuOps(nn.Module):
+    def forward(self, x):
+        a, b = torch.flip(x, [0]).split(2)
+        return torch.flip(a, [1]), torch.flip(b, [1]), torch.flip(torch.arange(4.0), [0])
+
+
+def test_partition_that_only_splits_or_creates_is_not_delegated():
+    edge, partitioner = lower(SplitAndArangeBetweenCpuOps(), (torch.randn(4, 4),))
+    assert edge_blobs(edge) == []
+    assert {"aten.split_with_sizes_copy", "aten.arange"} <= cpu_ops_of_edge(edge)
+    assert not any(name.startswith(("aten_split", "aten_arange")) for name in partitioner.refusals)
+
+
 class AddmmScaled(nn.Module):
     def __init__(self):
         super().__init__()
@@ -648,10 +661,13 @@ OP_CASES = [
     ("index_broadcast", aten.index.Tensor,
      (ids(1, 16, high=9) > 4, [ids(1, 1, 1, 1, high=1), ids(1, 1, 16, 1, high=16)]), {}),
     ("index_apart", aten.index.Tensor, (rand(3, 4, 5), [ids(2, high=3), None, ids(2, high=5, seed=1)]), {}),
+    ("index_apart_inner", aten.index.Tensor,
+     (rand(2, 3, 4, 5), [None, ids(2, high=3), None, ids(1, high=5, seed=1)]), {}),
     ("index_negative", aten.index.Tensor, (rand(4, 5), [torch.tensor([-1, 0, -4])]), {}),
     ("argmax", aten.argmax.default, (rand(3, 7), 1), {}),
     ("argmax_keepdim", aten.argmax.default, (rand(3, 4, 5), 0, True), {}),
     ("argmax_all", aten.argmax.default, (rand(3, 4),), {}),
+    ("argmax_all_keepdim", aten.argmax.default, (rand(3, 4), None, True), {}),
     ("argmax_ties", aten.argmax.default, (ids(4, 6, high=3), -1), {}),
     ("split_with_sizes_copy", aten.split_with_sizes_copy.default, (rand(1, 4, 12), [3, 4, 5], 2), {}),
     ("split_with_sizes", aten.split_with_sizes.default, (rand(6, 2), [2, 4]), {}),
