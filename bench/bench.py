@@ -2,7 +2,8 @@
 
 For an MLP (four 4096-wide layers with GELU), a transformer encoder block (d_model 1024,
 16 heads, sequence 128) and a GPT-style block (d_model 2048, causal, sequence 512), at batch
-1 and 32, in fp16 and fp32: the median latency and spread of synchronized calls of PyTorch
+1 and 32, in fp16 and fp32, and a Llama-family block (d_model 4096, 32 query and 8 key/value
+heads, sequence 1 and 128) in fp16 and bf16: the median latency and spread of synchronized calls of PyTorch
 eager, torch.compile(mode="reduce-overhead"), Kiln through ExecuTorch's Module API and Kiln
 through its C API alone; the achieved fraction of memory bandwidth (bytes that must move,
 over time, against a device-to-device copy rate measured in this run). Writes a markdown
@@ -87,11 +88,70 @@ class GPTBlock(nn.Module):
         return x + self.ff2(F.gelu(self.ff1(self.norm2(x))))
 
 
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def repeat_kv(x, times):
+    batch, heads, time_, head = x.shape
+    x = x[:, :, None, :, :].expand(batch, heads, times, time_, head)
+    return x.reshape(batch, heads * times, time_, head)
+
+
+class LlamaBlock(nn.Module):
+    """A Llama-family decoder block as transformers writes it: RMSNorm computed in fp32 and cast
+    back, rotary embedding by rotate_half (positions 0..seq-1), grouped-query attention by
+    expand + reshape of k and v, causal, SwiGLU MLP; d_model 4096, 32 query and 8 key/value
+    heads, MLP 14336, no biases."""
+
+    def __init__(self, seq, width=4096, heads=32, kv_heads=8, hidden=14336):
+        super().__init__()
+        self.heads, self.kv_heads, self.head = heads, kv_heads, width // heads
+        self.q = nn.Linear(width, width, bias=False)
+        self.k = nn.Linear(width, kv_heads * self.head, bias=False)
+        self.v = nn.Linear(width, kv_heads * self.head, bias=False)
+        self.o = nn.Linear(width, width, bias=False)
+        self.gate = nn.Linear(width, hidden, bias=False)
+        self.up = nn.Linear(width, hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
+        self.norm1, self.norm2 = nn.Parameter(torch.ones(width)), nn.Parameter(torch.ones(width))
+        inv_freq = 1.0 / (500000 ** (torch.arange(0, self.head, 2).float() / self.head))
+        angles = torch.outer(torch.arange(seq).float(), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)[None, None]
+        self.register_buffer("cos", angles.cos())
+        self.register_buffer("sin", angles.sin())
+
+    @staticmethod
+    def rms(x, weight):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return weight * h.to(x.dtype)
+
+    def forward(self, x):
+        batch, time_, _ = x.shape
+        h = self.rms(x, self.norm1)
+        q = self.q(h).view(batch, time_, -1, self.head).transpose(1, 2)
+        k = self.k(h).view(batch, time_, -1, self.head).transpose(1, 2)
+        v = self.v(h).view(batch, time_, -1, self.head).transpose(1, 2)
+        q = q * self.cos + rotate_half(q) * self.sin
+        k = k * self.cos + rotate_half(k) * self.sin
+        times = self.heads // self.kv_heads
+        a = F.scaled_dot_product_attention(q, repeat_kv(k, times), repeat_kv(v, times), is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(batch, time_, -1))
+        h = self.rms(x, self.norm2)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
 CASES = {
     "mlp": (MLP, lambda b: (b, 4096)),
     "encoder": (EncoderBlock, lambda b: (b, 128, 1024)),
     "gpt_block": (GPTBlock, lambda b: (b, 512, 2048)),
+    "llama_s1": (lambda: LlamaBlock(seq=1), lambda b: (b, 1, 4096)),
+    "llama_s128": (lambda: LlamaBlock(seq=128), lambda b: (b, 128, 4096)),
 }
+# The dtypes each case runs in, where not fp16 and fp32.
+CASE_DTYPES = {"llama_s1": (torch.float16, torch.bfloat16), "llama_s128": (torch.float16, torch.bfloat16)}
 
 # Goals (not assertions): Kiln over the faster of eager and compile.
 def goal(batch, dtype):
@@ -285,9 +345,12 @@ def main():
     stem = os.path.join(args.out, f"bench_{args.date}_h200")
     started = time.perf_counter()
     # Batch 1 first, fp16 before fp32: a run cut short by its budget loses the least.
-    for batch, dtype in ((1, torch.float16), (1, torch.float32), (32, torch.float16), (32, torch.float32)):
+    for batch, dtype in ((1, torch.float16), (1, torch.bfloat16), (1, torch.float32), (32, torch.float16),
+                         (32, torch.bfloat16), (32, torch.float32)):
         for name in CASES:
             if args.only and name != args.only:
+                continue
+            if dtype not in CASE_DTYPES.get(name, (torch.float16, torch.float32)):
                 continue
             if time.perf_counter() - started > args.budget_s:
                 print(f"{name} b{batch} {dtype}: not run, over the time budget", flush=True)

@@ -181,7 +181,8 @@ KILN_API kiln_status kiln_metadata_write(const kiln_metadata *md, char **out, si
 typedef enum kiln_op_kind {
   KILN_OP_LINEAR = 0,   /* x[...,K], w[N,K], bias[N]?, residual? -> [...,N]; iattr0 =
                            kiln_activation; iattr1 = 1: the last input, of the output's shape
-                           and dtype, is added after the bias (activation NONE), one rounding */
+                           and dtype, is added after the bias (activation NONE), one rounding.
+                           KILN_ACT_SWIGLU: x, w[2N,K] only -> [...,N] */
   KILN_OP_MATMUL,       /* a[...,M,K], b[...,K,N] (batch dims broadcast) -> [...,M,N] */
   KILN_OP_ADD,          /* a + alpha*b, broadcasting; fattr0 = alpha */
   KILN_OP_SUB,          /* a - alpha*b, broadcasting; fattr0 = alpha */
@@ -224,7 +225,9 @@ typedef enum kiln_op_kind {
   KILN_OP_WHERE,        /* cond (bool), a, b, broadcasting */
   KILN_OP_SDPA,         /* q[...,L,E], k[...,S,E], v[...,S,Ev], mask? (bool: true keeps, or additive
                            float), broadcast to [...,L,S]; iattr0 = causal, iattr1 = mask present;
-                           fattr0 = scale (0 means 1/sqrt(E)). iattr2 = 1, packed heads: one
+                           fattr0 = scale (0 means 1/sqrt(E)). Batch dims of k and v equal
+                           q's, but dim -3 (heads) may divide q's: grouped-query attention, key/
+                           value head = query head / group. iattr2 = 1, packed heads: one
                            input qkv[B,L,3,H,E] (q, k, v = qkv[:,:,i] as [B,H,L,E]), mask? over
                            [B,H,L,L] -> [B,L,H,E], the heads back in place */
   KILN_OP_POINTWISE,    /* a fused chain of float pointwise steps, one pass over memory: x, then
@@ -232,6 +235,48 @@ typedef enum kiln_op_kind {
                            x's shape and dtype; iattr = steps in order (KILN_PW_STEP), 1..8;
                            fattr0 = the exponent of its one POW step, else 0. Intermediates stay
                            f32; only the result is rounded to the dtype. */
+  KILN_OP_COMPARE,      /* a, b of one dtype, broadcasting -> bool; iattr0 = kiln_compare. Floats
+                           compare in f32 (NaN is unequal to everything), integers exactly */
+  KILN_OP_LOGICAL,      /* a, b? of any dtypes (nonzero is true), broadcasting -> bool; iattr0 =
+                           kiln_bool_op; NOT takes one input, the others two */
+  KILN_OP_BITWISE,      /* a, b? of one dtype, bool, i32 or i64, broadcasting -> that dtype; iattr0
+                           = kiln_bool_op; NOT takes one input (on bool: logical not) */
+  KILN_OP_ABS,          /* float, i32 or i64 (integers wrap: |INT_MIN| is INT_MIN) */
+  KILN_OP_LOG,
+  KILN_OP_COS,
+  KILN_OP_SIN,
+  KILN_OP_ERF,
+  KILN_OP_HARDSWISH,    /* x * min(max(x + 3, 0), 6) / 6 */
+  KILN_OP_HARDSIGMOID,  /* min(max(x + 3, 0), 6) / 6 */
+  KILN_OP_MINIMUM,      /* a, b of one dtype, broadcasting; a NaN operand gives NaN. Clamp and
+                           hardtanh are MAXIMUM with the lower bound, then MINIMUM with the upper */
+  KILN_OP_MAXIMUM,      /* as MINIMUM */
+  /* Vision ops. Spatial dims are the last one (1-d) or two (2-d); each spatial attribute is a
+     pair KILN_PAIR(h, w) (1-d ops use h = stride 1, padding 0, dilation 1). Inputs and
+     weights are NCHW (NCW for 1-d), contiguous. Sums accumulate in double, one rounding. */
+  KILN_OP_CONV,           /* x[N,C,(H,)W], w[O,C/g,(kh,)kw], bias[O]? -> [N,O,(OH,)OW]; iattr0 =
+                             stride, iattr1 = padding, iattr2 = dilation (pairs), iattr3 =
+                             groups g, iattr4 = 1 when the bias is present */
+  KILN_OP_CONV_TRANSPOSE, /* x[N,C,H,W], w[C,O/g,kh,kw], bias[O]? -> [N,O,OH,OW], OH = (H-1)*sh
+                             - 2*ph + dh*(kh-1) + oph + 1; iattr0..4 as CONV, iattr5 = output
+                             padding (pair) */
+  KILN_OP_BATCH_NORM,     /* x[N,C,...], mean[C], var[C], weight[C]?, bias[C]? -> x's shape;
+                             (x - mean) / sqrt(var + eps) * weight + bias per channel (dim 1),
+                             in f32; iattr0 = bit0 weight present, bit1 bias present; fattr0 =
+                             eps. The builder folds it into a preceding CONV of constants. */
+  KILN_OP_MAX_POOL2D,     /* x[...,H,W] -> [...,OH,OW]; iattr0 = kernel, iattr1 = stride,
+                             iattr2 = padding, iattr3 = dilation (pairs), iattr4 = ceil_mode;
+                             padding reads as -infinity */
+  KILN_OP_AVG_POOL2D,     /* x[...,H,W] -> [...,OH,OW]; iattr0 = kernel, iattr1 = stride,
+                             iattr2 = padding (pairs), iattr3 = ceil_mode, iattr4 =
+                             count_include_pad, iattr5 = divisor override (0: none), as PyTorch */
+  KILN_OP_ADAPTIVE_AVG_POOL2D, /* x[...,H,W] -> [...,OH,OW]; iattr0 = output size (pair); window
+                             i spans floor(i*H/OH) .. ceil((i+1)*H/OH) */
+  KILN_OP_UPSAMPLE_NEAREST2D, /* x[...,H,W] -> [...,OH,OW]; iattr0 = output size (pair); fattr0,
+                             fattr1 = scale factors h, w (0: from the sizes); source index
+                             floor(dst * H/OH) in f32, as PyTorch */
+  KILN_OP_UPSAMPLE_BILINEAR2D, /* as UPSAMPLE_NEAREST2D; iattr1 = align_corners; bilinear in f32
+                             with PyTorch's source-index rule */
   KILN_OP_CUMSUM,       /* running sums of x along iattr0 = dim in dtype iattr1 (i32, i64 or a
                            float; x converted to it first, as PyTorch's dtype=): integers wrap,
                            floats accumulate in f32 or wider */
@@ -247,10 +292,29 @@ typedef enum kiln_op_kind {
   KILN_OP_COUNT
 } kiln_op_kind;
 
+/* KILN_OP_COMPARE's iattr0: a op b. */
+typedef enum kiln_compare {
+  KILN_CMP_EQ = 0,
+  KILN_CMP_NE = 1,
+  KILN_CMP_LT = 2,
+  KILN_CMP_LE = 3,
+  KILN_CMP_GT = 4,
+  KILN_CMP_GE = 5
+} kiln_compare;
+
+/* KILN_OP_LOGICAL's and KILN_OP_BITWISE's iattr0. */
+typedef enum kiln_bool_op {
+  KILN_BOOL_AND = 0,
+  KILN_BOOL_OR = 1,
+  KILN_BOOL_XOR = 2,
+  KILN_BOOL_NOT = 3 /* one input */
+} kiln_bool_op;
+
 /* One KILN_OP_POINTWISE step: bits 0-7 the op (RELU, GELU, SILU, SIGMOID, TANH, EXP, SQRT,
- * RSQRT, NEG, POW, or ADD, SUB, MUL, DIV with alpha 1), bits 8-11 the input slot (1..7) of a
- * binary step's other operand (0 for unary), then flags. A binary step computes
- * chain op operand, or operand op chain with KILN_PW_REVERSED. */
+ * RSQRT, NEG, POW, ABS, LOG, COS, SIN, ERF, HARDSWISH, HARDSIGMOID, or ADD, SUB, MUL, DIV with
+ * alpha 1, MINIMUM, MAXIMUM), bits 8-11 the input slot (1..7) of a binary step's other operand
+ * (0 for unary), then flags. A binary step computes chain op operand, or operand op chain with
+ * KILN_PW_REVERSED. */
 #define KILN_PW_MAX_STEPS 8
 #define KILN_PW_KIND_MASK 0xff
 #define KILN_PW_INPUT_SHIFT 8
@@ -262,11 +326,18 @@ typedef enum kiln_op_kind {
 #define KILN_PW_STEP_KIND(step) ((kiln_op_kind)((step)&KILN_PW_KIND_MASK))
 #define KILN_PW_STEP_INPUT(step) ((uint32_t)(((step) >> KILN_PW_INPUT_SHIFT) & KILN_PW_INPUT_MASK))
 
+/* A spatial attribute pair (h, w) in one integer attribute; each of h and w is 0..2^31-1. */
+#define KILN_PAIR(h, w) (((int64_t)(h) << 32) | (int64_t)(uint32_t)(w))
+#define KILN_PAIR_H(pair) ((int64_t)((uint64_t)(pair) >> 32))
+#define KILN_PAIR_W(pair) ((int64_t)(uint32_t)(uint64_t)(pair))
+
 typedef enum kiln_activation {
   KILN_ACT_NONE = 0,
   KILN_ACT_RELU = 1,
   KILN_ACT_GELU_ERF = 2,
-  KILN_ACT_GELU_TANH = 3
+  KILN_ACT_GELU_TANH = 3,
+  KILN_ACT_SWIGLU = 4 /* w [2N,K] is gate over up: y = silu(x gate^T) * (x up^T) -> [...,N];
+                         no bias, no residual */
 } kiln_activation;
 
 KILN_API const char *kiln_op_name(kiln_op_kind op); /* "linear", "matmul", ... */
@@ -387,7 +458,10 @@ KILN_API kiln_status kiln_engine_load(const void *blob, size_t blob_size,
                                       const kiln_engine_options *opts, kiln_engine **out,
                                       kiln_error *err);
 /* Runs the plan synchronously: when it returns, outputs are written and every caller buffer
- * may be reused. Allocates nothing. Views are in binding order. */
+ * may be reused. Allocates nothing. Views are in binding order. No output may share a byte
+ * with an input or another output, even a declared in-place alias (pass separate buffers: the
+ * aliased output is copied into its input after the run); such views are refused with
+ * KILN_ERR_INVALID_ARGUMENT naming both bindings. Inputs may share bytes with each other. */
 KILN_API kiln_status kiln_engine_execute(kiln_engine *e, const kiln_tensor_view *inputs,
                                          uint32_t n_inputs, const kiln_tensor_view *outputs,
                                          uint32_t n_outputs, kiln_error *err);

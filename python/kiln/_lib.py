@@ -42,12 +42,20 @@ OP_NAMES = (
     "tanh", "exp", "sqrt", "rsqrt", "neg", "pow", "cast", "softmax", "log_softmax",
     "layer_norm", "rms_norm", "sum", "mean", "amax", "reshape", "permute", "expand", "cat",
     "slice", "select", "copy", "embedding", "index_select", "where", "sdpa", "pointwise",
+    "compare", "logical", "bitwise", "abs", "log", "cos", "sin", "erf", "hardswish",
+    "hardsigmoid", "minimum", "maximum",
+    "conv", "conv_transpose", "batch_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+    "upsample_nearest2d", "upsample_bilinear2d",
     "cumsum", "gather", "index", "argmax",
 )
 OP = {name: index for index, name in enumerate(OP_NAMES)}
 
 # kiln_activation
 ACT_NONE = 0
+
+# kiln_compare and kiln_bool_op, the iattr0 of compare, logical and bitwise ops
+COMPARE = {"eq": 0, "ne": 1, "lt": 2, "le": 3, "gt": 4, "ge": 5}
+BOOL_OPS = {"and": 0, "or": 1, "xor": 2, "not": 3}
 
 # kiln_io_kind
 IO_INPUT, IO_OUTPUT = 0, 1

@@ -111,7 +111,96 @@ class Context:
 
 
 def _unary(name):
-    return lambda ctx, node: ctx.op(name, [ctx.tensor(node.args[0])])
+    """An op of one tensor, cast first to the result's dtype (log of an integer is a float)."""
+    return lambda ctx, node: ctx.op(name, [ctx.promoted(node.args[0], _val(node).dtype)])
+
+
+def _operand_kind(value):
+    """What torch.result_type needs to know of an operand: a number, or a tensor's dtype and
+    whether it is 0-dim (which promotes like a number of its category)."""
+    if isinstance(value, torch.fx.Node):
+        val = _val(value)
+        return torch.empty(() if val.dim() == 0 else (0,), dtype=val.dtype)
+    return value
+
+
+def _compare(which):
+    """eq, ne, lt, le, gt, ge: both operands in their promoted dtype, compared into bool."""
+
+    def lower(ctx, node):
+        args = node_args(node)
+        a, b = args["self"], args["other"]
+        dtype = torch.result_type(_operand_kind(a), _operand_kind(b))
+        inputs = [ctx.promoted(a, dtype), ctx.promoted(b, dtype)]
+        return ctx.op("compare", inputs, [_lib.COMPARE[which]])
+
+    return lower
+
+
+def _logical(which):
+    """logical_*: any dtypes (nonzero is true) into bool."""
+
+    def lower(ctx, node):
+        args = node_args(node)
+        inputs = [ctx.tensor(args["self"])]
+        if which != "not":
+            inputs.append(ctx.tensor(args["other"]))
+        return ctx.op("logical", inputs, [_lib.BOOL_OPS[which]])
+
+    return lower
+
+
+def _bitwise(which):
+    """bitwise_*: operands in the result's dtype (bool, i32 or i64)."""
+
+    def lower(ctx, node):
+        args = node_args(node)
+        dtype = _val(node).dtype
+        inputs = [ctx.promoted(args["self"], dtype)]
+        if which != "not":
+            inputs.append(ctx.promoted(args["other"], dtype))
+        return ctx.op("bitwise", inputs, [_lib.BOOL_OPS[which]])
+
+    return lower
+
+
+def _min_max(name):
+    def lower(ctx, node):
+        args = node_args(node)
+        dtype = _val(node).dtype
+        return ctx.op(name, [ctx.promoted(args["self"], dtype), ctx.promoted(args["other"], dtype)])
+
+    return lower
+
+
+def _clamped(ctx, node, x, low, high):
+    """x bounded below by low and above by high (None: no bound), each a number or a node,
+    in the result's dtype: maximum with low, then minimum with high, as PyTorch's clamp (a
+    NaN propagates, and low > high gives high)."""
+    dtype = _val(node).dtype
+    value = ctx.promoted(x, dtype)
+    if low is not None:
+        value = ctx.op("maximum", [value, ctx.promoted(low, dtype)])
+    if high is not None:
+        value = ctx.op("minimum", [value, ctx.promoted(high, dtype)])
+    return value
+
+
+def _lower_clamp(ctx, node):
+    args = node_args(node)
+    return _clamped(ctx, node, args["self"], args["min"], args["max"])
+
+
+def _check_clamp(node):
+    args = node_args(node)
+    if args["min"] is None and args["max"] is None:
+        return "clamp with neither min nor max"
+    return None
+
+
+def _lower_hardtanh(ctx, node):
+    args = node_args(node)
+    return _clamped(ctx, node, args["self"], args["min_val"], args["max_val"])
 
 
 def _binary(name, has_alpha):
@@ -289,6 +378,22 @@ def _check_copy(node):
     return None
 
 
+def _check_as_strided(node):
+    """as_strided is taken only where it reads the input's elements in order (a reshape): what
+    a flatten of a permuted tensor with unit dims becomes in the edge dialect."""
+    args = node_args(node)
+    size, stride = list(args["size"]), list(args["stride"])
+    expected, running = [], 1
+    for extent in reversed(size):
+        expected.append(running)
+        running *= extent
+    expected.reverse()
+    in_order = all(extent == 1 or s == e for extent, s, e in zip(size, stride, expected))
+    if args["storage_offset"] not in (None, 0) or not in_order or running != _val(args["self"]).numel():
+        return f"as_strided to size {size} stride {stride} offset {args['storage_offset']} (only in-order views)"
+    return None
+
+
 def _lower_embedding(ctx, node):
     args = node_args(node)
     return ctx.op("embedding", [ctx.tensor(args["weight"]), ctx.tensor(args["indices"])])
@@ -318,8 +423,6 @@ def _check_sdpa(node):
     args = node_args(node)
     if args["dropout_p"] != 0:
         return f"scaled_dot_product_attention with dropout_p={args['dropout_p']} (inference only)"
-    if args["enable_gqa"]:
-        return "scaled_dot_product_attention with enable_gqa=True"
     return None
 
 
@@ -331,6 +434,125 @@ def _lower_sdpa(ctx, node):
     scale = 0.0 if args["scale"] is None else float(args["scale"])
     iattr = [int(bool(args["is_causal"])), int(args["attn_mask"] is not None)]
     return ctx.op("sdpa", inputs, iattr, [scale])
+
+
+def pair(h, w):
+    """A spatial (h, w) attribute packed as the builder's KILN_PAIR."""
+    return (int(h) << 32) | int(w)
+
+
+def _spatial_pair(values, spatial, fill):
+    """A 1- or 2-d window attribute as a pair; a 1-d op gets fill for h."""
+    values = [values] if isinstance(values, int) else list(values)
+    if spatial == 1:
+        return pair(fill, values[0])
+    if len(values) == 1:
+        values = values * 2
+    return pair(values[0], values[1])
+
+
+def _only_first_output_used(node, what):
+    for user in node.users:
+        if user.target is not operator.getitem or user.args[1] != 0:
+            return f"{_op_name(node)} whose {what} output is used (Kiln computes only the first)"
+    return None
+
+
+def _check_convolution(node):
+    args = node_args(node)
+    spatial = _val(args["input"]).dim() - 2
+    if spatial not in (1, 2):
+        return f"a {spatial}-d convolution (Kiln runs 1-d and 2-d)"
+    return None
+
+
+def _lower_convolution(ctx, node):
+    args = node_args(node)
+    spatial = _val(args["input"]).dim() - 2
+    inputs = [ctx.tensor(args["input"]), ctx.tensor(args["weight"])]
+    if args["bias"] is not None:
+        inputs.append(ctx.tensor(args["bias"]))
+    iattr = [_spatial_pair(args["stride"], spatial, 1), _spatial_pair(args["padding"], spatial, 0),
+             _spatial_pair(args["dilation"], spatial, 1), int(args["groups"]),
+             int(args["bias"] is not None)]
+    if not args["transposed"]:  # PyTorch ignores output_padding here
+        return ctx.op("conv", inputs, iattr)
+    iattr.append(_spatial_pair(args["output_padding"], spatial, 0))
+    return ctx.op("conv_transpose", inputs, iattr)
+
+
+def _check_batch_norm(node):
+    return _only_first_output_used(node, "mean or invstd")
+
+
+def _lower_batch_norm(ctx, node):
+    args = node_args(node)
+    inputs = [ctx.tensor(args["input"]), ctx.tensor(args["running_mean"]),
+              ctx.tensor(args["running_var"])]
+    flags = 0
+    if args["weight"] is not None:
+        inputs.append(ctx.tensor(args["weight"]))
+        flags |= 1
+    if args["bias"] is not None:
+        inputs.append(ctx.tensor(args["bias"]))
+        flags |= 2
+    return ctx.op("batch_norm", inputs, [flags], [float(args["eps"])])
+
+
+def _pool_window(args):
+    """kernel, stride (empty means the kernel) and padding of a 2-d pool as pairs."""
+    kernel = args["kernel_size"]
+    stride = args["stride"] if args["stride"] else kernel
+    return _spatial_pair(kernel, 2, 1), _spatial_pair(stride, 2, 1), _spatial_pair(args["padding"], 2, 0)
+
+
+def _check_max_pool(node):
+    return _only_first_output_used(node, "indices")
+
+
+def _lower_max_pool(ctx, node):
+    args = node_args(node)
+    kernel, stride, padding = _pool_window(args)
+    iattr = [kernel, stride, padding, _spatial_pair(args["dilation"], 2, 1), int(bool(args["ceil_mode"]))]
+    return ctx.op("max_pool2d", [ctx.tensor(args["self"])], iattr)
+
+
+def _lower_avg_pool(ctx, node):
+    args = node_args(node)
+    kernel, stride, padding = _pool_window(args)
+    divisor = args["divisor_override"] or 0
+    iattr = [kernel, stride, padding, int(bool(args["ceil_mode"])),
+             int(bool(args["count_include_pad"])), int(divisor)]
+    return ctx.op("avg_pool2d", [ctx.tensor(args["self"])], iattr)
+
+
+def _output_pair(node):
+    shape = _val(node).shape
+    return pair(shape[-2], shape[-1])
+
+
+def _lower_adaptive_avg_pool(ctx, node):
+    return ctx.op("adaptive_avg_pool2d", [ctx.tensor(node.args[0])], [_output_pair(node)])
+
+
+def _upsample_scales(args):
+    """The scale factors PyTorch computes source indices with, 0 where it uses the sizes."""
+    if args.get("scale_factors") is not None:
+        return [float(f) for f in args["scale_factors"]]
+    return [float(args.get("scales_h") or 0.0), float(args.get("scales_w") or 0.0)]
+
+
+def _lower_upsample_nearest(ctx, node):
+    args = node_args(node)
+    x = args.get("input", args.get("self"))
+    return ctx.op("upsample_nearest2d", [ctx.tensor(x)], [_output_pair(node)], _upsample_scales(args))
+
+
+def _lower_upsample_bilinear(ctx, node):
+    args = node_args(node)
+    x = args.get("input", args.get("self"))
+    iattr = [_output_pair(node), int(bool(args["align_corners"]))]
+    return ctx.op("upsample_bilinear2d", [ctx.tensor(x)], iattr, _upsample_scales(args))
 
 
 def _lower_cumsum(ctx, node):
@@ -446,6 +668,19 @@ def _table():
     add(["aten::div.Tensor", "aten::div.Scalar"], Lowering(_binary("div", False)))
     for name in ("relu", "silu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "neg"):
         add([f"aten::{name}.default"], Lowering(_unary(name)))
+    for name in ("abs", "log", "cos", "sin", "erf", "hardswish", "hardsigmoid"):
+        add([f"aten::{name}.default"], Lowering(_unary(name)))
+    for which in ("eq", "ne", "lt", "le", "gt", "ge"):
+        add([f"aten::{which}.Tensor", f"aten::{which}.Scalar"], Lowering(_compare(which)))
+    for which in ("and", "or", "xor", "not"):
+        add([f"aten::logical_{which}.default"], Lowering(_logical(which)))
+    for which in ("and", "or", "xor"):
+        add([f"aten::bitwise_{which}.Tensor", f"aten::bitwise_{which}.Scalar"], Lowering(_bitwise(which)))
+    add(["aten::bitwise_not.default"], Lowering(_bitwise("not")))
+    add(["aten::minimum.default"], Lowering(_min_max("minimum")))
+    add(["aten::maximum.default"], Lowering(_min_max("maximum")))
+    add(["aten::clamp.default", "aten::clamp.Tensor"], Lowering(_lower_clamp, _check_clamp))
+    add(["aten::hardtanh.default"], Lowering(_lower_hardtanh))
     add(["aten::gelu.default"], Lowering(_lower_gelu))
     add(["aten::pow.Tensor_Scalar"], Lowering(_lower_pow))
     add(["aten::_softmax.default", "aten::softmax.int"], Lowering(_softmax("softmax")))
@@ -470,11 +705,25 @@ def _table():
     add(["aten::select_copy.int", "aten::select.int"], Lowering(_lower_select, compute=False))
     add(["aten::clone.default", "aten::_to_copy.default", "dim_order_ops::_clone_dim_order.default",
          "dim_order_ops::_to_dim_order_copy.default"], Lowering(_lower_copy, _check_copy, compute=False))
+    add(["aten::as_strided_copy.default", "aten::as_strided.default"],
+        Lowering(_lower_reshape, _check_as_strided, compute=False))
     add(["aten::embedding.default"], Lowering(_lower_embedding))
     add(["aten::index_select.default"], Lowering(_lower_index_select))
     add(["aten::where.self"], Lowering(_lower_where))
     add(["aten::masked_fill.Scalar"], Lowering(_lower_masked_fill))
     add(["aten::scaled_dot_product_attention.default"], Lowering(_lower_sdpa, _check_sdpa))
+    add(["aten::convolution.default"], Lowering(_lower_convolution, _check_convolution))
+    add(["aten::_native_batch_norm_legit_no_training.default"],
+        Lowering(_lower_batch_norm, _check_batch_norm))
+    add(["aten::max_pool2d_with_indices.default"], Lowering(_lower_max_pool, _check_max_pool))
+    add(["aten::max_pool2d.default"], Lowering(_lower_max_pool))
+    add(["aten::avg_pool2d.default"], Lowering(_lower_avg_pool))
+    add(["aten::_adaptive_avg_pool2d.default", "aten::adaptive_avg_pool2d.default"],
+        Lowering(_lower_adaptive_avg_pool))
+    add(["aten::upsample_nearest2d.vec", "aten::upsample_nearest2d.default"],
+        Lowering(_lower_upsample_nearest))
+    add(["aten::upsample_bilinear2d.vec", "aten::upsample_bilinear2d.default"],
+        Lowering(_lower_upsample_bilinear))
     add(["aten::cumsum.default"], Lowering(_lower_cumsum))
     add(["aten::gather.default"], Lowering(_lower_gather))
     add(["aten::index.Tensor"], Lowering(_lower_index, _check_index))
@@ -504,6 +753,10 @@ OPS_TO_NOT_DECOMPOSE = _ops(
     "aten::layer_norm.default",
     "aten::rms_norm.default",
     "aten::silu.default",
+    "aten::hardswish.default",
+    "aten::hardsigmoid.default",
+    "aten::upsample_nearest2d.vec",
+    "aten::upsample_bilinear2d.vec",
 )
 
 
@@ -540,7 +793,7 @@ def refusal(node):
     lowering = LOWERINGS.get(aten_op(node))
     if lowering is None:
         return f"{_op_name(node)} is not a Kiln op"
-    if node.target is operator.getitem:  # of native_layer_norm: supported with its source
+    if node.target is operator.getitem:  # of a multi-output node: supported with its source
         return refusal(node.args[0])
     for arg in node.all_input_nodes:
         reason = _tensor_refusal(arg.meta.get("val"), f"input {arg.name}")

@@ -43,8 +43,9 @@ static int add_step(const kiln_graph *g, const kiln_op *op, uint32_t value, chai
   while (slot < c->op.n_inputs && c->op.inputs[slot] != other) slot++;
   if (slot == KILN_MAX_OP_INPUTS) return 0;
   if (slot == c->op.n_inputs) c->op.inputs[c->op.n_inputs++] = other;
-  /* a + b and a * b are exact in either order, so only SUB and DIV record the order. */
-  reversed = reversed && (kind == KILN_OP_SUB || kind == KILN_OP_DIV);
+  /* a + b and a * b are exact in either order; the others record it (minimum and maximum
+   * pick a of two equal values, which for 0 and -0 shows). */
+  reversed = reversed && kind != KILN_OP_ADD && kind != KILN_OP_MUL;
   c->op.iattr[c->op.n_iattr++] = KILN_PW_STEP(kind, slot, reversed ? KILN_PW_REVERSED : 0);
   return 1;
 }

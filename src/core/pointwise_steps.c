@@ -23,7 +23,16 @@ int kiln_pw_step_kind_ok(kiln_op_kind kind) {
   case KILN_OP_SQRT:
   case KILN_OP_RSQRT:
   case KILN_OP_NEG:
-  case KILN_OP_POW: return 1;
+  case KILN_OP_POW:
+  case KILN_OP_MINIMUM:
+  case KILN_OP_MAXIMUM:
+  case KILN_OP_ABS:
+  case KILN_OP_LOG:
+  case KILN_OP_COS:
+  case KILN_OP_SIN:
+  case KILN_OP_ERF:
+  case KILN_OP_HARDSWISH:
+  case KILN_OP_HARDSIGMOID: return 1;
   default: return 0;
   }
 }

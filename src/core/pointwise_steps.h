@@ -32,12 +32,13 @@ typedef struct kiln_pw_span {
   double exponent;        /* of the one POW step */
 } kiln_pw_span;
 
-/* 1 for ADD, SUB, MUL, DIV: the steps that read an extra input. */
+/* 1 for ADD, SUB, MUL, DIV, MINIMUM, MAXIMUM: the steps that read an extra input. */
 static inline int kiln_pw_is_binary(kiln_op_kind kind) {
-  return kind == KILN_OP_ADD || kind == KILN_OP_SUB || kind == KILN_OP_MUL || kind == KILN_OP_DIV;
+  return kind == KILN_OP_ADD || kind == KILN_OP_SUB || kind == KILN_OP_MUL || kind == KILN_OP_DIV ||
+         kind == KILN_OP_MINIMUM || kind == KILN_OP_MAXIMUM;
 }
 
-/* 1 when kind may be a step (the float unary ops and the four binary ones). */
+/* 1 when kind may be a step (the float unary ops and the six binary ones). */
 int kiln_pw_step_kind_ok(kiln_op_kind kind);
 
 /* Fills span with op's steps: 1 for POINTWISE and for a norm with fused steps (n_iattr > 2:

@@ -5,6 +5,7 @@
 #include "core/internal.h"
 #include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
+#include "core/vision_shape.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -51,6 +52,26 @@ static const op_arity arity[KILN_OP_COUNT] = {
     [KILN_OP_WHERE] = {3, 3, 0, 0},
     [KILN_OP_SDPA] = {1, 4, 2, 3},
     [KILN_OP_POINTWISE] = {1, KILN_MAX_OP_INPUTS, 1, KILN_PW_MAX_STEPS},
+    [KILN_OP_COMPARE] = {2, 2, 1, 1},
+    [KILN_OP_LOGICAL] = {1, 2, 1, 1},
+    [KILN_OP_BITWISE] = {1, 2, 1, 1},
+    [KILN_OP_ABS] = {1, 1, 0, 0},
+    [KILN_OP_LOG] = {1, 1, 0, 0},
+    [KILN_OP_COS] = {1, 1, 0, 0},
+    [KILN_OP_SIN] = {1, 1, 0, 0},
+    [KILN_OP_ERF] = {1, 1, 0, 0},
+    [KILN_OP_HARDSWISH] = {1, 1, 0, 0},
+    [KILN_OP_HARDSIGMOID] = {1, 1, 0, 0},
+    [KILN_OP_MINIMUM] = {2, 2, 0, 0},
+    [KILN_OP_MAXIMUM] = {2, 2, 0, 0},
+    [KILN_OP_CONV] = {2, 3, 5, 5},
+    [KILN_OP_CONV_TRANSPOSE] = {2, 3, 6, 6},
+    [KILN_OP_BATCH_NORM] = {3, 5, 1, 1},
+    [KILN_OP_MAX_POOL2D] = {1, 1, 5, 5},
+    [KILN_OP_AVG_POOL2D] = {1, 1, 6, 6},
+    [KILN_OP_ADAPTIVE_AVG_POOL2D] = {1, 1, 1, 1},
+    [KILN_OP_UPSAMPLE_NEAREST2D] = {1, 1, 1, 1},
+    [KILN_OP_UPSAMPLE_BILINEAR2D] = {1, 1, 2, 2},
     [KILN_OP_CUMSUM] = {1, 1, 2, 2},
     [KILN_OP_GATHER] = {2, 2, 1, 1},
     [KILN_OP_INDEX] = {2, KILN_MAX_OP_INPUTS, 1, 1},
@@ -204,7 +225,7 @@ static kiln_status infer_linear(const infer_ctx *c, kiln_tensor_desc *out) {
   const kiln_tensor_desc *x = c->in[0], *w = c->in[1];
   shape_text t;
   kiln_status s = need_floats_alike(c, c->op->n_inputs);
-  if (s || (s = need_min_rank(c, 0, 1)) || (s = need_flag(c, 0, KILN_ACT_GELU_TANH))) return s;
+  if (s || (s = need_min_rank(c, 0, 1)) || (s = need_flag(c, 0, KILN_ACT_SWIGLU))) return s;
   if (w->rank != 2)
     return kiln_fail(c->err, c->status,
                      "%.7s op %u (%.12s): the weight must be 2-D [N,K] but has shape %.40s%.24s",
@@ -233,8 +254,15 @@ static kiln_status infer_linear(const infer_ctx *c, kiln_tensor_desc *out) {
                      "[%lld]%.24s",
                      c->stage, c->index, c->name, shape_of(c->in[2], t.a), shape_of(w, t.b),
                      (long long)w->dims[0], c->remedy);
+  int swiglu = c->op->iattr[0] == KILN_ACT_SWIGLU;
+  if (swiglu && (c->op->n_inputs != 2 || w->dims[0] % 2 != 0))
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): SwiGLU takes x and one weight of 2N rows (gate over up), "
+                     "but has %u inputs and weight %.40s%.24s",
+                     c->stage, c->index, c->name, (unsigned)c->op->n_inputs, shape_of(w, t.a),
+                     c->remedy);
   set_shape(out, x->dtype, x->rank, x->dims);
-  out->dims[x->rank - 1] = w->dims[0];
+  out->dims[x->rank - 1] = swiglu ? w->dims[0] / 2 : w->dims[0];
   if (residual) {
     const kiln_tensor_desc *r = c->in[c->op->n_inputs - 1];
     int same = r->rank == out->rank;
@@ -277,17 +305,37 @@ static kiln_status infer_matmul(const infer_ctx *c, kiln_tensor_desc *out) {
   return KILN_OK;
 }
 
-static kiln_status infer_binary(const infer_ctx *c, kiln_tensor_desc *out) {
-  const kiln_tensor_desc *a = c->in[0], *b = c->in[1];
-  kiln_op_kind kind = c->op->kind;
-  int integer_ok = kind != KILN_OP_DIV;
+/* The output of an elementwise op of one or two inputs: their broadcast shape, of dtype. */
+static kiln_status broadcast_inputs(const infer_ctx *c, kiln_dtype dtype, kiln_tensor_desc *out) {
+  const kiln_tensor_desc *a = c->in[0];
   shape_text t;
   int32_t rank = a->rank;
   int64_t dims[KILN_MAX_RANK];
-  int bad;
+  for (int32_t i = 0; i < rank; i++) dims[i] = a->dims[i];
+  if (c->op->n_inputs > 1) {
+    int bad = broadcast_into(&rank, dims, c->in[1]);
+    if (bad >= 0)
+      return kiln_fail(c->err, c->status,
+                       "%.7s op %u (%.12s): shapes %.40s and %.40s do not broadcast (output dim "
+                       "%d)%.24s",
+                       c->stage, c->index, c->name, shape_of(a, t.a), shape_of(c->in[1], t.b),
+                       bad, c->remedy);
+  }
+  set_shape(out, dtype, rank, dims);
+  return KILN_OK;
+}
+
+/* ADD, SUB, MUL, DIV, MINIMUM, MAXIMUM: one dtype in and out; DIV only on floats, MINIMUM and
+ * MAXIMUM on bool too. */
+static kiln_status infer_binary(const infer_ctx *c, kiln_tensor_desc *out) {
+  const kiln_tensor_desc *a = c->in[0];
+  kiln_op_kind kind = c->op->kind;
+  int min_max = kind == KILN_OP_MINIMUM || kind == KILN_OP_MAXIMUM;
+  int integer_ok = kind != KILN_OP_DIV && (dtype_is_index(a->dtype) ||
+                                           (min_max && a->dtype == KILN_BOOL));
   kiln_status s = need_same_dtype(c, 1, 0);
   if (s) return s;
-  if (!(integer_ok && dtype_is_index(a->dtype)) && (s = need_float(c, 0))) return s;
+  if (!integer_ok && (s = need_float(c, 0))) return s;
   if ((kind == KILN_OP_ADD || kind == KILN_OP_SUB) && dtype_is_index(a->dtype) &&
       c->op->fattr[0] != floor(c->op->fattr[0]))
     return kiln_fail(c->err, c->status,
@@ -295,20 +343,43 @@ static kiln_status infer_binary(const infer_ctx *c, kiln_tensor_desc *out) {
                      "%.4s%.24s",
                      c->stage, c->index, c->name, c->op->fattr[0], kiln_dtype_name(a->dtype),
                      c->remedy);
-  for (int32_t i = 0; i < rank; i++) dims[i] = a->dims[i];
-  bad = broadcast_into(&rank, dims, b);
-  if (bad >= 0)
+  return broadcast_inputs(c, a->dtype, out);
+}
+
+/* COMPARE: two inputs of one dtype -> bool. */
+static kiln_status infer_compare(const infer_ctx *c, kiln_tensor_desc *out) {
+  kiln_status s = need_flag(c, 0, KILN_CMP_GE);
+  if (s || (s = need_same_dtype(c, 1, 0))) return s;
+  return broadcast_inputs(c, KILN_BOOL, out);
+}
+
+/* LOGICAL (any dtypes -> bool) and BITWISE (one dtype of bool, i32 or i64): NOT takes one
+ * input, AND, OR and XOR two. */
+static kiln_status infer_bool_op(const infer_ctx *c, kiln_tensor_desc *out) {
+  int64_t which = c->op->iattr[0];
+  uint32_t want = which == KILN_BOOL_NOT ? 1u : 2u;
+  kiln_dtype dt = c->in[0]->dtype;
+  kiln_status s = need_flag(c, 0, KILN_BOOL_NOT);
+  if (s) return s;
+  if (c->op->n_inputs != want)
     return kiln_fail(c->err, c->status,
-                     "%.7s op %u (%.12s): shapes %.40s and %.40s do not broadcast (output dim "
-                     "%d)%.24s",
-                     c->stage, c->index, c->name, shape_of(a, t.a), shape_of(b, t.b), bad,
-                     c->remedy);
-  set_shape(out, a->dtype, rank, dims);
-  return KILN_OK;
+                     "%.7s op %u (%.12s): iattr0 %lld (0 and, 1 or, 2 xor, 3 not) takes %u "
+                     "inputs but the op has %u%.24s",
+                     c->stage, c->index, c->name, (long long)which, (unsigned)want,
+                     (unsigned)c->op->n_inputs, c->remedy);
+  if (c->op->kind == KILN_OP_LOGICAL) return broadcast_inputs(c, KILN_BOOL, out);
+  if (want == 2 && (s = need_same_dtype(c, 1, 0))) return s;
+  if (dt != KILN_BOOL && !dtype_is_index(dt))
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): input 0 is %.4s but the op needs bool, i32 or i64; "
+                     "cast it first%.24s",
+                     c->stage, c->index, c->name, kiln_dtype_name(dt), c->remedy);
+  return broadcast_inputs(c, dt, out);
 }
 
 static kiln_status infer_pointwise(const infer_ctx *c, kiln_tensor_desc *out) {
-  kiln_status s = need_float(c, 0);
+  int integer_ok = c->op->kind == KILN_OP_ABS && dtype_is_index(c->in[0]->dtype);
+  kiln_status s = integer_ok ? KILN_OK : need_float(c, 0);
   if (s) return s;
   if (c->op->kind == KILN_OP_GELU && (s = need_flag(c, 0, 1))) return s;
   set_shape(out, c->in[0]->dtype, c->in[0]->rank, c->in[0]->dims);
@@ -698,11 +769,12 @@ static kiln_status infer_sdpa(const infer_ctx *c, kiln_tensor_desc *out) {
   int ok = k->rank == r && v->rank == r && k->dims[r - 1] == q->dims[r - 1] &&
            v->dims[r - 2] == k->dims[r - 2];
   for (int32_t i = 0; ok && i < r - 2; i++)
-    ok = k->dims[i] == q->dims[i] && v->dims[i] == q->dims[i];
+    ok = k->dims[i] == v->dims[i] &&
+         kiln_sdpa_kv_group(r, i, q->dims[i], k->dims[i]) > 0;
   if (!ok)
     return kiln_fail(c->err, c->status,
                      "%.7s op %u (%.12s): q %.40s, k %.40s and v must be [...,L,E], [...,S,E] and "
-                     "[...,S,Ev] with equal batch dims%.24s",
+                     "[...,S,Ev], batch dims equal but k,v heads (dim -3) may divide q's%.24s",
                      c->stage, c->index, c->name, shape_of(q, t.a), shape_of(k, t.b), c->remedy);
   if (has_mask) {
     int64_t scores[KILN_MAX_RANK];
@@ -835,6 +907,14 @@ static kiln_status infer_norm(const infer_ctx *c, kiln_tensor_desc *out) {
   return KILN_OK;
 }
 
+/* Convolution, batch norm, pooling and resize: the geometry's own words name the fault. */
+static kiln_status infer_vision(const infer_ctx *c, kiln_tensor_desc *out) {
+  char why[160];
+  if (kiln_vision_infer(c->op, c->in, out, why, sizeof why) == 0) return KILN_OK;
+  return kiln_fail(c->err, c->status, "%.7s op %u (%.12s): %.159s%.24s", c->stage, c->index,
+                   c->name, why, c->remedy);
+}
+
 static kiln_status infer_dispatch(const infer_ctx *c, kiln_tensor_desc *out) {
   switch (c->op->kind) {
   case KILN_OP_LINEAR: return infer_linear(c, out);
@@ -842,7 +922,19 @@ static kiln_status infer_dispatch(const infer_ctx *c, kiln_tensor_desc *out) {
   case KILN_OP_ADD:
   case KILN_OP_SUB:
   case KILN_OP_MUL:
-  case KILN_OP_DIV: return infer_binary(c, out);
+  case KILN_OP_DIV:
+  case KILN_OP_MINIMUM:
+  case KILN_OP_MAXIMUM: return infer_binary(c, out);
+  case KILN_OP_COMPARE: return infer_compare(c, out);
+  case KILN_OP_LOGICAL:
+  case KILN_OP_BITWISE: return infer_bool_op(c, out);
+  case KILN_OP_ABS:
+  case KILN_OP_LOG:
+  case KILN_OP_COS:
+  case KILN_OP_SIN:
+  case KILN_OP_ERF:
+  case KILN_OP_HARDSWISH:
+  case KILN_OP_HARDSIGMOID:
   case KILN_OP_RELU:
   case KILN_OP_GELU:
   case KILN_OP_SILU:
@@ -875,6 +967,14 @@ static kiln_status infer_dispatch(const infer_ctx *c, kiln_tensor_desc *out) {
   case KILN_OP_WHERE: return infer_where(c, out);
   case KILN_OP_SDPA: return infer_sdpa(c, out);
   case KILN_OP_POINTWISE: return infer_fused_pointwise(c, out);
+  case KILN_OP_CONV:
+  case KILN_OP_CONV_TRANSPOSE:
+  case KILN_OP_BATCH_NORM:
+  case KILN_OP_MAX_POOL2D:
+  case KILN_OP_AVG_POOL2D:
+  case KILN_OP_ADAPTIVE_AVG_POOL2D:
+  case KILN_OP_UPSAMPLE_NEAREST2D:
+  case KILN_OP_UPSAMPLE_BILINEAR2D: return infer_vision(c, out);
   case KILN_OP_CUMSUM: return infer_cumsum(c, out);
   case KILN_OP_GATHER: return infer_gather(c, out);
   case KILN_OP_INDEX: return infer_index(c, out);

@@ -26,6 +26,14 @@ const char *kiln_shape_str(int32_t rank, const int64_t *dims, char *buf, size_t 
 /* 1 for f32, f16 and bf16. */
 int kiln_dtype_is_float(kiln_dtype dtype);
 
+/* How many query heads share one key/value head in batch dim d of an SDPA of rank r: 1 when
+ * the dims are equal; q_dim / kv_dim on the heads dim (r - 3) when kv_dim divides it (grouped-
+ * query attention: key/value head = query head / group); else 0, no fit. */
+static inline int64_t kiln_sdpa_kv_group(int32_t r, int32_t d, int64_t q_dim, int64_t kv_dim) {
+  if (q_dim == kv_dim) return 1;
+  return d == r - 3 && kv_dim > 0 && q_dim % kv_dim == 0 ? q_dim / kv_dim : 0;
+}
+
 /* Checks op (kind, input count, attributes) against its inputs, whose dtype, rank and dims
  * are already valid, and writes the output's dtype, rank, dims and nbytes. Dims in
  * attributes must already be normalized (non-negative, in range). */

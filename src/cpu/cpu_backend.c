@@ -104,7 +104,19 @@ static kiln_status run_op(const kiln_cpu_run *r, uint32_t index, kiln_error *err
   case KILN_OP_ADD:
   case KILN_OP_SUB:
   case KILN_OP_MUL:
-  case KILN_OP_DIV: kiln_cpu_binary(r, op); break;
+  case KILN_OP_DIV:
+  case KILN_OP_MINIMUM:
+  case KILN_OP_MAXIMUM: kiln_cpu_binary(r, op); break;
+  case KILN_OP_COMPARE: kiln_cpu_compare(r, op); break;
+  case KILN_OP_LOGICAL:
+  case KILN_OP_BITWISE: kiln_cpu_bool_op(r, op); break;
+  case KILN_OP_ABS:
+  case KILN_OP_LOG:
+  case KILN_OP_COS:
+  case KILN_OP_SIN:
+  case KILN_OP_ERF:
+  case KILN_OP_HARDSWISH:
+  case KILN_OP_HARDSIGMOID:
   case KILN_OP_RELU:
   case KILN_OP_GELU:
   case KILN_OP_SILU:
@@ -135,6 +147,14 @@ static kiln_status run_op(const kiln_cpu_run *r, uint32_t index, kiln_error *err
   case KILN_OP_WHERE: kiln_cpu_where(r, op); break;
   case KILN_OP_SDPA: kiln_cpu_sdpa(r, op); break;
   case KILN_OP_POINTWISE: kiln_cpu_fused_pointwise(r, op); break;
+  case KILN_OP_CONV: kiln_cpu_conv(r, op); break;
+  case KILN_OP_CONV_TRANSPOSE: kiln_cpu_conv_transpose(r, op); break;
+  case KILN_OP_BATCH_NORM: kiln_cpu_batch_norm(r, op); break;
+  case KILN_OP_MAX_POOL2D: kiln_cpu_max_pool2d(r, op); break;
+  case KILN_OP_AVG_POOL2D: kiln_cpu_avg_pool2d(r, op); break;
+  case KILN_OP_ADAPTIVE_AVG_POOL2D: kiln_cpu_adaptive_avg_pool2d(r, op); break;
+  case KILN_OP_UPSAMPLE_NEAREST2D: kiln_cpu_upsample_nearest2d(r, op); break;
+  case KILN_OP_UPSAMPLE_BILINEAR2D: kiln_cpu_upsample_bilinear2d(r, op); break;
   case KILN_OP_CUMSUM: kiln_cpu_cumsum(r, op); break;
   case KILN_OP_GATHER: return kiln_cpu_gather(r, index, op, err);
   case KILN_OP_INDEX: return kiln_cpu_index(r, index, op, err);

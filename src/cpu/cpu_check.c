@@ -5,6 +5,7 @@
 #include "core/internal.h"
 #include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
+#include "core/vision_shape.h"
 #include "cpu/cpu_ops.h"
 
 typedef enum out_class {
@@ -111,6 +112,19 @@ static int norm_ok(const kiln_plan *p, const kiln_op *op) {
   return kiln_pointwise_check(op, &where) == KILN_PW_FINE && operands_fit(p, op, base);
 }
 
+/* 1 when a vision op's geometry, recomputed from its inputs and attributes, makes its output. */
+static int vision_ok(const kiln_plan *p, const kiln_op *op) {
+  const kiln_tensor_desc *in[KILN_MAX_OP_INPUTS];
+  const kiln_tensor_desc *out = &p->tensors[op->output];
+  kiln_tensor_desc want;
+  char why[160];
+  for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = &p->tensors[op->inputs[k]];
+  if (kiln_vision_infer(op, in, &want, why, sizeof why) || want.rank != out->rank) return 0;
+  for (int32_t d = 0; d < out->rank; d++)
+    if (want.dims[d] != out->dims[d]) return 0;
+  return want.dtype == out->dtype;
+}
+
 static int same_dims(const kiln_tensor_desc *a, int32_t rank, const int64_t *dims) {
   if (a->rank != rank) return 0;
   for (int32_t d = 0; d < rank; d++)
@@ -160,7 +174,7 @@ static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
     const kiln_tensor_desc *res = &p->tensors[op->inputs[op->n_inputs - 1]];
     int residual = kiln_linear_has_residual(op), ok = res->rank == out->rank;
     for (int32_t d = 0; ok && d < res->rank; d++) ok = res->dims[d] == out->dims[d];
-    return a[0] >= KILN_ACT_NONE && a[0] <= KILN_ACT_GELU_TANH && x->rank >= 1 &&
+    return a[0] >= KILN_ACT_NONE && a[0] <= KILN_ACT_SWIGLU && x->rank >= 1 &&
            p->tensors[op->inputs[1]].rank == 2 && (a[1] == 0 || a[1] == 1) &&
            op->n_inputs <= 3u + (uint32_t)residual &&
            (!residual || (ok && a[0] == KILN_ACT_NONE && op->n_inputs >= 3));
@@ -200,13 +214,18 @@ static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
     uint32_t where;
     return kiln_pointwise_check(op, &where) == KILN_PW_FINE && operands_fit(p, op, 1);
   }
+  case KILN_OP_COMPARE: return a[0] >= KILN_CMP_EQ && a[0] <= KILN_CMP_GE;
+  case KILN_OP_LOGICAL:
+  case KILN_OP_BITWISE:
+    return a[0] >= KILN_BOOL_AND && a[0] <= KILN_BOOL_NOT &&
+           op->n_inputs == (a[0] == KILN_BOOL_NOT ? 1u : 2u);
   case KILN_OP_CUMSUM:
     return a[0] >= 0 && a[0] < x->rank && a[1] == (int64_t)out->dtype &&
            out->dtype != KILN_BOOL && same_dims(out, x->rank, x->dims);
   case KILN_OP_GATHER: return gather_ok(p, op);
   case KILN_OP_INDEX: return index_ok(p, op);
   case KILN_OP_ARGMAX: return argmax_ok(p, op);
-  default: return 1;
+  default: return kiln_is_vision_op(op->kind) ? vision_ok(p, op) : 1;
   }
 }
 
@@ -225,6 +244,9 @@ static int bad_operand(const kiln_plan *p, const kiln_op *op, out_class cls) {
            dt == KILN_BOOL || kiln_cpu_is_float(dt);
       break;
     case KILN_OP_POINTWISE: ok = dt == out; break;
+    case KILN_OP_COMPARE: ok = out == KILN_BOOL && dt == p->tensors[op->inputs[0]].dtype; break;
+    case KILN_OP_LOGICAL: ok = out == KILN_BOOL; break;
+    case KILN_OP_BITWISE: ok = dt == out && !kiln_cpu_is_float(out); break;
     case KILN_OP_GATHER:
     case KILN_OP_INDEX: ok = k == 0 ? dt == out : (dt == KILN_I32 || dt == KILN_I64); break;
     case KILN_OP_ARGMAX: ok = dt != KILN_BOOL; break;
@@ -245,9 +267,15 @@ static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_c
   case KILN_OP_DIV: *min_in = *max_in = 2; break;
   case KILN_OP_ADD:
   case KILN_OP_SUB:
-  case KILN_OP_MUL: *min_in = *max_in = 2, *cls = OUT_ANY; break;
+  case KILN_OP_MUL:
+  case KILN_OP_MINIMUM:
+  case KILN_OP_MAXIMUM:
+  case KILN_OP_COMPARE: *min_in = *max_in = 2, *cls = OUT_ANY; break;
+  case KILN_OP_LOGICAL:
+  case KILN_OP_BITWISE: *max_in = 2, *cls = OUT_ANY; break;
   case KILN_OP_RELU:
   case KILN_OP_NEG:
+  case KILN_OP_ABS:
   case KILN_OP_CAST:
   case KILN_OP_SUM:
   case KILN_OP_AMAX: *cls = OUT_ANY; break;
@@ -265,11 +293,14 @@ static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_c
   case KILN_OP_WHERE: *min_in = *max_in = 3, *cls = OUT_ANY; break;
   case KILN_OP_SDPA: *min_in = 1, *max_in = 4; break;
   case KILN_OP_POINTWISE: *max_in = KILN_MAX_OP_INPUTS; break;
+  case KILN_OP_CONV:
+  case KILN_OP_CONV_TRANSPOSE: *min_in = 2, *max_in = 3; break;
+  case KILN_OP_BATCH_NORM: *min_in = 3, *max_in = 5; break;
   case KILN_OP_CUMSUM:
   case KILN_OP_ARGMAX: *cls = OUT_ANY; break;
   case KILN_OP_GATHER: *min_in = *max_in = 2, *cls = OUT_SAME; break;
   case KILN_OP_INDEX: *min_in = 2, *max_in = KILN_MAX_OP_INPUTS, *cls = OUT_SAME; break;
-  default: break; /* the float unary ops, softmax, mean */
+  default: break; /* the float unary ops, softmax, mean, pooling and resize */
   }
 }
 
@@ -339,6 +370,9 @@ uint64_t kiln_cpu_scratch_count(const kiln_plan *p) {
     } else if (op->kind == KILN_OP_SDPA) {
       const kiln_tensor_desc *k = &p->tensors[op->inputs[1]], *v = &p->tensors[op->inputs[2]];
       need = (uint64_t)k->dims[k->rank - 2] + (uint64_t)v->dims[v->rank - 1]; /* scores, row */
+    } else if (op->kind == KILN_OP_CONV) {
+      const kiln_tensor_desc *out = &p->tensors[op->output];
+      need = (uint64_t)out->dims[out->rank - 1]; /* one output row of sums */
     }
     if (need > most) most = need;
   }

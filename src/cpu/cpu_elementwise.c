@@ -1,5 +1,6 @@
 /* Pointwise ops: broadcasting binary arithmetic, unary math, cast and where. Float outputs
- * compute in f32; integer and bool outputs compute in 64-bit integers that wrap. */
+ * compute in f32; integer and bool outputs compute in 64-bit integers that wrap.
+ * Comparisons and boolean ops are in cpu_logic.c. */
 #include "cpu/cpu_ops.h"
 
 float kiln_cpu_activate(kiln_activation act, float x) {
@@ -19,6 +20,8 @@ static int64_t binary_int(kiln_op_kind kind, int64_t a, int64_t b, int64_t alpha
   switch (kind) {
   case KILN_OP_ADD: return (int64_t)(ua + (uint64_t)alpha * ub);
   case KILN_OP_SUB: return (int64_t)(ua - (uint64_t)alpha * ub);
+  case KILN_OP_MINIMUM: return b < a ? b : a;
+  case KILN_OP_MAXIMUM: return a < b ? b : a;
   default: return (int64_t)(ua * ub); /* MUL; DIV has a float output */
   }
 }
@@ -28,8 +31,18 @@ float kiln_cpu_binary_f32(kiln_op_kind kind, float a, float b, float alpha) {
   case KILN_OP_ADD: return a + alpha * b;
   case KILN_OP_SUB: return a - alpha * b;
   case KILN_OP_MUL: return a * b;
+  /* NaN propagates from either side, as PyTorch's minimum and maximum do (fminf drops it);
+   * of two equal values (0 and -0) a wins, as in std::min and std::max. */
+  case KILN_OP_MINIMUM: return a != a || b != b ? NAN : (b < a ? b : a);
+  case KILN_OP_MAXIMUM: return a != a || b != b ? NAN : (a < b ? b : a);
   default: return a / b;
   }
+}
+
+/* x + 3 clamped to [0, 6], the factor hardswish and hardsigmoid share, in PyTorch's order. */
+static float relu6_shift3(float x) {
+  float y = x + 3.0f;
+  return y < 0.0f ? 0.0f : (y > 6.0f ? 6.0f : y);
 }
 
 void kiln_cpu_binary(const kiln_cpu_run *r, const kiln_op *op) {
@@ -69,7 +82,24 @@ float kiln_cpu_unary_f32(const kiln_op *op, float x) {
   case KILN_OP_SQRT: return sqrtf(x);
   case KILN_OP_RSQRT: return 1.0f / sqrtf(x);
   case KILN_OP_NEG: return -x;
+  case KILN_OP_ABS: return fabsf(x);
+  case KILN_OP_LOG: return logf(x);
+  case KILN_OP_COS: return cosf(x);
+  case KILN_OP_SIN: return sinf(x);
+  case KILN_OP_ERF: return erff(x);
+  case KILN_OP_HARDSWISH: return x * relu6_shift3(x) / 6.0f;
+  case KILN_OP_HARDSIGMOID: return relu6_shift3(x) / 6.0f;
   default: return powf(x, (float)op->fattr[0]); /* POW */
+  }
+}
+
+/* RELU, NEG and ABS on integers, wrapping: -INT64_MIN and |INT64_MIN| are INT64_MIN. */
+static int64_t unary_int(kiln_op_kind kind, int64_t v) {
+  uint64_t negated = 0u - (uint64_t)v;
+  switch (kind) {
+  case KILN_OP_NEG: return (int64_t)negated;
+  case KILN_OP_ABS: return v < 0 ? (int64_t)negated : v;
+  default: return v > 0 ? v : 0; /* RELU */
   }
 }
 
@@ -84,11 +114,8 @@ void kiln_cpu_unary(const kiln_cpu_run *r, const kiln_op *op) {
       kiln_cpu_stf(po, out->dtype, i, kiln_cpu_unary_f32(op, kiln_cpu_ldf(px, x->dtype, i)));
     return;
   }
-  for (int64_t i = 0; i < n; i++) { /* RELU and NEG on integers */
-    int64_t v = kiln_cpu_ldi(px, x->dtype, i);
-    v = op->kind == KILN_OP_NEG ? (int64_t)(0u - (uint64_t)v) : (v > 0 ? v : 0);
-    kiln_cpu_sti(po, out->dtype, i, v);
-  }
+  for (int64_t i = 0; i < n; i++)
+    kiln_cpu_sti(po, out->dtype, i, unary_int(op->kind, kiln_cpu_ldi(px, x->dtype, i)));
 }
 
 /* Floats convert through f32 (to integers: toward zero, saturating, NaN to 0; to bool:

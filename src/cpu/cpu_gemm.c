@@ -4,6 +4,25 @@
 #include "core/linear_inputs.h"
 #include "cpu/cpu_ops.h"
 
+/* y = silu(x gate^T) * (x up^T), w = [gate; up] of 2n rows: each product rounded to f32 and
+ * combined in f32, as SILU and MUL after two LINEARs compute it. */
+static void linear_swiglu(const kiln_tensor_desc *x, const kiln_tensor_desc *w,
+                          const kiln_tensor_desc *out, const void *px, const void *pw, void *po,
+                          int64_t rows, int64_t k_dim, int64_t n) {
+  for (int64_t i = 0; i < rows; i++) {
+    for (int64_t j = 0; j < n; j++) {
+      double gate = 0.0, up = 0.0;
+      for (int64_t k = 0; k < k_dim; k++) {
+        double xv = (double)kiln_cpu_ldf(px, x->dtype, i * k_dim + k);
+        gate += xv * (double)kiln_cpu_ldf(pw, w->dtype, j * k_dim + k);
+        up += xv * (double)kiln_cpu_ldf(pw, w->dtype, (n + j) * k_dim + k);
+      }
+      float g = (float)gate;
+      kiln_cpu_stf(po, out->dtype, i * n + j, g / (1.0f + expf(-g)) * (float)up);
+    }
+  }
+}
+
 /* y = act(x @ w^T + bias) (+ residual, added in f32 to the f32 result): both operands are
  * read along contiguous rows of K. */
 void kiln_cpu_linear(const kiln_cpu_run *r, const kiln_op *op) {
@@ -18,6 +37,10 @@ void kiln_cpu_linear(const kiln_cpu_run *r, const kiln_op *op) {
   void *po = r->data[op->output];
   int64_t rows = kiln_cpu_extent(x, 0, x->rank - 1), k_dim = x->dims[x->rank - 1];
   int64_t n_dim = w->dims[0];
+  if (op->iattr[0] == KILN_ACT_SWIGLU) {
+    linear_swiglu(x, w, out, px, pw, po, rows, k_dim, n_dim / 2);
+    return;
+  }
   for (int64_t i = 0; i < rows; i++) {
     for (int64_t j = 0; j < n_dim; j++) {
       double acc = bias ? (double)kiln_cpu_ldf(pb, bias->dtype, j) : 0.0;

@@ -50,7 +50,7 @@ int64_t kiln_cpu_batch_offset(const kiln_tensor_desc *t, int32_t core, int64_t b
     int64_t c = b % bdims[d];
     b /= bdims[d];
     if (td < 0) continue;
-    if (t->dims[td] != 1) off += c * stride;
+    if (t->dims[td] != 1) off += c / (bdims[d] / t->dims[td]) * stride; /* grouped when fewer */
     stride *= t->dims[td];
   }
   return off;

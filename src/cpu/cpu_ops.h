@@ -106,7 +106,8 @@ void kiln_cpu_iter_init(kiln_cpu_iter *it, const kiln_tensor_desc *out,
 void kiln_cpu_iter_next(kiln_cpu_iter *it);
 
 /* Element offset of the matrix (trailing `core` dims) of t that batch index b of the batch
- * shape bdims[brank] reads, with t's batch dims broadcast against it. */
+ * shape bdims[brank] reads, with t's batch dims broadcast against it; a dim of t that divides
+ * the batch dim is read in groups (grouped-query heads: index / (batch dim / t's dim)). */
 int64_t kiln_cpu_batch_offset(const kiln_tensor_desc *t, int32_t core, int64_t b, int32_t brank,
                               const int64_t *bdims);
 
@@ -122,10 +123,14 @@ void kiln_cpu_binary(const kiln_cpu_run *r, const kiln_op *op);
 void kiln_cpu_unary(const kiln_cpu_run *r, const kiln_op *op);
 void kiln_cpu_cast(const kiln_cpu_run *r, const kiln_op *op);
 void kiln_cpu_where(const kiln_cpu_run *r, const kiln_op *op);
-/* One element of a float op in f32: ADD..DIV, and the unary ops RELU..POW of op (which
- * carries GELU's iattr0 and POW's fattr0). */
+/* One element of a float op in f32: ADD..DIV, MINIMUM, MAXIMUM, and the unary ops (RELU..POW,
+ * ABS..HARDSIGMOID) of op, which carries GELU's iattr0 and POW's fattr0. */
 float kiln_cpu_binary_f32(kiln_op_kind kind, float a, float b, float alpha);
 float kiln_cpu_unary_f32(const kiln_op *op, float x);
+
+/* cpu_logic.c: COMPARE; LOGICAL and BITWISE */
+void kiln_cpu_compare(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_bool_op(const kiln_cpu_run *r, const kiln_op *op);
 
 /* cpu_fused_pointwise.c: POINTWISE, every step in f32 and one rounding to the output dtype;
  * and the steps of an op decoded once and run on one element, shared with the norms. */
@@ -175,5 +180,19 @@ kiln_status kiln_cpu_index(const kiln_cpu_run *r, uint32_t index, const kiln_op 
 
 /* cpu_attention.c */
 void kiln_cpu_sdpa(const kiln_cpu_run *r, const kiln_op *op);
+
+/* cpu_conv.c: CONV reads one output row of sums from the scratch */
+void kiln_cpu_conv(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_conv_transpose(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_batch_norm(const kiln_cpu_run *r, const kiln_op *op);
+
+/* cpu_pool.c */
+void kiln_cpu_max_pool2d(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_avg_pool2d(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_adaptive_avg_pool2d(const kiln_cpu_run *r, const kiln_op *op);
+
+/* cpu_resize.c */
+void kiln_cpu_upsample_nearest2d(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_upsample_bilinear2d(const kiln_cpu_run *r, const kiln_op *op);
 
 #endif

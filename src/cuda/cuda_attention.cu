@@ -152,7 +152,12 @@ int64_t kcu_attn_geometry_init(kcu_attn_geometry *g, const kcu_tensor *q, const 
   for (int d = 0; d < g->nb; d++) {
     g->bdims[d] = out->dims[d];
     batch *= out->dims[d];
+    g->kv_group[d] = 1;
   }
+  /* Grouped-query heads: k's dim -3 divides out's (the checks saw that v's matches k's). */
+  if (k && k->rank == out->rank && g->nb >= 1 && k->dims[g->nb - 1] != out->dims[g->nb - 1] &&
+      k->dims[g->nb - 1] > 1)
+    g->kv_group[g->nb - 1] = out->dims[g->nb - 1] / k->dims[g->nb - 1];
   g->q_row = q ? q->dims[q->rank - 1] : 0;
   g->k_row = k ? k->dims[k->rank - 1] : 0;
   g->v_row = v ? v->dims[v->rank - 1] : 0;

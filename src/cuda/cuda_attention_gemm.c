@@ -27,6 +27,14 @@ kiln_status kcu_attn_gemm_init(kcu_attn_gemm *a, cublasLtHandle_t lt, const kiln
   int64_t batch = kcu_lead_count(out), kb = kcu_lead_count(k), vb = kcu_lead_count(v);
   if (q->dtype != dt || k->dtype != dt || v->dtype != dt) return KILN_OK;
   if (batch < 1 || L < 1 || S < 1 || E < 1 || Ev < 1) return KILN_OK;
+  /* Grouped-query heads: the g query heads of one k,v head lie one after another, so they are
+   * one matrix of g*L rows against that head's k and v, batch per k,v head. */
+  int r = q->rank;
+  if (r >= 3 && k->rank == r && v->rank == r && k->dims[r - 3] != q->dims[r - 3] &&
+      k->dims[r - 3] > 1 && kb == vb && batch % kb == 0) {
+    L *= batch / kb;
+    batch = kb;
+  }
   /* Strided batches express "one per batch" or "one for all", not broadcast over some dims. */
   if ((kb != 1 && kb != batch) || (vb != 1 && vb != batch)) return KILN_OK;
   uint64_t rows, bytes;

@@ -53,7 +53,7 @@ typedef struct kcu_state {
   kcu_io *in, *out;
   kcu_gemm *gemm; /* one per op; used by LINEAR and MATMUL */
   kcu_attn_gemm *attn; /* one per op; used by SDPA */
-  void *attn_scratch;  /* scores of the SDPA op being run, sized for the largest */
+  void *attn_scratch;  /* scores of the SDPA op (or SwiGLU's gate and up) being run */
   cudaGraphExec_t graph_host, graph_dev;
   void **dev_in, **dev_out;   /* caller addresses graph_dev was last updated with */
   void **run_in, **run_out;   /* addresses of the run in progress */
@@ -163,12 +163,18 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
     return kcu_gemm_run(&s->gemm[i], s->lt, st, in, op->n_inputs, &out, s->workspace,
                         s->workspace_size);
   case KILN_OP_ADD: case KILN_OP_SUB: case KILN_OP_MUL: case KILN_OP_DIV:
+  case KILN_OP_MINIMUM: case KILN_OP_MAXIMUM:
     return kcu_binary(st, op->kind, &in[0], &in[1], &out, (float)op->fattr[0]);
+  case KILN_OP_COMPARE:
+    return kcu_compare(st, (kiln_compare)op->iattr[0], &in[0], &in[1], &out);
+  case KILN_OP_LOGICAL: case KILN_OP_BITWISE:
+    return kcu_bool_op(st, op->kind, (kiln_bool_op)op->iattr[0], in, op->n_inputs, &out);
   case KILN_OP_GELU:
     return kcu_unary(st, op->kind, &in[0], &out, op->n_iattr > 0 && op->iattr[0] ? 1.0f : 0.0f);
   case KILN_OP_RELU: case KILN_OP_SILU: case KILN_OP_SIGMOID: case KILN_OP_TANH:
   case KILN_OP_EXP: case KILN_OP_SQRT: case KILN_OP_RSQRT: case KILN_OP_NEG: case KILN_OP_POW:
-  case KILN_OP_CAST:
+  case KILN_OP_ABS: case KILN_OP_LOG: case KILN_OP_COS: case KILN_OP_SIN: case KILN_OP_ERF:
+  case KILN_OP_HARDSWISH: case KILN_OP_HARDSIGMOID: case KILN_OP_CAST:
     return kcu_unary(st, op->kind, &in[0], &out, (float)op->fattr[0]);
   case KILN_OP_SOFTMAX: case KILN_OP_LOG_SOFTMAX:
     return kcu_softmax(st, &in[0], &out, (int32_t)op->iattr[0], op->kind == KILN_OP_LOG_SOFTMAX);
@@ -461,9 +467,14 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     if (st != KILN_OK) return st;
     if (s->attn[i].scratch_bytes > scratch) scratch = s->attn[i].scratch_bytes;
   }
-  /* One score buffer serves every SDPA op: they run one after another on one stream. */
+  for (uint32_t i = 0; i < p->n_ops; i++)
+    if (s->gemm[i].glu_bytes > scratch) scratch = s->gemm[i].glu_bytes;
+  /* One buffer serves every SDPA op's scores and every SwiGLU linear's gate and up: the ops
+   * run one after another on one stream. */
   kiln_status sst = kcu_dev_alloc(s, &s->attn_scratch, (size_t)scratch, "attention scores", err);
   if (sst != KILN_OK) return sst;
+  for (uint32_t i = 0; i < p->n_ops; i++)
+    if (s->gemm[i].swiglu) s->gemm[i].glu_scratch = s->attn_scratch;
   if (attention) {
     cudaError_t rc = kcu_attention_prepare(KCU_ATTN_MAX_HEAD);
     if (rc == cudaSuccess) rc = kcu_flash_prepare();

@@ -5,6 +5,7 @@
 
 #include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
+#include "core/shape.h"
 #include "cuda_ops.h"
 
 #include <string.h>
@@ -52,8 +53,10 @@ static kiln_status kcu_check_gemm(const kiln_plan *p, const kiln_op *op, uint32_
     return KCU_BAD("op %u (%.16s): operands need at least one dim and K > 0; re-export the "
                    "program", i, name);
   if (op->kind == KILN_OP_LINEAR) {
+    int64_t n_out = op->n_iattr > 0 && op->iattr[0] == KILN_ACT_SWIGLU ? w->dims[0] / 2 : w->dims[0];
     if (w->rank != 2 || w->dims[1] != x->dims[x->rank - 1] || out->rank != x->rank ||
-        out->dims[out->rank - 1] != w->dims[0] || kcu_count(out) != kcu_count(x) / w->dims[1] * w->dims[0])
+        out->dims[out->rank - 1] != n_out || kcu_count(out) != kcu_count(x) / w->dims[1] * n_out ||
+        (n_out != w->dims[0] && (w->dims[0] % 2 != 0 || op->n_inputs != 2)))
       return KCU_BAD("op %u (linear): weight, input and output shapes disagree; re-export the "
                      "program", i);
     if (kiln_linear_has_bias(op)) {
@@ -70,7 +73,7 @@ static kiln_status kcu_check_gemm(const kiln_plan *p, const kiln_op *op, uint32_
     if (op->n_inputs > 3 && !kiln_linear_has_residual(op))
       return KCU_BAD("op %u (linear): 4 inputs without the residual flag; re-export the program",
                      i);
-    if (op->n_iattr > 0 && (op->iattr[0] < 0 || op->iattr[0] > KILN_ACT_GELU_TANH))
+    if (op->n_iattr > 0 && (op->iattr[0] < 0 || op->iattr[0] > KILN_ACT_SWIGLU))
       return KCU_BAD("op %u (linear): activation %lld is not a kiln_activation; re-export the "
                      "program", i, (long long)op->iattr[0]);
     return KILN_OK;
@@ -183,6 +186,13 @@ static kiln_status kcu_check_packed_attention(const kiln_plan *p, const kiln_op 
   return KILN_OK;
 }
 
+/* 1 when t's dim aligned with out's dim -3 is a head count neither 1 nor out's: GQA. */
+static int kcu_grouped_heads(const kiln_tensor_desc *t, const kiln_tensor_desc *out) {
+  if (t->rank < 3 || out->rank < 3) return 0;
+  int64_t h = t->dims[t->rank - 3];
+  return h != 1 && h != out->dims[out->rank - 3];
+}
+
 static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, uint32_t i,
                                        kiln_error *err) {
   if (op->n_iattr > 2 && op->iattr[2] != 0) return kcu_check_packed_attention(p, op, i, err);
@@ -202,12 +212,15 @@ static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, ui
     for (int d = 0; ok && d < r - 2; d++) ok = out->dims[d] == q->dims[d];
     for (int d = 0; ok && d < k->rank - 2; d++) {
       int64_t kd = k->dims[d], od = out->dims[d + (r - k->rank)];
-      ok = kd == 1 || kd == od;
+      ok = kd == 1 || kiln_sdpa_kv_group(r, d + (r - k->rank), od, kd) > 0;
     }
     for (int d = 0; ok && d < v->rank - 2; d++) {
       int64_t vd = v->dims[d], od = out->dims[d + (r - v->rank)];
-      ok = vd == 1 || vd == od;
+      ok = vd == 1 || kiln_sdpa_kv_group(r, d + (r - v->rank), od, vd) > 0;
     }
+    /* grouped heads (dim -3): the kernels take the group off k, so v has k's rank and heads */
+    if (ok && (kcu_grouped_heads(k, out) || kcu_grouped_heads(v, out)))
+      ok = k->rank == r && v->rank == r && k->dims[r - 3] == v->dims[r - 3];
     int64_t batch = 1;
     for (int d = 0; d < r - 2; d++) batch *= out->dims[d];
     ok = ok && batch * ((q->dims[r - 2] + 7) / 8) <= 0x7fffffffLL;
@@ -289,8 +302,33 @@ static kiln_status kcu_check_index_scan(const kiln_plan *p, const kiln_op *op, u
 static const uint32_t kcu_min_inputs[KILN_OP_COUNT] = {
     [KILN_OP_LINEAR] = 2, [KILN_OP_MATMUL] = 2, [KILN_OP_ADD] = 2, [KILN_OP_SUB] = 2,
     [KILN_OP_MUL] = 2, [KILN_OP_DIV] = 2, [KILN_OP_WHERE] = 3, [KILN_OP_SDPA] = 1,
-    [KILN_OP_EMBEDDING] = 2, [KILN_OP_INDEX_SELECT] = 2, [KILN_OP_GATHER] = 2,
-    [KILN_OP_INDEX] = 2};
+    [KILN_OP_EMBEDDING] = 2, [KILN_OP_INDEX_SELECT] = 2, [KILN_OP_MINIMUM] = 2,
+    [KILN_OP_MAXIMUM] = 2, [KILN_OP_COMPARE] = 2, [KILN_OP_GATHER] = 2, [KILN_OP_INDEX] = 2};
+
+/* COMPARE, LOGICAL, BITWISE: the operator, the input count it takes and the dtypes. */
+static kiln_status kcu_check_logic(const kiln_plan *p, const kiln_op *op, uint32_t i,
+                                   kiln_error *err) {
+  const kiln_tensor_desc *x = &p->tensors[op->inputs[0]], *out = &p->tensors[op->output];
+  const kiln_tensor_desc *y = &p->tensors[op->inputs[op->n_inputs - 1]];
+  int64_t which = op->n_iattr > 0 ? op->iattr[0] : -1;
+  int ok;
+  if (op->kind == KILN_OP_COMPARE)
+    ok = which >= KILN_CMP_EQ && which <= KILN_CMP_GE && op->n_inputs == 2 &&
+         y->dtype == x->dtype && out->dtype == KILN_BOOL;
+  else
+    ok = which >= KILN_BOOL_AND && which <= KILN_BOOL_NOT &&
+         op->n_inputs == (which == KILN_BOOL_NOT ? 1u : 2u) &&
+         (op->kind == KILN_OP_LOGICAL ? out->dtype == KILN_BOOL
+                                      : !kcu_float(out->dtype) && x->dtype == out->dtype &&
+                                            y->dtype == out->dtype);
+  for (uint32_t k = 0; ok && k < op->n_inputs; k++)
+    ok = kcu_broadcasts(&p->tensors[op->inputs[k]], out);
+  if (!ok)
+    return KCU_BAD("op %u (%.16s): operator %lld, %u inputs, their dtypes or shapes do not fit "
+                   "the output; re-export the program", i, kiln_op_name(op->kind),
+                   (long long)which, op->n_inputs);
+  return KILN_OK;
+}
 
 kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
   const kiln_op *op = &p->ops[i];
@@ -305,7 +343,10 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
   switch (op->kind) {
   case KILN_OP_LINEAR:
   case KILN_OP_MATMUL: return kcu_check_gemm(p, op, i, err);
+  case KILN_OP_COMPARE: case KILN_OP_LOGICAL: case KILN_OP_BITWISE:
+    return kcu_check_logic(p, op, i, err);
   case KILN_OP_ADD: case KILN_OP_SUB: case KILN_OP_MUL: case KILN_OP_DIV: case KILN_OP_WHERE:
+  case KILN_OP_MINIMUM: case KILN_OP_MAXIMUM:
     for (uint32_t k = 0; k < need; k++)
       if (!kcu_broadcasts(&p->tensors[op->inputs[k]], out))
         return KCU_BAD("op %u (%.16s): input %u (tensor %u) does not broadcast to the output; "
@@ -385,6 +426,11 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
     return KILN_OK;
   }
   case KILN_OP_SDPA: return kcu_check_attention(p, op, i, err);
+  case KILN_OP_CONV: case KILN_OP_CONV_TRANSPOSE: case KILN_OP_BATCH_NORM:
+  case KILN_OP_MAX_POOL2D: case KILN_OP_AVG_POOL2D: case KILN_OP_ADAPTIVE_AVG_POOL2D:
+  case KILN_OP_UPSAMPLE_NEAREST2D: case KILN_OP_UPSAMPLE_BILINEAR2D:
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED, "op %u (%.20s): this CUDA engine has no kernel "
+                     "for it yet; run the program with KILN_DEVICE=cpu", i, name);
   case KILN_OP_CUMSUM: case KILN_OP_ARGMAX: case KILN_OP_GATHER: case KILN_OP_INDEX:
     return kcu_check_index_scan(p, op, i, err);
   case KILN_OP_POINTWISE: {
@@ -404,7 +450,7 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
       return KCU_BAD("op %u (%.16s): input has %lld elements, output %lld; re-export the "
                      "program", i, name, (long long)kcu_count(x), (long long)kcu_count(out));
     if (op->kind != KILN_OP_CAST && op->kind != KILN_OP_NEG && op->kind != KILN_OP_RELU &&
-        (!kcu_float(x->dtype) || !kcu_float(out->dtype)))
+        op->kind != KILN_OP_ABS && (!kcu_float(x->dtype) || !kcu_float(out->dtype)))
       return kiln_fail(err, KILN_ERR_UNSUPPORTED,
                        "op %u (%.16s): the CUDA engine computes it on float tensors only; cast "
                        "the input to f32 before export", i, name);

@@ -64,6 +64,9 @@ typedef struct kcu_bcast {
   int64_t st[3][KILN_MAX_RANK];
 } kcu_bcast;
 
+/* The broadcast of n (<= 3) operands against out's shape (host; cuda_elementwise.cu). */
+kcu_bcast kcu_make_bcast(const kcu_tensor *out, const kcu_tensor *const *ops, int n);
+
 static __device__ __forceinline__ void kcu_offsets(const kcu_bcast *g, int64_t i, int n,
                                                    int64_t *off) {
   for (int k = 0; k < n; k++) off[k] = 0;
@@ -78,13 +81,24 @@ static __device__ __forceinline__ void kcu_offsets(const kcu_bcast *g, int64_t i
  * step computes exactly what its unfused op does. */
 #define KCU_GELU_TANH_K 0.7978845608028654f /* sqrt(2/pi) */
 
+#define KCU_NAN __int_as_float(0x7fc00000)
+
 static __device__ __forceinline__ float kcu_binop(int op, float a, float b, float alpha) {
   switch (op) {
   case KILN_OP_ADD: return a + alpha * b;
   case KILN_OP_SUB: return a - alpha * b;
   case KILN_OP_MUL: return a * b;
+  /* NaN propagates (fminf would drop it); of two equal values a wins, as on the CPU. */
+  case KILN_OP_MINIMUM: return a != a || b != b ? KCU_NAN : (b < a ? b : a);
+  case KILN_OP_MAXIMUM: return a != a || b != b ? KCU_NAN : (a < b ? b : a);
   default: return a / b;
   }
+}
+
+/* x + 3 clamped to [0, 6]: hardswish's and hardsigmoid's factor. */
+static __device__ __forceinline__ float kcu_relu6_shift3(float x) {
+  float y = x + 3.0f;
+  return y < 0.0f ? 0.0f : (y > 6.0f ? 6.0f : y);
 }
 
 static __device__ __forceinline__ float kcu_unop(int op, float x, float p) {
@@ -101,6 +115,13 @@ static __device__ __forceinline__ float kcu_unop(int op, float x, float p) {
   case KILN_OP_RSQRT: return rsqrtf(x);
   case KILN_OP_NEG: return -x;
   case KILN_OP_POW: return powf(x, p);
+  case KILN_OP_ABS: return fabsf(x);
+  case KILN_OP_LOG: return logf(x);
+  case KILN_OP_COS: return cosf(x);
+  case KILN_OP_SIN: return sinf(x);
+  case KILN_OP_ERF: return erff(x);
+  case KILN_OP_HARDSWISH: return x * kcu_relu6_shift3(x) / 6.0f;
+  case KILN_OP_HARDSIGMOID: return kcu_relu6_shift3(x) / 6.0f;
   default: return x; /* CAST */
   }
 }
@@ -185,8 +206,8 @@ static __device__ __forceinline__ void kcu_attn_offsets(const kcu_attn_geometry 
     int64_t c = b % g->bdims[d];
     b /= g->bdims[d];
     *qo += c * g->qb[d];
-    *ko += c * g->kb[d];
-    *vo += c * g->vb[d];
+    *ko += c / g->kv_group[d] * g->kb[d];
+    *vo += c / g->kv_group[d] * g->vb[d];
     *mo += c * g->mb[d];
     *oo += c * g->ob[d];
   }

@@ -1,4 +1,5 @@
-/* Elementwise ops: binary arithmetic with broadcasting, unary math, cast and where.
+/* Elementwise ops: binary arithmetic with broadcasting, unary math, cast and where (comparisons
+ * and boolean ops are in cuda_logic.cu).
  * Contiguous same-shape float operands with 16-byte aligned addresses take a vectorized
  * path (16 bytes per thread per operand); everything else decomposes indices. */
 #include "cuda_device.cuh"
@@ -9,7 +10,19 @@ static __device__ __forceinline__ long long kcu_binop_int(int op, long long a, l
   case KILN_OP_ADD: return a + alpha * b;
   case KILN_OP_SUB: return a - alpha * b;
   case KILN_OP_MUL: return a * b;
+  case KILN_OP_MINIMUM: return b < a ? b : a;
+  case KILN_OP_MAXIMUM: return a < b ? b : a;
   default: return b == 0 ? 0 : a / b;
+  }
+}
+
+/* RELU, NEG and ABS on integers. */
+static __device__ __forceinline__ long long kcu_unop_int(int op, long long v) {
+  unsigned long long negated = 0ull - (unsigned long long)v; /* wraps, as on the CPU */
+  switch (op) {
+  case KILN_OP_NEG: return (long long)negated;
+  case KILN_OP_ABS: return v < 0 ? (long long)negated : v;
+  default: return v < 0 ? 0 : v; /* RELU */
   }
 }
 
@@ -58,8 +71,7 @@ __global__ void kcu_unary_generic(int op, const void *x, int dx, void *out, int 
       if (kcu_is_int(dx)) kcu_sti(out, dout, i, kcu_ldi(x, dx, i));
       else kcu_st(out, dout, i, kcu_ld(x, dx, i));
     } else if (kcu_is_int(dout)) {
-      long long v = kcu_ldi(x, dx, i);
-      kcu_sti(out, dout, i, op == KILN_OP_NEG ? -v : (op == KILN_OP_RELU && v < 0 ? 0 : v));
+      kcu_sti(out, dout, i, kcu_unop_int(op, kcu_ldi(x, dx, i)));
     } else {
       kcu_st(out, dout, i, kcu_unop(op, kcu_ld(x, dx, i), p));
     }
@@ -91,7 +103,7 @@ static int kcu_same_shape(const kcu_tensor *a, const kcu_tensor *b) {
 
 static int kcu_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-static kcu_bcast kcu_make_bcast(const kcu_tensor *out, const kcu_tensor *const *ops, int n) {
+kcu_bcast kcu_make_bcast(const kcu_tensor *out, const kcu_tensor *const *ops, int n) {
   kcu_bcast g;
   memset(&g, 0, sizeof g);
   g.rank = out->rank;
@@ -169,4 +181,20 @@ cudaError_t kcu_activation(cudaStream_t s, kiln_activation act, const kcu_tensor
   kiln_op_kind kind = act == KILN_ACT_RELU ? KILN_OP_RELU : KILN_OP_GELU;
   float param = act == KILN_ACT_GELU_TANH ? 1.0f : 0.0f;
   return kcu_unary(s, kind, t, t, param);
+}
+
+__global__ void kcu_swiglu_kernel(const void *t, void *out, int dt, int64_t M, int64_t N) {
+  int64_t stride = (int64_t)gridDim.x * blockDim.x, n = M * N;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    int64_t m = i / N, j = i % N;
+    float gate = kcu_ld(t, dt, m * 2 * N + j), up = kcu_ld(t, dt, m * 2 * N + N + j);
+    kcu_st(out, dt, i, kcu_unop(KILN_OP_SILU, gate, 0.0f) * up);
+  }
+}
+
+cudaError_t kcu_swiglu(cudaStream_t s, const void *t, void *out, kiln_dtype dt, int64_t M,
+                       int64_t N) {
+  if (M * N == 0) return cudaSuccess;
+  kcu_swiglu_kernel<<<kcu_grid(M * N, 4), KCU_BLOCK, 0, s>>>(t, out, (int)dt, M, N);
+  return cudaGetLastError();
 }

@@ -152,6 +152,11 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
     kiln_activation act = (kiln_activation)(op->n_iattr > 0 ? op->iattr[0] : 0);
     g->has_bias = kiln_linear_has_bias(op);
     g->residual = kiln_linear_has_residual(op);
+    g->swiglu = act == KILN_ACT_SWIGLU;
+    g->M = M;
+    g->N = g->swiglu ? N / 2 : N;
+    g->K = K;
+    g->glu_bytes = g->swiglu ? (uint64_t)M * (uint64_t)N * es : 0;
     if (!g->residual && kcu_gemv_fits(M, K) && kcu_gemm_align(x, 0) >= 16 &&
         kcu_gemm_align(w, 0) >= 16) {
       /* A few rows: reading the weight once is all the work; the GEMV kernel does it with the
@@ -159,9 +164,6 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
        * too, and kcu_gemm_tune keeps whichever is faster on this GPU. */
       g->gemv_ok = g->gemv = kcu_test_gemv_choice != 0;
       g->act = act;
-      g->M = M;
-      g->N = N;
-      g->K = K;
     }
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
     if (act == KILN_ACT_RELU) epi = CUBLASLT_EPILOGUE_RELU;
@@ -223,18 +225,40 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
     g->has_bias = only.has_bias;
     g->calls = 1;
     g->M = only.M, g->N = only.N, g->K = only.K;
+    g->swiglu = only.swiglu; /* the GEMV combines gate and up itself: no scratch */
     return KILN_OK;
   }
   return st;
 }
 
+static cudaError_t kcu_gemm_run_matmul(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
+                                       const kcu_tensor *in, uint32_t n_in,
+                                       const kcu_tensor *out, void *workspace,
+                                       size_t workspace_size);
+
 cudaError_t kcu_gemm_run(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
                          const kcu_tensor *in, uint32_t n_in, const kcu_tensor *out,
                          void *workspace, size_t workspace_size) {
-  const float alpha = 1.0f, beta = g->residual ? 1.0f : 0.0f;
   if (g->gemv)
     return kcu_gemv(s, in[0].data, in[1].data, g->has_bias ? in[2].data : NULL, out->data,
                     out->dtype, g->M, g->N, g->K, g->act);
+  if (g->swiglu) { /* gate and up into the scratch, then silu(gate) * up into out */
+    kcu_tensor t = *out;
+    t.data = g->glu_scratch;
+    cudaError_t rc = g->glu_scratch ? kcu_gemm_run_matmul(g, lt, s, in, n_in, &t, workspace,
+                                                          workspace_size)
+                                    : cudaErrorInvalidValue;
+    return rc == cudaSuccess ? kcu_swiglu(s, t.data, out->data, out->dtype, g->M, g->N) : rc;
+  }
+  return kcu_gemm_run_matmul(g, lt, s, in, n_in, out, workspace, workspace_size);
+}
+
+/* The cuBLASLt calls of g (its bias pointer set), then an activation no epilogue computes. */
+static cudaError_t kcu_gemm_run_matmul(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
+                                       const kcu_tensor *in, uint32_t n_in,
+                                       const kcu_tensor *out, void *workspace,
+                                       size_t workspace_size) {
+  const float alpha = 1.0f, beta = g->residual ? 1.0f : 0.0f;
   if (g->has_bias) {
     const void *bias = in[2].data;
     if (cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,

@@ -22,7 +22,10 @@ typedef struct kcu_gemm {
   int gemv_ok;          /* LINEAR of at most KCU_GEMV_MAX_ROWS rows: the GEMV kernel may run it */
   int gemv;             /* it does (with `act`): faster than cuBLASLt when timed at init */
   kiln_activation act;
-  int64_t M, N, K;
+  int64_t M, N, K;       /* N: output columns (the weight's rows, or half of them for SwiGLU) */
+  int swiglu;            /* LINEAR with KILN_ACT_SWIGLU: cuBLASLt writes [M,2N] to glu_scratch, */
+  uint64_t glu_bytes;    /* then kcu_swiglu combines it; the engine sizes and sets the buffer */
+  void *glu_scratch;
   /* Batches that strided cuBLASLt cannot express (partial broadcast) run one call each. */
   int64_t calls;
   int32_t nb;

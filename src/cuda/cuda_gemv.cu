@@ -1,8 +1,12 @@
 /* LINEAR for a few rows (batch-1 decoding, small MLPs): the weight is read once, so the
- * kernel is bound by memory bandwidth, not math. Each warp owns one output column: its lanes
- * stream the weight row in 16-byte loads, several issued before any is used, multiply them
- * with every input row in f32, reduce by warp shuffles, and apply bias and activation (erf
- * GELU included, which no cuBLASLt epilogue computes) before the one store. */
+ * kernel is bound by memory bandwidth, not math. A block's warps own `cols` output columns,
+ * each column's weight row split along K into 8 / cols slices (split-K inside the block, so
+ * a narrow layer still has enough warps in flight to saturate memory): the lanes stream their
+ * slice in 16-byte loads, several issued before any is used, multiply them with every input
+ * row in f32 and reduce by warp shuffles; the slices meet in shared memory, and one warp per
+ * column applies bias and activation (erf GELU included, which no cuBLASLt epilogue
+ * computes) before the one store. SwiGLU (w = [gate; up], 2N rows) pairs a gate and an up
+ * column in one block and stores silu(gate) * up. */
 #include "cuda_device.cuh"
 
 #define KCU_GEMV_WARPS 8
@@ -36,74 +40,103 @@ static __device__ __forceinline__ float kcu_gemv_act(int act, float v) {
   }
 }
 
+/* Warps a launch should have for memory to stay busy: a full H200 holds 132 x 64. */
+#define KCU_GEMV_TARGET_WARPS 8192
+
 /* dt is a compile-time constant at each call below, so the dtype branches fold away. */
 static __device__ __forceinline__ void kcu_gemv_body(int dt, const void *x, const void *w,
                                                      const void *bias, void *y, int M, int64_t N,
-                                                     int64_t K, int act) {
-  int lane = threadIdx.x & 31;
-  int64_t n = (int64_t)blockIdx.x * KCU_GEMV_WARPS + (threadIdx.x >> 5);
-  if (n >= N) return; /* the whole warp leaves together; no block barrier follows */
+                                                     int64_t K, int act, int cols) {
+  __shared__ float part[KCU_GEMV_WARPS][KCU_GEMV_MAX_ROWS];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int col = warp % cols, slice = warp / cols, slices = KCU_GEMV_WARPS / cols;
+  /* SwiGLU: the block's first half of columns reads gate rows, the second the matching up
+   * rows (N below them), and each output column combines one of each. */
+  int glu = act == KILN_ACT_SWIGLU, outs = glu ? cols / 2 : cols;
+  int64_t n = (int64_t)blockIdx.x * outs + col % outs;
+  int64_t row = glu && col >= outs ? N + n : n;
   const int per = dt == KILN_F32 ? 4 : 8;
   const int64_t chunks = K / per; /* 16-byte vectors per row */
-  const uint4 *wrow = (const uint4 *)w + n * chunks;
-  const uint4 *xv = (const uint4 *)x;
+  const int64_t span = (chunks + slices - 1) / slices;
+  const int64_t c_begin = slice * span, c_end = c_begin + span < chunks ? c_begin + span : chunks;
   float acc[KCU_GEMV_MAX_ROWS];
 #pragma unroll
   for (int m = 0; m < KCU_GEMV_MAX_ROWS; m++) acc[m] = 0.0f;
-  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * KCU_GEMV_UNROLL) {
-    uint4 wv[KCU_GEMV_UNROLL];
+  if (n < N) {
+    const uint4 *wrow = (const uint4 *)w + row * chunks;
+    const uint4 *xv = (const uint4 *)x;
+    for (int64_t c0 = c_begin + lane; c0 < c_end; c0 += 32 * KCU_GEMV_UNROLL) {
+      uint4 wv[KCU_GEMV_UNROLL];
 #pragma unroll
-    for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
-      int64_t c = c0 + 32 * u;
-      wv[u] = c < chunks ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
-    }
+      for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
+        int64_t c = c0 + 32 * u;
+        wv[u] = c < c_end ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-    for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
-      int64_t c = c0 + 32 * u;
-      if (c < chunks) {
-        float wf[8], xf[8];
-        kcu_unpack16(wv[u], dt, wf);
+      for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
+        int64_t c = c0 + 32 * u;
+        if (c < c_end) {
+          float wf[8], xf[8];
+          kcu_unpack16(wv[u], dt, wf);
 #pragma unroll
-        for (int m = 0; m < KCU_GEMV_MAX_ROWS; m++) {
-          if (m < M) {
-            kcu_unpack16(__ldg(xv + m * chunks + c), dt, xf);
+          for (int m = 0; m < KCU_GEMV_MAX_ROWS; m++) {
+            if (m < M) {
+              kcu_unpack16(__ldg(xv + m * chunks + c), dt, xf);
 #pragma unroll
-            for (int t = 0; t < per; t++) acc[m] += wf[t] * xf[t];
+              for (int t = 0; t < per; t++) acc[m] += wf[t] * xf[t];
+            }
           }
         }
       }
     }
   }
-  float b = bias ? kcu_ld(bias, dt, n) : 0.0f;
 #pragma unroll
   for (int m = 0; m < KCU_GEMV_MAX_ROWS; m++) {
-    if (m < M) {
-      float v = kcu_warp_sum(acc[m]);
-      if (lane == m) kcu_st(y, dt, (int64_t)m * N + n, kcu_gemv_act(act, v + b));
-    }
+    float v = kcu_warp_sum(acc[m]);
+    if (lane == 0) part[warp][m] = v;
+  }
+  __syncthreads();
+  if (slice != 0 || col >= outs || n >= N) return;
+  float b = bias ? kcu_ld(bias, dt, n) : 0.0f;
+  if (lane < M) {
+    float v = 0.0f, up = 0.0f;
+    for (int k = 0; k < slices; k++) v += part[k * cols + col][lane];
+    for (int k = 0; glu && k < slices; k++) up += part[k * cols + col + outs][lane];
+    v = glu ? kcu_unop(KILN_OP_SILU, v, 0.0f) * up : kcu_gemv_act(act, v + b);
+    kcu_st(y, dt, (int64_t)lane * N + n, v);
   }
 }
 
 #define KCU_GEMV_KERNEL(name, dt)                                                              \
   __global__ void __launch_bounds__(KCU_GEMV_WARPS * 32)                                       \
       name(const void *x, const void *w, const void *bias, void *y, int M, int64_t N,          \
-           int64_t K, int act) {                                                               \
-    kcu_gemv_body(dt, x, w, bias, y, M, N, K, act);                                            \
+           int64_t K, int act, int cols) {                                                     \
+    kcu_gemv_body(dt, x, w, bias, y, M, N, K, act, cols);                                      \
   }
 KCU_GEMV_KERNEL(kcu_gemv_f32, KILN_F32)
 KCU_GEMV_KERNEL(kcu_gemv_f16, KILN_F16)
 KCU_GEMV_KERNEL(kcu_gemv_bf16, KILN_BF16)
 
+int kcu_gemv_columns(int64_t N) {
+  int cols = KCU_GEMV_WARPS;
+  while (cols > 1 && N * (KCU_GEMV_WARPS / cols) < KCU_GEMV_TARGET_WARPS) cols /= 2;
+  return cols;
+}
+
 cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias, void *y,
                      kiln_dtype dt, int64_t M, int64_t N, int64_t K, kiln_activation act) {
   if (N == 0) return cudaSuccess;
-  unsigned blocks = (unsigned)((N + KCU_GEMV_WARPS - 1) / KCU_GEMV_WARPS);
+  int glu = act == KILN_ACT_SWIGLU;
+  int cols = kcu_gemv_columns(glu ? 2 * N : N);
+  if (glu && cols < 2) cols = 2; /* a gate and an up column per output */
+  int outs = glu ? cols / 2 : cols;
+  unsigned blocks = (unsigned)((N + outs - 1) / outs);
   int threads = KCU_GEMV_WARPS * 32;
   if (dt == KILN_F32)
-    kcu_gemv_f32<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act);
+    kcu_gemv_f32<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act, cols);
   else if (dt == KILN_F16)
-    kcu_gemv_f16<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act);
+    kcu_gemv_f16<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act, cols);
   else
-    kcu_gemv_bf16<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act);
+    kcu_gemv_bf16<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act, cols);
   return cudaGetLastError();
 }

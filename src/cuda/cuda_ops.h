@@ -28,16 +28,27 @@ void kcu_strides(const kcu_tensor *t, int64_t *strides);
 void kcu_broadcast_strides(const kcu_tensor *t, int32_t rank, const int64_t *dims,
                            int64_t *strides);
 
-/* cuda_elementwise.cu: ADD/SUB/MUL/DIV (alpha for ADD/SUB), broadcasting. */
+/* cuda_elementwise.cu: ADD/SUB/MUL/DIV (alpha for ADD/SUB), MINIMUM, MAXIMUM, broadcasting. */
 cudaError_t kcu_binary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *a,
                        const kcu_tensor *b, const kcu_tensor *out, float alpha);
-/* RELU..POW and CAST; param is POW's exponent or GELU's approximation flag. */
+/* The unary ops (RELU..POW, ABS..HARDSIGMOID) and CAST; param is POW's exponent or GELU's
+ * approximation flag. */
 cudaError_t kcu_unary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
                       const kcu_tensor *out, float param);
 cudaError_t kcu_where(cudaStream_t s, const kcu_tensor *cond, const kcu_tensor *a,
                       const kcu_tensor *b, const kcu_tensor *out);
+/* out[M,N] = silu(t[:, :N]) * t[:, N:] for t[M,2N] of out's dtype: SwiGLU after a GEMM. */
+cudaError_t kcu_swiglu(cudaStream_t s, const void *t, void *out, kiln_dtype dt, int64_t M,
+                       int64_t N);
 /* In place on a contiguous float tensor: the activation a GEMM epilogue could not fuse. */
 cudaError_t kcu_activation(cudaStream_t s, kiln_activation act, const kcu_tensor *t);
+
+/* cuda_logic.cu: COMPARE of a and b (one dtype) into bool; LOGICAL or BITWISE (kind) of one
+ * or two inputs, broadcasting. */
+cudaError_t kcu_compare(cudaStream_t s, kiln_compare cmp, const kcu_tensor *a,
+                        const kcu_tensor *b, const kcu_tensor *out);
+cudaError_t kcu_bool_op(cudaStream_t s, kiln_op_kind kind, kiln_bool_op which,
+                        const kcu_tensor *in, uint32_t n_in, const kcu_tensor *out);
 
 /* cuda_fused_pointwise.cu: POINTWISE, every step of the chain in one kernel. */
 cudaError_t kcu_fused_pointwise(cudaStream_t s, const kiln_op *op, const kcu_tensor *in,
@@ -95,6 +106,7 @@ typedef struct kcu_attn_geometry {
   int64_t bdims[KCU_ATTN_BATCH];
   int64_t qb[KCU_ATTN_BATCH], kb[KCU_ATTN_BATCH], vb[KCU_ATTN_BATCH], mb[KCU_ATTN_BATCH],
       ob[KCU_ATTN_BATCH]; /* element strides of each operand's matrix per batch dim */
+  int64_t kv_group[KCU_ATTN_BATCH]; /* query heads per k,v head per batch dim: 1 but GQA's */
   int64_t q_row, k_row, v_row, o_row; /* elements between consecutive rows of each matrix */
   int64_t m_row, m_col;
   int mask_kind; /* 0 none, 1 bool (true keeps), 2 additive */
@@ -149,13 +161,17 @@ cudaError_t kcu_flash_attention(cudaStream_t s, const kcu_tensor *q, const kcu_t
                                 const kcu_attn_geometry *geo);
 
 /* cuda_gemv.cu: y[M,N] = act(x[M,K] w[N,K]^T + bias) for a few rows, f32 accumulation, bias
- * (may be NULL) and activation fused; operands contiguous and 16-byte aligned. */
+ * (may be NULL) and activation fused; operands contiguous and 16-byte aligned. With
+ * KILN_ACT_SWIGLU, w has 2N rows (gate over up), no bias: y = silu(x gate^T) * (x up^T). */
 #define KCU_GEMV_MAX_ROWS 8
 static inline int kcu_gemv_fits(int64_t M, int64_t K) {
   return M >= 1 && M <= KCU_GEMV_MAX_ROWS && K > 0 && K % 8 == 0;
 }
 cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias, void *y,
                      kiln_dtype dt, int64_t M, int64_t N, int64_t K, kiln_activation act);
+/* The output columns one GEMV block of 8 warps takes for N columns (8, 4, 2 or 1; the warps
+ * split each column's K 8 / columns ways): enough warps for memory to stay busy. */
+int kcu_gemv_columns(int64_t N);
 
 #ifdef __cplusplus
 }

@@ -134,6 +134,8 @@ static void test_shapes(void) {
   int32_t q = input(b, "q", KILN_F32, 4, D(1, 2, 4, 8)), k = input(b, "k", KILN_F32, 4, D(1, 2, 5, 8));
   int32_t v = input(b, "v", KILN_F32, 4, D(1, 2, 5, 6)), mask = input(b, "mask", KILN_BOOL, 2, D(4, 5));
   int32_t fmask = input(b, "fmask", KILN_F32, 3, D(2, 1, 5));
+  int32_t q4 = input(b, "q4", KILN_F32, 4, D(1, 4, 4, 8)), k2 = input(b, "k2", KILN_F32, 4, D(1, 2, 5, 8));
+  int32_t v2 = input(b, "v2", KILN_F32, 4, D(1, 2, 5, 6));
   int32_t h = input(b, "h", KILN_F16, 2, D(2, 3)), ln_w = constant(b, 2, D(3, 4), NULL);
 
   expect_shape(b, op(b, KILN_OP_ADD, T(a, c), 2, NULL, 0, NULL, 0), "f32 [2,4,3]");
@@ -143,6 +145,7 @@ static void test_shapes(void) {
   expect_shape(b, op(b, KILN_OP_ADD, T(i64, i64), 2, NULL, 0, (double[]){3}, 1), "i64 [2,3]");
   expect_shape(b, op(b, KILN_OP_LINEAR, T(x, w), 2, NULL, 0, NULL, 0), "f32 [5,2,4]");
   expect_shape(b, op(b, KILN_OP_MATMUL, T(m1, m2), 2, NULL, 0, NULL, 0), "f32 [2,5,3,6]");
+  expect_shape(b, op(b, KILN_OP_SDPA, T(q4, k2, v2), 3, I(1, 0), 2, NULL, 0), "f32 [1,4,4,6]");
   expect_shape(b, op(b, KILN_OP_SUM, T(big), 1, I(5, 0), 2, NULL, 0), "f32 [3]");
   expect_shape(b, op(b, KILN_OP_MEAN, T(big), 1, I(5, 1), 2, NULL, 0), "f32 [1,3,1]");
   expect_shape(b, op(b, KILN_OP_AMAX, T(big), 1, I(7, 0), 2, NULL, 0), "f32 []");
@@ -193,10 +196,17 @@ static void test_shape_refusals(void) {
   int32_t q = input(b, "q", KILN_F32, 4, D(1, 2, 4, 8)), k7 = input(b, "k7", KILN_F32, 4, D(1, 2, 5, 7));
   int32_t k = input(b, "k", KILN_F32, 4, D(1, 2, 5, 8)), v = input(b, "v", KILN_F32, 4, D(1, 2, 5, 6));
   int32_t m35 = input(b, "m35", KILN_F32, 2, D(3, 5)), z = input(b, "z", KILN_F32, 1, D(0));
+  int32_t k3h = input(b, "k3h", KILN_F32, 4, D(1, 3, 5, 8)), v3h = input(b, "v3h", KILN_F32, 4, D(1, 3, 5, 6));
+  int32_t q2b = input(b, "q2b", KILN_F32, 4, D(2, 2, 4, 8)), q4 = input(b, "q4", KILN_F32, 4, D(1, 4, 4, 8));
+  int32_t v4h = input(b, "v4h", KILN_F32, 4, D(1, 4, 5, 6));
   int32_t r14 = input(b, "r14", KILN_F32, 2, D(1, 4));
   int32_t huge = input(b, "huge", KILN_F32, 2, D(0, (int64_t)1 << 62));
   int32_t cond = input(b, "cond", KILN_BOOL, 2, D(2, 1));
 
+  int32_t w33 = constant(b, 2, D(3, 3), NULL);
+  expect_refusal(b, KILN_OP_LINEAR, T(x, w33), 2, I(KILN_ACT_SWIGLU), 1, NULL, 0, bad,
+                 "builder op 0 (linear): SwiGLU takes x and one weight of 2N rows (gate over up), "
+                 "but has 2 inputs and weight [3,3]");
   expect_refusal(b, KILN_OP_LINEAR, T(x, w42), 2, NULL, 0, NULL, 0, bad,
                  "builder op 0 (linear): input 0 has 3 columns but the weight [4,2] expects 2; "
                  "the weight must be [N,K] with K = the input's last dim");
@@ -313,7 +323,16 @@ static void test_shape_refusals(void) {
                  "builder op 0 (where): input 2 [4] does not broadcast with [2,2]");
   expect_refusal(b, KILN_OP_SDPA, T(q, k7, v), 3, I(0, 0), 2, NULL, 0, bad,
                  "builder op 0 (sdpa): q [1,2,4,8], k [1,2,5,7] and v must be [...,L,E], [...,S,E] "
-                 "and [...,S,Ev] with equal batch dims");
+                 "and [...,S,Ev], batch dims equal but k,v heads (dim -3) may divide q's");
+  expect_refusal(b, KILN_OP_SDPA, T(q, k3h, v3h), 3, I(0, 0), 2, NULL, 0, bad,
+                 "builder op 0 (sdpa): q [1,2,4,8], k [1,3,5,8] and v must be [...,L,E], [...,S,E] "
+                 "and [...,S,Ev], batch dims equal but k,v heads (dim -3) may divide q's");
+  expect_refusal(b, KILN_OP_SDPA, T(q2b, k, v), 3, I(0, 0), 2, NULL, 0, bad,
+                 "builder op 0 (sdpa): q [2,2,4,8], k [1,2,5,8] and v must be [...,L,E], [...,S,E] "
+                 "and [...,S,Ev], batch dims equal but k,v heads (dim -3) may divide q's");
+  expect_refusal(b, KILN_OP_SDPA, T(q4, k, v4h), 3, I(0, 0), 2, NULL, 0, bad,
+                 "builder op 0 (sdpa): q [1,4,4,8], k [1,2,5,8] and v must be [...,L,E], [...,S,E] "
+                 "and [...,S,Ev], batch dims equal but k,v heads (dim -3) may divide q's");
   expect_refusal(b, KILN_OP_SDPA, T(q, k, v, m35), 4, I(0, 1), 2, NULL, 0, bad,
                  "builder op 0 (sdpa): the mask f32 [3,5] must be bool or the query dtype and "
                  "broadcast to the scores [1,2,4,5]");
@@ -325,7 +344,7 @@ static void test_shape_refusals(void) {
                  "must match a 4th input and excludes causal");
   /* Refusals leave nothing behind: the next op is still op 0. */
   expect_refusal(b, KILN_OP_COPY, T(99), 1, NULL, 0, NULL, 0, bad,
-                 "builder op 0 (copy): input 0 is tensor 99 but the builder has 21 tensors; pass "
+                 "builder op 0 (copy): input 0 is tensor 99 but the builder has 27 tensors; pass "
                  "ids the builder returned");
   expect_refusal(b, (kiln_op_kind)77, T(x), 1, NULL, 0, NULL, 0, KILN_ERR_UNSUPPORTED,
                  "builder op 0: op kind 77 is unknown; pass a kiln_op_kind");
@@ -373,8 +392,25 @@ static void test_api_refusals(void) {
   long_name[63] = '\0';
   CHECK(kiln_builder_add_input(b, long_name, KILN_F32, 1, D(2), &err) == 0);
   CHECK(kiln_builder_add_input(b, "a\nb", KILN_F32, 1, D(2), &err) == -1);
-  CHECK_STR(err.message, "builder: a binding name has a control character at byte 1; use "
-                         "printable characters");
+  CHECK_STR(err.message, "builder: a binding name has a control character or malformed UTF-8 "
+                         "at byte 1; use printable UTF-8 text");
+  {
+    static const char *const bad[] = {"\xff\xfe", "\xc0\xaf", "a\x7f", "a\xc2\x85",
+                                      "a\xed\xa0\x80", "a\xf4\x90\x80\x80", "a\xe2\x82"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+      char want[128];
+      snprintf(want, sizeof want,
+               "builder: a binding name has a control character or malformed UTF-8 at byte %d; "
+               "use printable UTF-8 text",
+               bad[i][0] == 'a');
+      CHECK(kiln_builder_add_input(b, bad[i], KILN_F32, 1, D(2), &err) == -1);
+      CHECK_STR(err.message, want);
+    }
+    kiln_builder *other = kiln_builder_create();
+    CHECK(kiln_builder_add_input(other, "gr\xc3\xb6\xc3\x9f" "e\xf0\x9f\x94\xa5", KILN_F32, 1,
+                                 D(2), &err) == 0);
+    kiln_builder_destroy(other);
+  }
   x = kiln_builder_add_input(b, "x", KILN_F32, 2, D(2, 3), &err);
   CHECK(x == 1);
   CHECK(kiln_builder_add_input(b, "x", KILN_F32, 1, D(2), &err) == -1);
@@ -728,6 +764,62 @@ static void test_allocation_failures(void) {
   CHECK(failures > 20);
 }
 
+/* Comparisons, boolean ops, the new unary ops and minimum/maximum: shapes and refusals. */
+static void test_logic_and_math(void) {
+  const kiln_status bad = KILN_ERR_INVALID_ARGUMENT;
+  kiln_builder *b = builder();
+  int32_t x = input(b, "x", KILN_F32, 2, D(2, 3)), r = input(b, "r", KILN_F32, 2, D(4, 1));
+  int32_t l = input(b, "l", KILN_I64, 2, D(4, 1)), lr = input(b, "lr", KILN_I64, 1, D(5));
+  int32_t m = input(b, "m", KILN_BOOL, 2, D(2, 1)), h = input(b, "h", KILN_F16, 1, D(3));
+  int32_t n = input(b, "n", KILN_I32, 1, D(3)), v4 = input(b, "v4", KILN_F32, 1, D(4));
+
+  expect_shape(b, op(b, KILN_OP_COMPARE, T(l, lr), 2, I(KILN_CMP_LE), 1, NULL, 0), "bool [4,5]");
+  expect_shape(b, op(b, KILN_OP_COMPARE, T(x, x), 2, I(KILN_CMP_NE), 1, NULL, 0), "bool [2,3]");
+  expect_shape(b, op(b, KILN_OP_LOGICAL, T(m, x), 2, I(KILN_BOOL_AND), 1, NULL, 0), "bool [2,3]");
+  expect_shape(b, op(b, KILN_OP_LOGICAL, T(n), 1, I(KILN_BOOL_NOT), 1, NULL, 0), "bool [3]");
+  expect_shape(b, op(b, KILN_OP_BITWISE, T(l, lr), 2, I(KILN_BOOL_XOR), 1, NULL, 0), "i64 [4,5]");
+  expect_shape(b, op(b, KILN_OP_BITWISE, T(m), 1, I(KILN_BOOL_NOT), 1, NULL, 0), "bool [2,1]");
+  expect_shape(b, op(b, KILN_OP_MINIMUM, T(r, v4), 2, NULL, 0, NULL, 0), "f32 [4,4]");
+  expect_shape(b, op(b, KILN_OP_MAXIMUM, T(l, lr), 2, NULL, 0, NULL, 0), "i64 [4,5]");
+  expect_shape(b, op(b, KILN_OP_MAXIMUM, T(m, m), 2, NULL, 0, NULL, 0), "bool [2,1]");
+  expect_shape(b, op(b, KILN_OP_ABS, T(n), 1, NULL, 0, NULL, 0), "i32 [3]");
+  expect_shape(b, op(b, KILN_OP_HARDSWISH, T(h), 1, NULL, 0, NULL, 0), "f16 [3]");
+
+  expect_refusal(b, KILN_OP_COMPARE, T(x, x), 2, I(6), 1, NULL, 0, bad,
+                 "builder op 11 (compare): attribute iattr0 is 6 but must be 0..5");
+  expect_refusal(b, KILN_OP_COMPARE, T(h, n), 2, I(KILN_CMP_EQ), 1, NULL, 0, bad,
+                 "builder op 11 (compare): input 1 is i32 but input 0 is f16; cast them to one "
+                 "dtype first");
+  expect_refusal(b, KILN_OP_COMPARE, T(x, v4), 2, I(KILN_CMP_GT), 1, NULL, 0, bad,
+                 "builder op 11 (compare): shapes [2,3] and [4] do not broadcast (output dim 1)");
+  expect_refusal(b, KILN_OP_LOGICAL, T(m, m), 2, I(KILN_BOOL_NOT), 1, NULL, 0, bad,
+                 "builder op 11 (logical): iattr0 3 (0 and, 1 or, 2 xor, 3 not) takes 1 inputs "
+                 "but the op has 2");
+  expect_refusal(b, KILN_OP_LOGICAL, T(m), 1, I(KILN_BOOL_OR), 1, NULL, 0, bad,
+                 "builder op 11 (logical): iattr0 1 (0 and, 1 or, 2 xor, 3 not) takes 2 inputs "
+                 "but the op has 1");
+  expect_refusal(b, KILN_OP_LOGICAL, T(m), 1, I(-1), 1, NULL, 0, bad,
+                 "builder op 11 (logical): attribute iattr0 is -1 but must be 0..3");
+  expect_refusal(b, KILN_OP_BITWISE, T(x, x), 2, I(KILN_BOOL_AND), 1, NULL, 0, bad,
+                 "builder op 11 (bitwise): input 0 is f32 but the op needs bool, i32 or i64; "
+                 "cast it first");
+  expect_refusal(b, KILN_OP_BITWISE, T(m, l), 2, I(KILN_BOOL_OR), 1, NULL, 0, bad,
+                 "builder op 11 (bitwise): input 1 is i64 but input 0 is bool; cast them to one "
+                 "dtype first");
+  expect_refusal(b, KILN_OP_MINIMUM, T(x, h), 2, NULL, 0, NULL, 0, bad,
+                 "builder op 11 (minimum): input 1 is f16 but input 0 is f32; cast them to one "
+                 "dtype first");
+  expect_refusal(b, KILN_OP_LOG, T(n), 1, NULL, 0, NULL, 0, bad,
+                 "builder op 11 (log): input 0 is i32 but the op needs f32, f16 or bf16; cast it "
+                 "first");
+  expect_refusal(b, KILN_OP_ABS, T(m), 1, NULL, 0, NULL, 0, bad,
+                 "builder op 11 (abs): input 0 is bool but the op needs f32, f16 or bf16; cast it "
+                 "first");
+  expect_refusal(b, KILN_OP_ERF, T(x), 1, I(1), 1, NULL, 0, bad,
+                 "builder op 11 (erf): takes 0 to 0 integer attributes but has 1");
+  kiln_builder_destroy(b);
+}
+
 /* CUMSUM, GATHER, INDEX and ARGMAX: shapes with PyTorch's conventions, and every refusal. */
 static void test_index_scan_shapes(void) {
   const kiln_status bad = KILN_ERR_INVALID_ARGUMENT;
@@ -822,6 +914,7 @@ static void test_index_scan_shapes(void) {
 int main(void) {
   test_shapes();
   test_shape_refusals();
+  test_logic_and_math();
   test_index_scan_shapes();
   test_api_refusals();
   test_binding_limit();

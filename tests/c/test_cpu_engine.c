@@ -258,6 +258,27 @@ static void alias_size_differs(graph *g) {
   g->aliases[0] = (kiln_alias){.output = 0, .input = 1, .kind = "inplace"};
   g->n_aliases = 1;
 }
+static void two_inputs(graph *g, kiln_op_kind kind, int64_t iattr0) {
+  g->ops[0].kind = kind;
+  g->ops[0].n_inputs = 2;
+  g->ops[0].inputs[1] = 0;
+  g->ops[0].n_iattr = 1;
+  g->ops[0].iattr[0] = iattr0;
+}
+static void compare_to_float(graph *g) { two_inputs(g, KILN_OP_COMPARE, KILN_CMP_EQ); }
+static void compare_unknown(graph *g) {
+  two_inputs(g, KILN_OP_COMPARE, KILN_CMP_GE + 1);
+  retype(g, 1, KILN_BOOL);
+}
+static void logical_not_of_two(graph *g) {
+  two_inputs(g, KILN_OP_LOGICAL, KILN_BOOL_NOT);
+  retype(g, 1, KILN_BOOL);
+}
+static void bitwise_on_float(graph *g) { two_inputs(g, KILN_OP_BITWISE, KILN_BOOL_AND); }
+static void log_to_i64(graph *g) {
+  g->ops[0].kind = KILN_OP_LOG;
+  retype(g, 1, KILN_I64);
+}
 static void nothing(graph *g) { (void)g; }
 
 static void test_refusals(void) {
@@ -335,6 +356,21 @@ static void test_refusals(void) {
   EXPECT_REFUSAL(sdpa_mask_flag_without_mask, KILN_ERR_INVALID_PROGRAM,
                  "plan op 0 (sdpa): attributes 0, 1, 0, 0 do not fit its 3 inputs of rank 2; "
                  "re-export the program");
+  EXPECT_REFUSAL(compare_to_float, KILN_ERR_INVALID_PROGRAM,
+                 "plan op 0 (compare): input 0 has dtype f32, which this op does not take with "
+                 "output dtype f32; re-export the program");
+  EXPECT_REFUSAL(compare_unknown, KILN_ERR_INVALID_PROGRAM,
+                 "plan op 0 (compare): attributes 6, 0, 0, 0 do not fit its 2 inputs of rank "
+                 "2; re-export the program");
+  EXPECT_REFUSAL(logical_not_of_two, KILN_ERR_INVALID_PROGRAM,
+                 "plan op 0 (logical): attributes 3, 0, 0, 0 do not fit its 2 inputs of rank "
+                 "2; re-export the program");
+  EXPECT_REFUSAL(bitwise_on_float, KILN_ERR_INVALID_PROGRAM,
+                 "plan op 0 (bitwise): input 0 has dtype f32, which this op does not take with "
+                 "output dtype f32; re-export the program");
+  EXPECT_REFUSAL(log_to_i64, KILN_ERR_UNSUPPORTED,
+                 "plan op 0 (log): output dtype i64 is not supported, only f32, f16 and bf16; "
+                 "cast to a float dtype before this op");
   EXPECT_REFUSAL(alias_past_outputs, KILN_ERR_INVALID_PROGRAM,
                  "alias 0: output 1 and input 0 are out of range or differ in size; re-export "
                  "the program");

@@ -49,6 +49,8 @@ static double ref_binary(kiln_op_kind kind, double a, double b, double alpha) {
   case KILN_OP_ADD: return a + alpha * b;
   case KILN_OP_SUB: return a - alpha * b;
   case KILN_OP_MUL: return a * b;
+  case KILN_OP_MINIMUM: return isnan(a) || isnan(b) ? NAN : fmin(a, b);
+  case KILN_OP_MAXIMUM: return isnan(a) || isnan(b) ? NAN : fmax(a, b);
   default: return a / b;
   }
 }
@@ -91,6 +93,10 @@ static void test_binary_broadcasting(void) {
                 1.0);
     binary_case("mul rank 0", KILN_OP_MUL, dt, 0, NULL, 0, NULL, 0, NULL, 1.0);
     binary_case("add empty", KILN_OP_ADD, dt, 2, DIMS(0, 3), 1, DIMS(3), 2, DIMS(0, 3), 1.0);
+    binary_case("minimum both sides", KILN_OP_MINIMUM, dt, 2, DIMS(2, 1), 2, DIMS(1, 3), 2,
+                DIMS(2, 3), 0.0);
+    binary_case("maximum rank up", KILN_OP_MAXIMUM, dt, 1, DIMS(4), 3, DIMS(3, 1, 4), 3,
+                DIMS(3, 1, 4), 0.0);
   }
 }
 
@@ -174,6 +180,13 @@ static double ref_unary(kiln_op_kind kind, int64_t iattr0, double p, double x) {
   case KILN_OP_SQRT: return sqrt(x);
   case KILN_OP_RSQRT: return 1 / sqrt(x);
   case KILN_OP_NEG: return -x;
+  case KILN_OP_ABS: return fabs(x);
+  case KILN_OP_LOG: return log(x); /* -inf at 0, NaN below */
+  case KILN_OP_COS: return cos(x);
+  case KILN_OP_SIN: return sin(x);
+  case KILN_OP_ERF: return erf(x);
+  case KILN_OP_HARDSWISH: return x * fmin(fmax(x + 3, 0), 6) / 6;
+  case KILN_OP_HARDSIGMOID: return fmin(fmax(x + 3, 0), 6) / 6;
   default: return pow(x, p);
   }
 }
@@ -212,6 +225,13 @@ static void test_unary(void) {
     unary_case(KILN_OP_POW, dt, 0, 3.0);
     unary_case(KILN_OP_POW, dt, 0, 0.5);
     unary_case(KILN_OP_POW, dt, 0, -1.0);
+    unary_case(KILN_OP_ABS, dt, 0, 0);
+    unary_case(KILN_OP_LOG, dt, 0, 0);
+    unary_case(KILN_OP_COS, dt, 0, 0);
+    unary_case(KILN_OP_SIN, dt, 0, 0);
+    unary_case(KILN_OP_ERF, dt, 0, 0);
+    unary_case(KILN_OP_HARDSWISH, dt, 0, 0);
+    unary_case(KILN_OP_HARDSIGMOID, dt, 0, 0);
   }
   /* relu and neg on integers */
   int64_t x[4] = {-7, 0, 5, INT64_MIN}, o[4] = {0};
@@ -224,6 +244,9 @@ static void test_unary(void) {
   g->ops[0].kind = KILN_OP_NEG;
   CHECK(g_run(g, BUFS(x), BUFS(o), &err) == KILN_OK);
   CHECK(o[0] == 7 && o[1] == 0 && o[2] == -5 && o[3] == INT64_MIN); /* wraps */
+  g->ops[0].kind = KILN_OP_ABS;
+  CHECK(g_run(g, BUFS(x), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 7 && o[1] == 0 && o[2] == 5 && o[3] == INT64_MIN); /* wraps, as PyTorch's */
   free(g);
   int32_t y[3] = {-2, 3, 0}, z[3] = {0};
   g = g_new();
@@ -232,6 +255,254 @@ static void test_unary(void) {
   g_op(g, KILN_OP_NEG, 1, IDS(tx), to, 0, NULL, 0);
   CHECK(g_run(g, BUFS(y), BUFS(z), &err) == KILN_OK);
   CHECK(z[0] == 2 && z[1] == -3 && z[2] == 0);
+  int32_t w[3] = {INT32_MIN, -4, 4};
+  g->ops[0].kind = KILN_OP_ABS;
+  CHECK(g_run(g, BUFS(w), BUFS(z), &err) == KILN_OK);
+  CHECK(z[0] == INT32_MIN && z[1] == 4 && z[2] == 4);
+  free(g);
+
+  /* log at the edges of its domain; the activations at their kinks */
+  float e[5] = {0.0f, -0.0f, -1.0f, 1.0f, INFINITY}, le[5] = {0};
+  g = g_new();
+  tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 1, DIMS(5));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 1, DIMS(5));
+  g_op(g, KILN_OP_LOG, 1, IDS(tx), to, 0, NULL, 0);
+  CHECK(g_run(g, BUFS(e), BUFS(le), &err) == KILN_OK);
+  CHECK(le[0] == -INFINITY && le[1] == -INFINITY && isnan(le[2]) && le[3] == 0.0f &&
+        le[4] == INFINITY);
+  float k[6] = {-3.0f, 3.0f, -4.0f, 6.0f, 0.0f, NAN};
+  g->tensors[tx].dims[0] = g->tensors[to].dims[0] = 6;
+  g->tensors[tx].nbytes = g->tensors[to].nbytes = 24;
+  float hs[6] = {0}, hg[6] = {0};
+  g->ops[0].kind = KILN_OP_HARDSWISH;
+  CHECK(g_run(g, BUFS(k), BUFS(hs), &err) == KILN_OK);
+  CHECK(hs[0] == 0.0f && hs[1] == 3.0f && hs[2] == 0.0f && hs[3] == 6.0f && hs[4] == 0.0f &&
+        isnan(hs[5]));
+  g->ops[0].kind = KILN_OP_HARDSIGMOID;
+  CHECK(g_run(g, BUFS(k), BUFS(hg), &err) == KILN_OK);
+  CHECK(hg[0] == 0.0f && hg[1] == 1.0f && hg[2] == 0.0f && hg[3] == 1.0f && hg[4] == 0.5f &&
+        isnan(hg[5]));
+  free(g);
+}
+
+/* ---------------------------------------------------------------- minimum, maximum, clamp */
+
+static void test_min_max(void) {
+  /* NaN from either side propagates; of 0 and -0 the first operand wins, as in PyTorch. */
+  float a[4] = {1.0f, NAN, -0.0f, 3.0f}, b[4] = {2.0f, 1.0f, 0.0f, NAN}, o[4] = {0};
+  graph *g = g_new();
+  uint32_t ta = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 1, DIMS(4));
+  uint32_t tb = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 1, DIMS(4));
+  uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 1, DIMS(4));
+  g_op(g, KILN_OP_MINIMUM, 2, IDS(ta, tb), to, 0, NULL, 0);
+  CHECK(g_run(g, BUFS(a, b), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 1.0f && isnan(o[1]) && o[2] == 0.0f && signbit(o[2]) && isnan(o[3]));
+  g->ops[0].kind = KILN_OP_MAXIMUM;
+  CHECK(g_run(g, BUFS(a, b), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 2.0f && isnan(o[1]) && o[2] == 0.0f && signbit(o[2]) && isnan(o[3]));
+  CHECK(g_run(g, BUFS(b, a), BUFS(o), &err) == KILN_OK);
+  CHECK(o[2] == 0.0f && !signbit(o[2]));
+  free(g);
+
+  /* integers exactly, past f32's precision; bool maximum is or */
+  int64_t x[2] = {(1LL << 53) + 1, -7}, y = 1LL << 53, z[2] = {0};
+  g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(2));
+  uint32_t ty = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 0, NULL);
+  uint32_t tz = g_tensor(g, KILN_STORE_OUTPUT, KILN_I64, 1, DIMS(2));
+  g_op(g, KILN_OP_MINIMUM, 2, IDS(tx, ty), tz, 0, NULL, 0);
+  CHECK(g_run(g, BUFS(x, &y), BUFS(z), &err) == KILN_OK);
+  CHECK(z[0] == 1LL << 53 && z[1] == -7);
+  g->ops[0].kind = KILN_OP_MAXIMUM;
+  CHECK(g_run(g, BUFS(x, &y), BUFS(z), &err) == KILN_OK);
+  CHECK(z[0] == (1LL << 53) + 1 && z[1] == 1LL << 53);
+  free(g);
+  uint8_t p[2] = {0, 1}, q[3] = {0, 1, 0}, r[6];
+  memset(r, 9, sizeof r);
+  g = g_new();
+  uint32_t tp = g_tensor(g, KILN_STORE_INPUT, KILN_BOOL, 2, DIMS(2, 1));
+  uint32_t tq = g_tensor(g, KILN_STORE_INPUT, KILN_BOOL, 1, DIMS(3));
+  uint32_t tr = g_tensor(g, KILN_STORE_OUTPUT, KILN_BOOL, 2, DIMS(2, 3));
+  g_op(g, KILN_OP_MAXIMUM, 2, IDS(tp, tq), tr, 0, NULL, 0);
+  CHECK(g_run(g, BUFS(p, q), BUFS(r), &err) == KILN_OK);
+  CHECK(r[0] == 0 && r[1] == 1 && r[2] == 0 && r[3] == 1 && r[4] == 1 && r[5] == 1);
+  free(g);
+}
+
+/* clamp as the lowering writes it: MAXIMUM with the lower bound, then MINIMUM with the upper.
+ * A lower bound above the upper gives the upper everywhere, and NaN stays NaN, as PyTorch's. */
+static void test_clamp(void) {
+  float x[5] = {-2.0f, -0.25f, 0.25f, 2.0f, NAN}, lo = 0.5f, hi = -0.5f, o[5] = {0};
+  graph *g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 1, DIMS(5));
+  uint32_t tl = g_weight(g, KILN_F32, 0, NULL, &lo), th = g_weight(g, KILN_F32, 0, NULL, &hi);
+  uint32_t tm = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 1, DIMS(5));
+  uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 1, DIMS(5));
+  g_op(g, KILN_OP_MAXIMUM, 2, IDS(tx, tl), tm, 0, NULL, 0);
+  g_op(g, KILN_OP_MINIMUM, 2, IDS(tm, th), to, 0, NULL, 0);
+  CHECK(g_run(g, BUFS(x), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == -0.5f && o[1] == -0.5f && o[2] == -0.5f && o[3] == -0.5f && isnan(o[4]));
+  memcpy(g->weights + g->tensors[tl].offset, &hi, 4); /* [-0.5, 0.5] the right way round */
+  memcpy(g->weights + g->tensors[th].offset, &lo, 4);
+  CHECK(g_run(g, BUFS(x), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == -0.5f && o[1] == -0.25f && o[2] == 0.25f && o[3] == 0.5f && isnan(o[4]));
+  free(g);
+}
+
+/* ---------------------------------------------------------------- comparisons */
+
+/* a cmp b for the six comparisons of NaN, equal and signed-zero pairs, in each float dtype. */
+static void test_compare_floats(void) {
+  static const double av[5] = {1.0, NAN, 2.0, -0.0, -3.5}, bv[5] = {1.0, 1.0, NAN, 0.0, 2.0};
+  /* per comparison: the expected bools of the five pairs */
+  static const uint8_t want[6][5] = {{1, 0, 0, 1, 0}, {0, 1, 1, 0, 1}, {0, 0, 0, 0, 1},
+                                     {1, 0, 0, 1, 1}, {0, 0, 0, 0, 0}, {1, 0, 0, 1, 0}};
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_dtypes[t];
+    void *a = alloc_buf(5, dt), *b = alloc_buf(5, dt);
+    uint8_t o[5];
+    for (int i = 0; i < 5; i++) fill_value(a, dt, i, av[i]), fill_value(b, dt, i, bv[i]);
+    graph *g = g_new();
+    uint32_t ta = g_tensor(g, KILN_STORE_INPUT, dt, 1, DIMS(5));
+    uint32_t tb = g_tensor(g, KILN_STORE_INPUT, dt, 1, DIMS(5));
+    uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, KILN_BOOL, 1, DIMS(5));
+    g_op(g, KILN_OP_COMPARE, 2, IDS(ta, tb), to, 1, DIMS(0), 0);
+    for (int64_t cmp = KILN_CMP_EQ; cmp <= KILN_CMP_GE; cmp++) {
+      g->ops[0].iattr[0] = cmp;
+      memset(o, 9, sizeof o);
+      CHECK(g_run(g, BUFS(a, b), BUFS(o), &err) == KILN_OK);
+      int same = 1;
+      for (int i = 0; i < 5; i++) same &= o[i] == want[cmp][i];
+      if (!same) fprintf(stderr, "compare %lld %s differs\n", (long long)cmp, kiln_dtype_name(dt));
+      CHECK(same);
+    }
+    free(a), free(b), free(g);
+  }
+}
+
+static void test_compare_integers(void) {
+  /* i64 compares exactly past f32's precision: 2^53 + 1 > 2^53 */
+  int64_t a[3] = {(1LL << 53) + 1, -1, 5}, b[3] = {1LL << 53, -1, 6};
+  uint8_t o[3];
+  graph *g = g_new();
+  uint32_t ta = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(3));
+  uint32_t tb = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(3));
+  uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, KILN_BOOL, 1, DIMS(3));
+  g_op(g, KILN_OP_COMPARE, 2, IDS(ta, tb), to, 1, DIMS(KILN_CMP_GT), 0);
+  CHECK(g_run(g, BUFS(a, b), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 1 && o[1] == 0 && o[2] == 0);
+  g->ops[0].iattr[0] = KILN_CMP_EQ;
+  CHECK(g_run(g, BUFS(a, b), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 0 && o[1] == 1 && o[2] == 0);
+  free(g);
+
+  /* a causal mask as transformers builds it: key position <= query position, [1,4] vs [4,1] */
+  int32_t kv[4] = {0, 1, 2, 3}, qp[4] = {0, 1, 2, 3};
+  uint8_t m[16];
+  g = g_new();
+  ta = g_tensor(g, KILN_STORE_INPUT, KILN_I32, 2, DIMS(1, 4));
+  tb = g_tensor(g, KILN_STORE_INPUT, KILN_I32, 2, DIMS(4, 1));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_BOOL, 2, DIMS(4, 4));
+  g_op(g, KILN_OP_COMPARE, 2, IDS(ta, tb), to, 1, DIMS(KILN_CMP_LE), 0);
+  CHECK(g_run(g, BUFS(kv, qp), BUFS(m), &err) == KILN_OK);
+  int causal = 1;
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 4; j++) causal &= m[i * 4 + j] == (j <= i);
+  CHECK(causal);
+  free(g);
+
+  /* bools broadcast: [2,1] ne [3] */
+  uint8_t p[2] = {0, 1}, q[3] = {0, 1, 1}, r[6];
+  g = g_new();
+  ta = g_tensor(g, KILN_STORE_INPUT, KILN_BOOL, 2, DIMS(2, 1));
+  tb = g_tensor(g, KILN_STORE_INPUT, KILN_BOOL, 1, DIMS(3));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_BOOL, 2, DIMS(2, 3));
+  g_op(g, KILN_OP_COMPARE, 2, IDS(ta, tb), to, 1, DIMS(KILN_CMP_NE), 0);
+  CHECK(g_run(g, BUFS(p, q), BUFS(r), &err) == KILN_OK);
+  CHECK(r[0] == 0 && r[1] == 1 && r[2] == 1 && r[3] == 1 && r[4] == 0 && r[5] == 0);
+  free(g);
+}
+
+/* ---------------------------------------------------------------- boolean ops */
+
+static void test_logical(void) {
+  /* operands of different dtypes; nonzero (NaN included) is true */
+  float a[4] = {0.0f, NAN, -0.0f, 2.5f};
+  int64_t b[2] = {0, -3};
+  uint8_t o[8];
+  /* per op: the expected bools of [4,1]-vs-[2] broadcast pairs, a as a column */
+  static const uint8_t want[3][8] = {{0, 0, 0, 1, 0, 0, 0, 1},
+                                     {0, 1, 1, 1, 0, 1, 1, 1},
+                                     {0, 1, 1, 0, 0, 1, 1, 0}};
+  graph *g = g_new();
+  uint32_t ta = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, DIMS(4, 1));
+  uint32_t tb = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(2));
+  uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, KILN_BOOL, 2, DIMS(4, 2));
+  g_op(g, KILN_OP_LOGICAL, 2, IDS(ta, tb), to, 1, DIMS(0), 0);
+  for (int64_t which = KILN_BOOL_AND; which <= KILN_BOOL_XOR; which++) {
+    g->ops[0].iattr[0] = which;
+    memset(o, 9, sizeof o);
+    CHECK(g_run(g, BUFS(a, b), BUFS(o), &err) == KILN_OK);
+    CHECK(memcmp(o, want[which], 8) == 0);
+  }
+  free(g);
+  uint8_t n[4];
+  g = g_new();
+  ta = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 1, DIMS(4));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_BOOL, 1, DIMS(4));
+  g_op(g, KILN_OP_LOGICAL, 1, IDS(ta), to, 1, DIMS(KILN_BOOL_NOT), 0);
+  CHECK(g_run(g, BUFS(a), BUFS(n), &err) == KILN_OK);
+  CHECK(n[0] == 1 && n[1] == 0 && n[2] == 1 && n[3] == 0);
+  free(g);
+}
+
+static void test_bitwise(void) {
+  /* on bool: and, or, xor broadcast, and not is a logical not (never the byte ~1) */
+  uint8_t p[2] = {0, 1}, q[2] = {0, 1}, o[4], n[2];
+  static const uint8_t want[3][4] = {{0, 0, 0, 1}, {0, 1, 1, 1}, {0, 1, 1, 0}};
+  graph *g = g_new();
+  uint32_t tp = g_tensor(g, KILN_STORE_INPUT, KILN_BOOL, 2, DIMS(2, 1));
+  uint32_t tq = g_tensor(g, KILN_STORE_INPUT, KILN_BOOL, 1, DIMS(2));
+  uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, KILN_BOOL, 2, DIMS(2, 2));
+  g_op(g, KILN_OP_BITWISE, 2, IDS(tp, tq), to, 1, DIMS(0), 0);
+  for (int64_t which = KILN_BOOL_AND; which <= KILN_BOOL_XOR; which++) {
+    g->ops[0].iattr[0] = which;
+    memset(o, 9, sizeof o);
+    CHECK(g_run(g, BUFS(p, q), BUFS(o), &err) == KILN_OK);
+    CHECK(memcmp(o, want[which], 4) == 0);
+  }
+  free(g);
+  g = g_new();
+  tp = g_tensor(g, KILN_STORE_INPUT, KILN_BOOL, 1, DIMS(2));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_BOOL, 1, DIMS(2));
+  g_op(g, KILN_OP_BITWISE, 1, IDS(tp), to, 1, DIMS(KILN_BOOL_NOT), 0);
+  CHECK(g_run(g, BUFS(p), BUFS(n), &err) == KILN_OK);
+  CHECK(n[0] == 1 && n[1] == 0);
+  free(g);
+
+  /* on integers: two's complement bits */
+  int64_t x[3] = {12, -1, INT64_MIN}, y = 10, z[3] = {0};
+  g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(3));
+  uint32_t ty = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 0, NULL);
+  uint32_t tz = g_tensor(g, KILN_STORE_OUTPUT, KILN_I64, 1, DIMS(3));
+  g_op(g, KILN_OP_BITWISE, 2, IDS(tx, ty), tz, 1, DIMS(KILN_BOOL_AND), 0);
+  CHECK(g_run(g, BUFS(x, &y), BUFS(z), &err) == KILN_OK);
+  CHECK(z[0] == 8 && z[1] == 10 && z[2] == 0);
+  g->ops[0].iattr[0] = KILN_BOOL_OR;
+  CHECK(g_run(g, BUFS(x, &y), BUFS(z), &err) == KILN_OK);
+  CHECK(z[0] == 14 && z[1] == -1 && z[2] == (INT64_MIN | 10));
+  g->ops[0].iattr[0] = KILN_BOOL_XOR;
+  CHECK(g_run(g, BUFS(x, &y), BUFS(z), &err) == KILN_OK);
+  CHECK(z[0] == 6 && z[1] == -11 && z[2] == (INT64_MIN | 10));
+  free(g);
+  int32_t w[3] = {0, -1, INT32_MAX}, v[3] = {0};
+  g = g_new();
+  tx = g_tensor(g, KILN_STORE_INPUT, KILN_I32, 1, DIMS(3));
+  tz = g_tensor(g, KILN_STORE_OUTPUT, KILN_I32, 1, DIMS(3));
+  g_op(g, KILN_OP_BITWISE, 1, IDS(tx), tz, 1, DIMS(KILN_BOOL_NOT), 0);
+  CHECK(g_run(g, BUFS(w), BUFS(v), &err) == KILN_OK);
+  CHECK(v[0] == -1 && v[1] == 0 && v[2] == INT32_MIN);
   free(g);
 }
 
@@ -1045,7 +1316,40 @@ static void linear_case(kiln_dtype dt, int has_bias, kiln_activation act, int64_
   free(x), free(w), free(b), free(o), free(g);
 }
 
+/* SwiGLU: w [2N,K] is gate over up, out = silu(x gate^T) * (x up^T). */
+static void linear_swiglu_case(kiln_dtype dt, int64_t k_dim) {
+  const int64_t n_dim = 5, rows = 6;
+  void *x = alloc_buf(rows * k_dim, dt), *w = alloc_buf(2 * n_dim * k_dim, dt);
+  void *o = alloc_buf(rows * n_dim, dt);
+  double want[30];
+  fill_random(x, dt, rows * k_dim, 41, 1.0);
+  fill_random(w, dt, 2 * n_dim * k_dim, 43, 1.0);
+  graph *g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, dt, 3, DIMS(2, 3, k_dim));
+  uint32_t tw = g_tensor(g, KILN_STORE_INPUT, dt, 2, DIMS(2 * n_dim, k_dim));
+  uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, dt, 3, DIMS(2, 3, n_dim));
+  g_op(g, KILN_OP_LINEAR, 2, IDS(tx, tw), to, 1, (const int64_t[]){KILN_ACT_SWIGLU}, 0);
+  CHECK(g_run(g, BUFS(x, w), BUFS(o), &err) == KILN_OK);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < n_dim; j++) {
+      double gate = 0.0, up = 0.0;
+      for (int64_t k = 0; k < k_dim; k++) {
+        gate += value_at(x, dt, i * k_dim + k) * value_at(w, dt, j * k_dim + k);
+        up += value_at(x, dt, i * k_dim + k) * value_at(w, dt, (n_dim + j) * k_dim + k);
+      }
+      want[i * n_dim + j] = gate / (1.0 + exp(-gate)) * up;
+    }
+  char what[64];
+  snprintf(what, sizeof what, "linear swiglu K %d %s", (int)k_dim, kiln_dtype_name(dt));
+  CHECK_VALUES(what, o, dt, want, rows * n_dim);
+  free(x), free(w), free(o), free(g);
+}
+
 static void test_linear(void) {
+  for (int t = 0; t < 3; t++) {
+    linear_swiglu_case(float_dtypes[t], 37);
+    linear_swiglu_case(float_dtypes[t], 8);
+  }
   for (int t = 0; t < 3; t++)
     for (int act = KILN_ACT_NONE; act <= KILN_ACT_GELU_TANH; act++) {
       linear_case(float_dtypes[t], 1, (kiln_activation)act, 37);
@@ -1178,6 +1482,8 @@ static void sdpa_case(const attn_case *c) {
   int64_t score_dims[4] = {od[0], od[1], l_dim, s_dim};
   for (int64_t b = 0; b < od[0] * od[1]; b++) {
     int64_t kb = ref_bcast(b, 2, od, 2, c->kd), vb = ref_bcast(b, 2, od, 2, c->vd);
+    if (c->kd[1] > 1 && c->kd[1] < od[1]) /* grouped heads: query head h reads kv head h / g */
+      kb = vb = (b / od[1]) * c->kd[1] + (b % od[1]) / (od[1] / c->kd[1]);
     for (int64_t i = 0; i < l_dim; i++) {
       double most = -INFINITY, sum = 0;
       for (int64_t j = 0; j < s_dim; j++) {
@@ -1220,6 +1526,28 @@ static void test_sdpa(void) {
         {"sdpa causal L<S", dt, {2, 2, 3, 8}, {2, 2, 5, 8}, {2, 2, 5, 4}, 1, 0.0, none, 0, {0}},
         {"sdpa causal L>S", dt, {1, 2, 6, 4}, {1, 2, 3, 4}, {1, 2, 3, 4}, 1, 0.0, none, 0, {0}},
         {"sdpa kv broadcast", dt, {2, 3, 4, 8}, {2, 1, 6, 8}, {2, 1, 6, 8}, 0, 0.0, none, 0, {0}},
+        {"sdpa grouped heads", dt, {2, 6, 3, 8}, {2, 2, 5, 8}, {2, 2, 5, 4}, 0, 0.0, none, 0, {0}},
+        {"sdpa grouped causal", dt, {1, 4, 5, 8}, {1, 2, 5, 8}, {1, 2, 5, 8}, 1, 0.0, none, 0, {0}},
+        {"sdpa grouped bool mask",
+         dt,
+         {2, 4, 3, 8},
+         {2, 1, 5, 8},
+         {2, 1, 5, 8},
+         0,
+         0.0,
+         KILN_BOOL,
+         4,
+         {1, 1, 3, 5}},
+        {"sdpa grouped float mask",
+         dt,
+         {1, 8, 2, 4},
+         {1, 2, 6, 4},
+         {1, 2, 6, 4},
+         0,
+         0.0,
+         dt,
+         4,
+         {1, 8, 2, 6}},
         {"sdpa bool mask",
          dt,
          {2, 2, 3, 8},
@@ -1292,6 +1620,12 @@ int main(void) {
   test_binary_broadcasting();
   test_binary_integers();
   test_unary();
+  test_min_max();
+  test_clamp();
+  test_compare_floats();
+  test_compare_integers();
+  test_logical();
+  test_bitwise();
   test_cast();
   test_where();
   test_softmax();

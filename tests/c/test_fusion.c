@@ -117,6 +117,28 @@ static void g_two_pows(kiln_builder *b, kiln_dtype dt) {
   out(b, unary(b, KILN_OP_NEG, c), "y_out");
 }
 
+/* A rank-0 constant of dt holding v. */
+static int32_t scalar(kiln_builder *b, kiln_dtype dt, float v) {
+  kiln_error err = {KILN_OK, ""};
+  uint16_t h = dt == KILN_F16 ? kiln_f32_to_f16(v) : kiln_f32_to_bf16(v);
+  int32_t id = kiln_builder_add_constant(b, dt, 0, NULL, dt == KILN_F32 ? (const void *)&v : &h,
+                                         kiln_dtype_size(dt), &err);
+  CHECK(id >= 0);
+  return id;
+}
+
+/* log(|hardswish(erf(sin(clamp(x, -0.5, 0.75))))|), clamp as the lowering writes it, and
+ * hardsigmoid(maximum(y, cos(x))): the new steps, MAXIMUM with the chain on its right. */
+static void g_new_steps(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 3, D(2, 3, 4)), y = in(b, "y", dt, 1, D(4));
+  int32_t v = binary(b, KILN_OP_MAXIMUM, x, scalar(b, dt, -0.5f));
+  v = binary(b, KILN_OP_MINIMUM, v, scalar(b, dt, 0.75f));
+  v = unary(b, KILN_OP_ERF, unary(b, KILN_OP_SIN, v));
+  out(b, unary(b, KILN_OP_LOG, unary(b, KILN_OP_ABS, unary(b, KILN_OP_HARDSWISH, v))), "a");
+  v = binary(b, KILN_OP_MAXIMUM, y, unary(b, KILN_OP_COS, x));
+  out(b, unary(b, KILN_OP_HARDSIGMOID, v), "b");
+}
+
 /* x + 2 * y keeps its alpha: it stays an ADD, and its relu stays alone. */
 static void g_alpha(kiln_builder *b, kiln_dtype dt) {
   int32_t x = in(b, "x", dt, 1, D(8)), y = in(b, "y", dt, 1, D(8));
@@ -301,6 +323,91 @@ static void g_mha_peek(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 1, 0); }
 static void g_mha_swapped(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 0, 1); }
 static void g_mha_peek_out(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 2, 0); }
 
+/* Grouped-query attention as transformers writes it: q [1,4,6,8] and k, v [1,2,6,8], each of
+ * k and v viewed as [1,2,1,6,8], expanded to [1,2,2,6,8], copied and viewed as [1,4,6,8]
+ * (repeat_kv), then causal SDPA. `variant` 1: the expanded k is an output too; 2: k is tiled
+ * ([1,1,2,6,8] expanded over dim 1: head h reads h % 2), which is not GQA; 3: a float mask;
+ * 4: k comes as [1,2,2,6,8] and its expand changes nothing: four real heads, not a repeat;
+ * 5: v has one head repeated 4 times, k two repeated twice: k and v would differ in heads. */
+static int32_t repeat_heads(kiln_builder *b, int32_t t, int tile) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t u = tile == 2 ? t /* already [1,2,2,6,8]: the expand changes nothing */
+              : kiln_builder_add_op(b, KILN_OP_RESHAPE, T(t), 1,
+                                    tile == 1   ? D(1, 1, 2, 6, 8)
+                                    : tile == 3 ? D(1, 1, 1, 6, 8)
+                                                : D(1, 2, 1, 6, 8),
+                                    5, NULL, 0, &err);
+  int32_t e = kiln_builder_add_op(b, KILN_OP_EXPAND, T(u), 1,
+                                  tile == 3 ? D(1, 1, 4, 6, 8) : D(1, 2, 2, 6, 8), 5, NULL, 0, &err);
+  int32_t c = kiln_builder_add_op(b, KILN_OP_COPY, T(e), 1, NULL, 0, NULL, 0, &err);
+  int32_t r = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(c), 1, D(1, 4, 6, 8), 4, NULL, 0, &err);
+  if (r < 0) fprintf(stderr, "repeat_heads: %s\n", err.message);
+  CHECK(r >= 0);
+  return r;
+}
+static void gqa(kiln_builder *b, kiln_dtype dt, int variant) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t q = in(b, "q", dt, 4, D(1, 4, 6, 8));
+  int32_t k = variant == 4 ? in(b, "k", dt, 5, D(1, 2, 2, 6, 8)) : in(b, "k", dt, 4, D(1, 2, 6, 8));
+  int32_t v = variant == 5 ? in(b, "v", dt, 4, D(1, 1, 6, 8)) : in(b, "v", dt, 4, D(1, 2, 6, 8));
+  int32_t m = variant == 3 ? in(b, "m", dt, 4, D(1, 1, 6, 6)) : -1;
+  int32_t kr = repeat_heads(b, k, variant == 2 ? 1 : variant == 4 ? 2 : 0);
+  int32_t vr = repeat_heads(b, v, variant == 5 ? 3 : 0);
+  int32_t a = m >= 0 ? kiln_builder_add_op(b, KILN_OP_SDPA, T(q, kr, vr, m), 4, D(0, 1), 2, NULL,
+                                           0, &err)
+                     : kiln_builder_add_op(b, KILN_OP_SDPA, T(q, kr, vr), 3, D(1, 0), 2, NULL, 0,
+                                           &err);
+  if (a < 0) fprintf(stderr, "gqa: %s\n", err.message);
+  CHECK(a >= 0);
+  out(b, a, "y");
+  if (variant == 1) out(b, kr, "k_repeated");
+}
+static void g_gqa(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 0); }
+static void g_gqa_peek(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 1); }
+static void g_gqa_tiled(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 2); }
+static void g_gqa_mask(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 3); }
+static void g_gqa_noop(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 4); }
+static void g_gqa_uneven(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 5); }
+
+/* A gated MLP: down(silu(gate(x)) * up(x)), x [3,16], hidden 12; `variant` 1: the product
+ * is up * silu(gate); 2: the up projection has a bias; 3: gate's output is read again;
+ * 4: up reads another input; 5: sigmoid in place of silu. */
+static int32_t constant(kiln_builder *b, kiln_dtype dt, int32_t rank, const int64_t *dims,
+                        uint32_t seed) {
+  kiln_error err = {KILN_OK, ""};
+  int64_t n = 1;
+  for (int32_t d = 0; d < rank; d++) n *= dims[d];
+  void *data = calloc((size_t)n, kiln_dtype_size(dt));
+  CHECK(data != NULL);
+  for (int64_t i = 0; data && i < n; i++) /* multiples of 1/64 in [-0.5, 0.5) */
+    fill_value(data, dt, i, (double)((seed * 37u + (uint32_t)i * 29u) % 64u) / 64.0 - 0.5);
+  int32_t id = kiln_builder_add_constant(b, dt, rank, dims, data,
+                                         (size_t)n * kiln_dtype_size(dt), &err);
+  if (id < 0) fprintf(stderr, "add_constant: %s\n", err.message);
+  CHECK(id >= 0);
+  free(data);
+  return id;
+}
+
+static void swiglu(kiln_builder *b, kiln_dtype dt, int variant) {
+  int32_t x = in(b, "x", dt, 2, D(3, 16)), x2 = variant == 4 ? in(b, "x2", dt, 2, D(3, 16)) : x;
+  int32_t wg = constant(b, dt, 2, D(12, 16), 11), wu = constant(b, dt, 2, D(12, 16), 12);
+  int32_t wd = constant(b, dt, 2, D(16, 12), 13), bu = constant(b, dt, 1, D(12), 14);
+  int32_t gate = op(b, KILN_OP_LINEAR, T(x, wg), 2, 0, 0, NULL, 0);
+  int32_t up = variant == 2 ? op(b, KILN_OP_LINEAR, T(x2, wu, bu), 3, 0, 0, NULL, 0)
+                            : op(b, KILN_OP_LINEAR, T(x2, wu), 2, 0, 0, NULL, 0);
+  int32_t act = unary(b, variant == 5 ? KILN_OP_SIGMOID : KILN_OP_SILU, gate);
+  int32_t h = variant == 1 ? binary(b, KILN_OP_MUL, up, act) : binary(b, KILN_OP_MUL, act, up);
+  out(b, op(b, KILN_OP_LINEAR, T(h, wd), 2, 0, 0, NULL, 0), "y");
+  if (variant == 3) out(b, gate, "gate");
+}
+static void g_swiglu(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 0); }
+static void g_swiglu_swapped(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 1); }
+static void g_swiglu_bias(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 2); }
+static void g_swiglu_peek(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 3); }
+static void g_swiglu_two_inputs(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 4); }
+static void g_swiglu_sigmoid(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 5); }
+
 /* ---------------------------------------------------------------- building and running */
 
 typedef struct built {
@@ -472,6 +579,20 @@ static void test_chain_fuses(void) {
   }
   release(&x);
   check_same_as_unfused(g_all_steps, KILN_F32, 0.25, 2.0);
+
+  if (build(g_new_steps, KILN_F32, 1, &x)) {
+    const kiln_op *p = plan_op(&x, 0), *q = plan_op(&x, 1);
+    CHECK(x.plan.n_ops == 2 && p->kind == KILN_OP_POINTWISE && q->kind == KILN_OP_POINTWISE);
+    CHECK(p->n_inputs == 3 && p->n_iattr == 7);
+    CHECK(p->iattr[0] == KILN_PW_STEP(KILN_OP_MAXIMUM, 1, 0));
+    CHECK(p->iattr[1] == KILN_PW_STEP(KILN_OP_MINIMUM, 2, 0));
+    CHECK(p->iattr[6] == KILN_PW_STEP(KILN_OP_LOG, 0, 0));
+    CHECK(q->n_inputs == 2 && q->n_iattr == 3);
+    CHECK(q->iattr[1] == KILN_PW_STEP(KILN_OP_MAXIMUM, 1, KILN_PW_REVERSED));
+    CHECK_STR(kiln_pointwise_step_str(q->iattr[1], 0.0, text, sizeof text), "rmaximum(in1)");
+  }
+  release(&x);
+  check_same_as_unfused(g_new_steps, KILN_F32, -2.0, 2.0);
 }
 
 static void test_chain_boundaries(void) {
@@ -1030,6 +1151,69 @@ static void test_packed_attention(void) {
   }
 }
 
+/* ---------------------------------------------------------------- grouped-query attention */
+
+static void test_grouped_kv(void) {
+  built x;
+  static const graph_fn fuses[2] = {g_gqa, g_gqa_mask};
+  for (int c = 0; c < 2; c++) {
+    if (build(fuses[c], KILN_F16, 1, &x)) {
+      const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+      CHECK(a && !find_op(&x, KILN_OP_EXPAND, 0));
+      CHECK(a && x.plan.tensors[a->inputs[1]].dims[1] == 2 &&
+            x.plan.tensors[a->inputs[2]].dims[1] == 2 && x.plan.tensors[a->output].dims[1] == 4);
+    }
+    release(&x);
+  }
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = t == 0 ? KILN_F32 : t == 1 ? KILN_F16 : KILN_BF16;
+    check_same_as_unfused(g_gqa, dt, -2.0, 2.0);
+    check_same_as_unfused(g_gqa_mask, dt, -2.0, 2.0);
+    check_same_as_unfused(g_gqa_peek, dt, -2.0, 2.0);
+    check_same_as_unfused(g_gqa_tiled, dt, -2.0, 2.0);
+    check_same_as_unfused(g_gqa_noop, dt, -2.0, 2.0);
+    check_same_as_unfused(g_gqa_uneven, dt, -2.0, 2.0);
+  }
+  /* the repeated k read elsewhere, tiled rather than repeated per head, or not repeated: the
+   * expands stay; k and v repeated from different head counts stay too */
+  static const graph_fn apart[4] = {g_gqa_peek, g_gqa_tiled, g_gqa_noop, g_gqa_uneven};
+  for (int c = 0; c < 4; c++) {
+    if (build(apart[c], KILN_F16, 1, &x)) {
+      const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+      CHECK(a && x.plan.tensors[a->inputs[1]].dims[1] == 4 && find_op(&x, KILN_OP_EXPAND, 1));
+    }
+    release(&x);
+  }
+}
+
+/* ---------------------------------------------------------------- SwiGLU */
+
+static void test_swiglu(void) {
+  built x;
+  static const graph_fn fuses[2] = {g_swiglu, g_swiglu_swapped};
+  for (int c = 0; c < 2; c++) {
+    if (build(fuses[c], KILN_F16, 1, &x)) {
+      const kiln_op *a = find_op(&x, KILN_OP_LINEAR, 0);
+      CHECK(a && a->iattr[0] == KILN_ACT_SWIGLU && a->n_inputs == 2 &&
+            x.plan.tensors[a->inputs[1]].dims[0] == 24 && x.plan.tensors[a->output].dims[1] == 12);
+      CHECK(x.plan.n_ops == 2 && !find_op(&x, KILN_OP_SILU, 0) && !find_op(&x, KILN_OP_MUL, 0));
+    }
+    release(&x);
+    /* f32: the fused product rounds gate and up to f32 as the two LINEARs did: same bits */
+    check_same_as_unfused(fuses[c], KILN_F32, -2.0, 2.0);
+  }
+  static const graph_fn apart[4] = {g_swiglu_bias, g_swiglu_peek, g_swiglu_two_inputs,
+                                    g_swiglu_sigmoid};
+  for (int c = 0; c < 4; c++) {
+    if (build(apart[c], KILN_F32, 1, &x)) {
+      const kiln_op *a = find_op(&x, KILN_OP_LINEAR, 0);
+      CHECK(a && a->iattr[0] != KILN_ACT_SWIGLU && find_op(&x, KILN_OP_LINEAR, 2));
+    }
+    release(&x);
+    check_same_as_unfused(apart[c], KILN_F32, -2.0, 2.0);
+  }
+}
+
 int main(void) {
   test_chain_fuses();
   test_chain_boundaries();
@@ -1042,5 +1226,7 @@ int main(void) {
   test_residual_fuses();
   test_views();
   test_packed_attention();
+  test_grouped_kv();
+  test_swiglu();
   return check_report("test_fusion");
 }

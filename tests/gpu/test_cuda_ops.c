@@ -171,6 +171,58 @@ static void test_gemm(void) {
         }
       }
     }
+    /* Split-K inside the GEMV block: N picks 1, 2, 4 or 8 columns per block (8, 4, 2 or 1 K
+     * slices each), K = 1032 splits unevenly, a partial last block at N = 10001. */
+    kcu_test_gemv_choice = 1;
+    static const int64_t split_n[4] = {1000, 2048, 4096, 10001};
+    for (int c = 0; c < 4; c++) {
+      for (int r = 0; r < 3; r++) {
+        prog *p = p_new();
+        uint32_t x = IN(p, dt, 2, gemv_rows[r], 1032);
+        uint32_t w = p_weight(p, dt, 2, DIMS(split_n[c], 1032), -0.1, 0.1);
+        uint32_t b = p_weight(p, dt, 1, DIMS(split_n[c]), -1, 1);
+        uint32_t y = OUT(p, dt, 2, gemv_rows[r], split_n[c]);
+        p_op(p, KILN_OP_LINEAR, 3, OPS(x, w, b), y, 1, ATTR(c == 1 ? KILN_ACT_GELU_ERF : 0), 0);
+        snprintf(name, sizeof name, "linear gemv split-K N %lld (%d cols) %lld rows %s",
+                 (long long)split_n[c], kcu_gemv_columns(split_n[c]), (long long)gemv_rows[r],
+                 kiln_dtype_name(dt));
+        compare(p, name, NULL);
+      }
+    }
+    /* SwiGLU (w = [gate; up]): on the GEMV (its gate and up columns paired in a block), on
+     * cuBLASLt into the engine's scratch then the combine kernel, and at 40 rows (cuBLASLt
+     * only); N 100 and 3000 give 2 and 8 columns per GEMV block. */
+    static const int64_t glu_rows[4] = {1, 3, 8, 40}, glu_n[2] = {100, 3000};
+    for (int choice = 0; choice < 2; choice++) {
+      kcu_test_gemv_choice = choice;
+      for (int r = 0; r < 4; r++) {
+        for (int c = 0; c < 2; c++) {
+          if (r == 3 && choice == 1) continue;
+          prog *p = p_new();
+          uint32_t x = IN(p, dt, 2, glu_rows[r], 520);
+          uint32_t w = p_weight(p, dt, 2, DIMS(2 * glu_n[c], 520), -0.1, 0.1);
+          uint32_t y = OUT(p, dt, 2, glu_rows[r], glu_n[c]);
+          p_op(p, KILN_OP_LINEAR, 2, OPS(x, w), y, 1, ATTR(KILN_ACT_SWIGLU), 0);
+          snprintf(name, sizeof name, "linear swiglu %lld rows N %lld %s on %s",
+                   (long long)glu_rows[r], (long long)glu_n[c], kiln_dtype_name(dt),
+                   choice ? "gemv" : "cublaslt");
+          compare(p, name, NULL);
+        }
+      }
+    }
+    {
+      /* one scratch for attention scores and SwiGLU's gate and up: f32 SDPA on cuBLASLt, then
+       * a SwiGLU linear of its output */
+      kcu_test_gemv_choice = -1;
+      prog *p = p_new();
+      uint32_t q = IN(p, dt, 3, 2, 20, 64), k = IN(p, dt, 3, 2, 30, 64), v = IN(p, dt, 3, 2, 30, 64);
+      uint32_t a = MID(p, dt, 3, 2, 20, 64);
+      p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), a, 2, ATTR(0, 0), 0);
+      uint32_t w = p_weight(p, dt, 2, DIMS(256, 64), -0.2, 0.2);
+      p_op(p, KILN_OP_LINEAR, 2, OPS(a, w), OUT(p, dt, 3, 2, 20, 128), 1, ATTR(KILN_ACT_SWIGLU), 0);
+      snprintf(name, sizeof name, "sdpa then linear swiglu %s", kiln_dtype_name(dt));
+      compare(p, name, NULL);
+    }
     kcu_test_gemv_choice = -1;
     for (int act = 0; act <= KILN_ACT_GELU_TANH; act++) {
       prog *p = p_new(); /* K not a multiple of 8: cuBLASLt, erf GELU after it */
@@ -226,10 +278,11 @@ static void test_gemm(void) {
 
 static void test_pointwise(void) {
   char name[96];
-  static const kiln_op_kind bin[4] = {KILN_OP_ADD, KILN_OP_SUB, KILN_OP_MUL, KILN_OP_DIV};
+  static const kiln_op_kind bin[6] = {KILN_OP_ADD, KILN_OP_SUB,     KILN_OP_MUL,
+                                      KILN_OP_DIV, KILN_OP_MINIMUM, KILN_OP_MAXIMUM};
   for (int t = 0; t < 3; t++) {
     kiln_dtype dt = float_types[t];
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 6; k++) {
       prog *p = p_new(); /* same shape: the vectorized path, with a tail */
       uint32_t a = IN(p, dt, 2, 33, 129), b = IN(p, dt, 2, 33, 129);
       p_op(p, bin[k], 2, OPS(a, b), OUT(p, dt, 2, 33, 129), 0, NULL, 0.5);
@@ -243,17 +296,22 @@ static void test_pointwise(void) {
       snprintf(name, sizeof name, "%s broadcast %s", kiln_op_name(bin[k]), kiln_dtype_name(dt));
       compare(p, name, r);
     }
-    static const kiln_op_kind un[10] = {KILN_OP_RELU, KILN_OP_GELU, KILN_OP_SILU, KILN_OP_SIGMOID,
-                                        KILN_OP_TANH, KILN_OP_EXP, KILN_OP_SQRT, KILN_OP_RSQRT,
-                                        KILN_OP_NEG, KILN_OP_POW};
-    for (int k = 0; k < 10; k++) {
+    static const kiln_op_kind un[17] = {
+        KILN_OP_RELU, KILN_OP_GELU, KILN_OP_SILU, KILN_OP_SIGMOID,   KILN_OP_TANH,
+        KILN_OP_EXP,  KILN_OP_SQRT, KILN_OP_RSQRT, KILN_OP_NEG,      KILN_OP_POW,
+        KILN_OP_ABS,  KILN_OP_LOG,  KILN_OP_COS,   KILN_OP_SIN,      KILN_OP_ERF,
+        KILN_OP_HARDSWISH, KILN_OP_HARDSIGMOID};
+    for (int k = 0; k < 17; k++) {
       for (int approx = 0; approx < (un[k] == KILN_OP_GELU ? 2 : 1); approx++) {
         prog *p = p_new();
         uint32_t x = IN(p, dt, 3, 3, 7, 101);
         p_op(p, un[k], 1, OPS(x), OUT(p, dt, 3, 3, 7, 101), 1, ATTR(approx), 2.5);
         snprintf(name, sizeof name, "%s%s %s", kiln_op_name(un[k]), approx ? " tanh" : "",
                  kiln_dtype_name(dt));
-        io_range r = {un[k] == KILN_OP_SQRT || un[k] == KILN_OP_RSQRT || un[k] == KILN_OP_POW ? 0.1 : -3, 3};
+        int positive = un[k] == KILN_OP_SQRT || un[k] == KILN_OP_RSQRT || un[k] == KILN_OP_POW ||
+                       un[k] == KILN_OP_LOG;
+        int wide = un[k] == KILN_OP_HARDSWISH || un[k] == KILN_OP_HARDSIGMOID; /* both kinks */
+        io_range r = {positive ? 0.1 : wide ? -5 : -3, wide ? 5 : 3};
         compare(p, name, &r);
       }
     }
@@ -267,6 +325,52 @@ static void test_pointwise(void) {
   a = IN(p, KILN_I32, 1, 77);
   p_op(p, KILN_OP_NEG, 1, OPS(a), OUT(p, KILN_I32, 1, 77), 0, NULL, 0);
   compare(p, "neg i32", ri);
+  static const kiln_dtype ints[2] = {KILN_I64, KILN_I32};
+  for (int t = 0; t < 2; t++) { /* mask and position arithmetic: integers broadcast */
+    for (int k = 0; k < 3; k++) {
+      p = p_new();
+      a = IN(p, ints[t], 2, 6, 1);
+      b = IN(p, ints[t], 1, 33);
+      p_op(p, bin[k], 2, OPS(a, b), OUT(p, ints[t], 2, 6, 33), 0, NULL, 1.0);
+      snprintf(name, sizeof name, "%s broadcast %s", kiln_op_name(bin[k]), kiln_dtype_name(ints[t]));
+      compare(p, name, ri);
+    }
+  }
+  p = p_new();
+  a = IN(p, KILN_I64, 2, 5, 9);
+  p_op(p, KILN_OP_ABS, 1, OPS(a), OUT(p, KILN_I64, 2, 5, 9), 0, NULL, 0);
+  compare(p, "abs i64", ri);
+  p = p_new();
+  a = IN(p, KILN_I32, 1, 77);
+  b = IN(p, KILN_I32, 2, 3, 1);
+  p_op(p, KILN_OP_MINIMUM, 2, OPS(a, b), OUT(p, KILN_I32, 2, 3, 77), 0, NULL, 0);
+  compare(p, "minimum i32 broadcast", ri);
+  p = p_new();
+  a = IN(p, KILN_BOOL, 2, 5, 1);
+  b = IN(p, KILN_BOOL, 1, 9);
+  p_op(p, KILN_OP_MAXIMUM, 2, OPS(a, b), OUT(p, KILN_BOOL, 2, 5, 9), 0, NULL, 0);
+  compare(p, "maximum bool broadcast", NULL);
+  /* NaN from log of negatives propagates through maximum; -inf at 0 is not reached */
+  p = p_new();
+  a = IN(p, KILN_F32, 2, 33, 129);
+  uint32_t lg = MID(p, KILN_F32, 2, 33, 129);
+  p_op(p, KILN_OP_LOG, 1, OPS(a), lg, 0, NULL, 0);
+  p_op(p, KILN_OP_MAXIMUM, 2, OPS(lg, a), OUT(p, KILN_F32, 2, 33, 129), 0, NULL, 0);
+  compare(p, "maximum of NaN from log f32", NULL);
+  /* clamp as the lowering writes it, with the lower bound above the upper in the second */
+  for (int t = 0; t < 3; t++) {
+    for (int swapped = 0; swapped < 2; swapped++) {
+      kiln_dtype dt = float_types[t];
+      p = p_new();
+      uint32_t x = IN(p, dt, 2, 7, 65), m = MID(p, dt, 2, 7, 65);
+      uint32_t lo = p_weight(p, dt, 0, NULL, swapped ? 0.4 : -0.6, swapped ? 0.5 : -0.5);
+      uint32_t hi = p_weight(p, dt, 0, NULL, swapped ? -0.6 : 0.4, swapped ? -0.5 : 0.5);
+      p_op(p, KILN_OP_MAXIMUM, 2, OPS(x, lo), m, 0, NULL, 0);
+      p_op(p, KILN_OP_MINIMUM, 2, OPS(m, hi), OUT(p, dt, 2, 7, 65), 0, NULL, 0);
+      snprintf(name, sizeof name, "clamp%s %s", swapped ? " min above max" : "", kiln_dtype_name(dt));
+      compare(p, name, NULL);
+    }
+  }
 
   static const kiln_dtype casts[][2] = {{KILN_F32, KILN_F16}, {KILN_F16, KILN_F32},
                                         {KILN_F32, KILN_BF16}, {KILN_F32, KILN_I32},
@@ -287,6 +391,56 @@ static void test_pointwise(void) {
     p_op(p, KILN_OP_WHERE, 3, OPS(c, x, y), OUT(p, float_types[t], 3, 2, 6, 5), 0, NULL, 0);
     snprintf(name, sizeof name, "where broadcast %s", kiln_dtype_name(float_types[t]));
     compare(p, name, NULL);
+  }
+}
+
+/* COMPARE of x against a row of itself (so that equal pairs occur), broadcast, in every dtype;
+ * LOGICAL of mixed dtypes and BITWISE of bools and integers, broadcast; NOT of each. */
+static void test_logic(void) {
+  char name[96];
+  static const kiln_dtype all[6] = {KILN_F32, KILN_F16, KILN_BF16, KILN_I64, KILN_I32, KILN_BOOL};
+  static const char *const cmp_names[6] = {"eq", "ne", "lt", "le", "gt", "ge"};
+  io_range small[2] = {{-3, 3}, {-3, 3}};
+  for (int t = 0; t < 6; t++) {
+    for (int cmp = KILN_CMP_EQ; cmp <= KILN_CMP_GE; cmp++) {
+      prog *p = p_new();
+      uint32_t x = IN(p, all[t], 3, 4, 3, 40), row = MID(p, all[t], 3, 4, 1, 40);
+      p_op(p, KILN_OP_SLICE, 1, OPS(x), row, 4, ATTR(1, 1, 2, 1), 0);
+      p_op(p, KILN_OP_COMPARE, 2, OPS(x, row), OUT(p, KILN_BOOL, 3, 4, 3, 40), 1, ATTR(cmp), 0);
+      snprintf(name, sizeof name, "compare %s %s", cmp_names[cmp], kiln_dtype_name(all[t]));
+      compare(p, name, small);
+    }
+  }
+  prog *p = p_new(); /* NaN compares unequal, and ne true */
+  uint32_t x = IN(p, KILN_F32, 2, 9, 50), lg = MID(p, KILN_F32, 2, 9, 50);
+  p_op(p, KILN_OP_LOG, 1, OPS(x), lg, 0, NULL, 0);
+  p_op(p, KILN_OP_COMPARE, 2, OPS(lg, lg), OUT(p, KILN_BOOL, 2, 9, 50), 1, ATTR(KILN_CMP_NE), 0);
+  compare(p, "compare ne of NaN f32", small);
+
+  static const char *const op_names[4] = {"and", "or", "xor", "not"};
+  static const kiln_dtype lhs[3] = {KILN_BOOL, KILN_F32, KILN_I32};
+  for (int which = KILN_BOOL_AND; which <= KILN_BOOL_NOT; which++) {
+    int two = which != KILN_BOOL_NOT;
+    for (int t = 0; t < 3; t++) {
+      p = p_new();
+      x = IN(p, lhs[t], 3, 4, 1, 40);
+      uint32_t y = IN(p, KILN_I64, 2, 3, 1);
+      p_op(p, KILN_OP_LOGICAL, two ? 2 : 1, OPS(x, y), OUT(p, KILN_BOOL, 3, 4, two ? 3 : 1, 40), 1,
+           ATTR(which), 0);
+      snprintf(name, sizeof name, "logical %s %s", op_names[which], kiln_dtype_name(lhs[t]));
+      io_range r[2] = {{-1, 1}, {-1, 1}}; /* integers round to -1, 0 and 1 */
+      compare(p, name, r);
+    }
+    for (int t = 3; t < 6; t++) {
+      p = p_new();
+      x = IN(p, all[t], 3, 4, 1, 40);
+      uint32_t y = IN(p, all[t], 2, 3, 1);
+      p_op(p, KILN_OP_BITWISE, two ? 2 : 1, OPS(x, y), OUT(p, all[t], 3, 4, two ? 3 : 1, 40), 1,
+           ATTR(which), 0);
+      snprintf(name, sizeof name, "bitwise %s %s", op_names[which], kiln_dtype_name(all[t]));
+      io_range r[2] = {{-1000, 1000}, {-1000, 1000}};
+      compare(p, name, r);
+    }
   }
 }
 
@@ -327,6 +481,35 @@ static void test_fused_pointwise(void) {
     snprintf(name, sizeof name, "pointwise eight unary steps %s", kiln_dtype_name(dt));
     io_range rp = {0.1, 3};
     compare(p, name, &rp);
+
+    /* the steps added with the comparison ops: clamp by two operands, trig, erf, the hard
+     * activations, abs and log; same-shape operands, then a broadcast lower bound */
+    for (int spread = 0; spread < 2; spread++) {
+      p = p_new();
+      x = IN(p, dt, 2, 33, 129);
+      y = spread ? IN(p, dt, 1, 129) : IN(p, dt, 2, 33, 129);
+      z = IN(p, dt, 2, 33, 129);
+      int64_t fresh[8] = {KILN_PW_STEP(KILN_OP_MAXIMUM, 1, 0),
+                          KILN_PW_STEP(KILN_OP_MINIMUM, 2, KILN_PW_REVERSED),
+                          KILN_PW_STEP(KILN_OP_SIN, 0, 0),
+                          KILN_PW_STEP(KILN_OP_HARDSWISH, 0, 0),
+                          KILN_PW_STEP(KILN_OP_COS, 0, 0),
+                          KILN_PW_STEP(KILN_OP_ERF, 0, 0),
+                          KILN_PW_STEP(KILN_OP_HARDSIGMOID, 0, 0),
+                          KILN_PW_STEP(KILN_OP_LOG, 0, 0)};
+      p_op(p, KILN_OP_POINTWISE, 3, OPS(x, y, z), OUT(p, dt, 2, 33, 129), 8, fresh, 0);
+      snprintf(name, sizeof name, "pointwise new steps%s %s", spread ? " broadcast" : "",
+               kiln_dtype_name(dt));
+      io_range rn[3] = {{-4, 4}, {-2, 0}, {0, 2}};
+      compare(p, name, rn);
+    }
+    p = p_new();
+    x = IN(p, dt, 2, 7, 101);
+    int64_t absolute[2] = {KILN_PW_STEP(KILN_OP_ABS, 0, 0), KILN_PW_STEP(KILN_OP_LOG, 0, 0)};
+    p_op(p, KILN_OP_POINTWISE, 1, OPS(x), OUT(p, dt, 2, 7, 101), 2, absolute, 0);
+    snprintf(name, sizeof name, "pointwise abs, log %s", kiln_dtype_name(dt));
+    io_range ra = {-3, 3};
+    compare(p, name, &ra);
   }
   prog *p = p_new(); /* an operand that does not broadcast to the output */
   uint32_t x = IN(p, KILN_F32, 2, 4, 10), y = IN(p, KILN_F32, 1, 9);
@@ -653,6 +836,53 @@ static void test_attention(void) {
   }
 }
 
+static void flash_compare(prog *p, const char *name, const io_range *ranges);
+static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int64_t kv_heads,
+                            int64_t L, int64_t E, int causal, kiln_dtype dt);
+
+/* Grouped-query attention (k and v with fewer heads, key/value head = query head / group)
+ * against the CPU engine: on cuBLASLt (f32, and f16 heads of 32) with the grouped heads as one
+ * taller matrix, on the flash kernel (f16, bf16), with masks and causal, decode-shaped L = 1;
+ * then the three kernels against each other on the device. */
+static void test_grouped_attention(void) {
+  char name[96];
+  io_range r[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {-3, 0}};
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    const char *dn = kiln_dtype_name(dt);
+    prog *p = p_new();
+    uint32_t q = IN(p, dt, 4, 2, 8, 40, 64), k = IN(p, dt, 4, 2, 2, 40, 64),
+             v = IN(p, dt, 4, 2, 2, 40, 64);
+    p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 2, 8, 40, 64), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "sdpa grouped 8/2 causal %s", dn);
+    if (t == 0) compare(p, name, r); else flash_compare(p, name, r);
+    p = p_new(); /* head dim 32: cuBLASLt for every dtype; an additive mask per batch */
+    q = IN(p, dt, 4, 2, 6, 20, 32), k = IN(p, dt, 4, 2, 3, 30, 32), v = IN(p, dt, 4, 2, 3, 30, 32);
+    uint32_t m = IN(p, dt, 4, 2, 1, 20, 30);
+    p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 2, 6, 20, 32), 2, ATTR(0, 1), 0);
+    snprintf(name, sizeof name, "sdpa grouped 6/3 E32 float mask %s", dn);
+    compare(p, name, r);
+    p = p_new(); /* decode: one query row, 32 query and 8 key/value heads, a bool mask */
+    q = IN(p, dt, 4, 1, 32, 1, 128), k = IN(p, dt, 4, 1, 8, 77, 128), v = IN(p, dt, 4, 1, 8, 77, 128);
+    m = IN(p, KILN_BOOL, 2, 1, 77);
+    p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 1, 32, 1, 128), 2, ATTR(0, 1), 0);
+    snprintf(name, sizeof name, "sdpa grouped 32/8 decode bool mask %s", dn);
+    io_range rb[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {-0.5, 1}};
+    if (t == 0) compare(p, name, rb); else flash_compare(p, name, rb);
+    p = p_new(); /* one key/value head for all query heads (multi-query) */
+    q = IN(p, dt, 4, 1, 4, 16, 64), k = IN(p, dt, 4, 1, 1, 16, 64), v = IN(p, dt, 4, 1, 1, 16, 64);
+    p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 1, 4, 16, 64), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "sdpa grouped 4/1 causal %s", dn);
+    compare(p, name, r);
+  }
+  if (selected("sdpa grouped kernels") && cuda_ok(kcu_flash_prepare(), "kcu_flash_prepare") &&
+      cuda_ok(kcu_attention_prepare(KCU_ATTN_MAX_HEAD), "kcu_attention_prepare"))
+    for (int t = 1; t < 3; t++) {
+      time_sdpa_shape("sdpa grouped kernels", 2, 8, 2, 70, 64, 1, float_types[t]);
+      time_sdpa_shape("sdpa grouped kernels", 1, 32, 8, 128, 128, 1, float_types[t]);
+    }
+}
+
 /* The last op of p (SDPA) as the flash kernel's predicate sees it, every buffer at `base`. */
 static int flash_takes(const prog *p, uintptr_t base) {
   const kiln_op *op = &p->ops[p->n_ops - 1];
@@ -889,11 +1119,11 @@ static double device_rel_error(const void *a, const void *b, kiln_dtype dt, uint
   return e;
 }
 
-static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int64_t L,
-                            int64_t E, int causal, kiln_dtype dt) {
+static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int64_t kv_heads,
+                            int64_t L, int64_t E, int causal, kiln_dtype dt) {
   prog *p = p_new();
-  uint32_t q = IN(p, dt, 4, batch, heads, L, E), k = IN(p, dt, 4, batch, heads, L, E),
-           v = IN(p, dt, 4, batch, heads, L, E);
+  uint32_t q = IN(p, dt, 4, batch, heads, L, E), k = IN(p, dt, 4, batch, kv_heads, L, E),
+           v = IN(p, dt, 4, batch, kv_heads, L, E);
   uint32_t o = OUT(p, dt, 4, batch, heads, L, E);
   p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), o, 2, ATTR(causal, 0), 0);
   kiln_plan pl;
@@ -918,11 +1148,12 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
     kt->dtype = dt;
     kt->rank = 4;
     kt->dims[0] = batch;
-    kt->dims[1] = heads;
+    kt->dims[1] = t == 1 || t == 2 ? kv_heads : heads;
     kt->dims[2] = L;
     kt->dims[3] = E;
-    kt->numel = (int64_t)n;
+    kt->numel = (int64_t)n; /* k and v use the first kv_heads / heads of theirs */
     if (!cuda_ok(cudaMalloc(&kt->data, n * 2), "cudaMalloc")) die("device");
+    kt->numel = batch * kt->dims[1] * L * E;
     if (t < 3) {
       fill(host, dt, n, t == 2 ? -1 : -2, t == 2 ? 1 : 2);
       cudaMemcpy(kt->data, host, n * 2, cudaMemcpyHostToDevice);
@@ -944,11 +1175,11 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
   double flops = 4.0 * (double)batch * heads * L * L * E * (causal ? 0.5 : 1.0);
   double e_lt = gemm ? device_rel_error(b.out[0].data, b.out[1].data, dt, n) : -1.0;
   double e_fma = device_rel_error(b.out[0].data, b.out[2].data, dt, n);
-  printf("time-sdpa %-10s b%-3lld %-4s flash %8.1f us (%5.1f TFLOP/s)  cublasLt %8.1f us  fma %8.1f us"
+  printf("time-sdpa %-10s b%-3lld kv%-3lld %-4s flash %8.1f us (%5.1f TFLOP/s)  cublasLt %8.1f us  fma %8.1f us"
          "  flash vs cublasLt %.1e, vs fma %.1e\n",
-         label, (long long)batch, kiln_dtype_name(dt), flash, flops / (flash * 1e6), lt, fma, e_lt,
+         label, (long long)batch, (long long)kv_heads, kiln_dtype_name(dt), flash, flops / (flash * 1e6), lt, fma, e_lt,
          e_fma);
-  CHECK(flash > 0.0 && e_fma <= dtype_tolerance(dt));
+  CHECK(flash > 0.0 && e_fma <= dtype_tolerance(dt) && (!gemm || e_lt <= dtype_tolerance(dt)));
   kcu_attn_gemm_release(&b.ag);
   if (b.lt) cublasLtDestroy(b.lt);
   cudaFree(b.ws);
@@ -961,16 +1192,18 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
   p_free(p);
 }
 
-/* The attention of bench/bench.py's encoder (16 heads, L = S = 128, head dim 64) and GPT block
- * (16 heads, L = S = 512, causal, head dim 128) at batch 1 and 32. */
+/* The attention of bench/bench.py's encoder (16 heads, L = S = 128, head dim 64), GPT block
+ * (16 heads, L = S = 512, causal, head dim 128) and Llama block (32 query and 8 key/value
+ * heads, L = S = 128, causal, head dim 128) at batch 1 and 32. */
 static int time_sdpa(void) {
   if (!cuda_ok(kcu_flash_prepare(), "kcu_flash_prepare") ||
       !cuda_ok(kcu_attention_prepare(KCU_ATTN_MAX_HEAD), "kcu_attention_prepare"))
     return 1;
   for (int t = 1; t < 3; t++) {
     for (int b = 1; b <= 32; b += 31) {
-      time_sdpa_shape("encoder", b, 16, 128, 64, 0, float_types[t]);
-      time_sdpa_shape("gpt_block", b, 16, 512, 128, 1, float_types[t]);
+      time_sdpa_shape("encoder", b, 16, 16, 128, 64, 0, float_types[t]);
+      time_sdpa_shape("gpt_block", b, 16, 16, 512, 128, 1, float_types[t]);
+      time_sdpa_shape("llama_gqa", b, 32, 8, 128, 128, 1, float_types[t]);
     }
   }
   return check_report("test_cuda_ops --time-sdpa");
@@ -1119,6 +1352,24 @@ static void test_refusals(void) {
   e = p_load(p, &kiln_cuda_backend, 0, &err);
   printf("slice past the end: %s: %s\n", kiln_status_name(err.status), err.message);
   CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM);
+  p_unload(e);
+  p_free(p);
+
+  p = p_new(); /* a logical not given two inputs */
+  x = IN(p, KILN_BOOL, 2, 4, 10);
+  p_op(p, KILN_OP_LOGICAL, 2, OPS(x, x), OUT(p, KILN_BOOL, 2, 4, 10), 1, ATTR(KILN_BOOL_NOT), 0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("logical not of two inputs: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM && strstr(err.message, "op 0 (logical)"));
+  p_unload(e);
+  p_free(p);
+
+  p = p_new(); /* a comparison into f32 */
+  x = IN(p, KILN_F32, 2, 4, 10);
+  p_op(p, KILN_OP_COMPARE, 2, OPS(x, x), OUT(p, KILN_F32, 2, 4, 10), 1, ATTR(KILN_CMP_LT), 0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("compare into f32: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM && strstr(err.message, "op 0 (compare)"));
   p_unload(e);
   p_free(p);
 
@@ -1314,11 +1565,13 @@ int main(int argc, char **argv) {
     test_attention();
     test_flash_attention();
     test_packed_attention();
+    test_grouped_attention();
     return check_report("test_cuda_ops --matmul-attention");
   }
   if (argc > 2 && strcmp(argv[1], "--only") == 0) only_filter = argv[2];
   test_gemm();
   test_pointwise();
+  test_logic();
   test_fused_pointwise();
   test_normalize_reduce();
   test_layout_gather();
@@ -1326,6 +1579,7 @@ int main(int argc, char **argv) {
   test_attention();
   test_flash_attention();
   test_packed_attention();
+  test_grouped_attention();
   if (only_filter) return check_report("test_cuda_ops --only");
   test_residency();
   test_refusals();

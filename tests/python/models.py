@@ -196,6 +196,70 @@ class HalfMLP(nn.Module):
         return self.fc2(F.gelu(self.norm(self.fc1(x))) * 0.5 + 1)
 
 
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _repeat_kv(x, times):
+    batch, heads, time, head = x.shape
+    x = x[:, :, None, :, :].expand(batch, heads, times, time, head)
+    return x.reshape(batch, heads * times, time, head)
+
+
+class LlamaBlock(nn.Module):
+    """A decoder block as transformers writes Llama's: RMSNorm computed in f32 and cast back,
+    rotary embedding by rotate_half, grouped-query attention by expand + reshape of k and v
+    (or SDPA's enable_gqa), causal, and a SwiGLU MLP; no biases."""
+
+    def __init__(self, width=64, heads=4, kv_heads=2, hidden=128, enable_gqa=False):
+        super().__init__()
+        self.heads, self.kv_heads, self.head = heads, kv_heads, width // heads
+        self.enable_gqa = enable_gqa
+        self.q = nn.Linear(width, width, bias=False)
+        self.k = nn.Linear(width, kv_heads * self.head, bias=False)
+        self.v = nn.Linear(width, kv_heads * self.head, bias=False)
+        self.o = nn.Linear(width, width, bias=False)
+        self.gate = nn.Linear(width, hidden, bias=False)
+        self.up = nn.Linear(width, hidden, bias=False)
+        self.down = nn.Linear(hidden, width, bias=False)
+        self.norm1 = nn.Parameter(1 + 0.1 * torch.randn(width))
+        self.norm2 = nn.Parameter(1 + 0.1 * torch.randn(width))
+
+    @staticmethod
+    def rms(x, weight):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return weight * h.to(x.dtype)
+
+    def forward(self, x, cos, sin):
+        """x [B,T,D]; cos, sin [B,T,head] as transformers passes a layer its position_embeddings."""
+        batch, time, _ = x.shape
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        h = self.rms(x, self.norm1)
+        q = self.q(h).view(batch, time, -1, self.head).transpose(1, 2)
+        k = self.k(h).view(batch, time, -1, self.head).transpose(1, 2)
+        v = self.v(h).view(batch, time, -1, self.head).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        if self.enable_gqa:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            times = self.heads // self.kv_heads
+            a = F.scaled_dot_product_attention(q, _repeat_kv(k, times), _repeat_kv(v, times), is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(batch, time, -1))
+        h = self.rms(x, self.norm2)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+def _rotary(batch, time, head, dtype=torch.float32):
+    """Llama's rotary position embeddings for positions 0..time-1: cos and sin [B,T,head]."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head, 2).float() / head))
+    angles = torch.outer(torch.arange(time).float(), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1).expand(batch, time, head)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
 def _half(factory):
     return lambda: factory().half()
 
@@ -228,6 +292,84 @@ ZOO = [
         lambda: (_randn(4, 16, dtype=torch.float16),),
         F16_TOLERANCE,
     ),
+    ZooModel(
+        "llama_block", _seeded(LlamaBlock), lambda: (_randn(2, 8, 64), *_rotary(2, 8, 16)), F32_TOLERANCE
+    ),
+    ZooModel(
+        "llama_block_gqa_half",
+        _seeded(_half(lambda: LlamaBlock(enable_gqa=True))),
+        lambda: (_randn(1, 8, 64, dtype=torch.float16), *_rotary(1, 8, 16, torch.float16)),
+        F16_TOLERANCE,
+    ),
 ]
 
 BY_NAME = {model.name: model for model in ZOO}
+
+
+# ------------------------------------------------------------------ convolutional networks
+
+
+def _calibrated(factory, shape, seed=0, batches=3):
+    """A vision model with random weights whose batch-norm running statistics are those of
+    random images (momentum None: the plain average over the batches), so that no layer's
+    output collapses to its bias; then in eval mode."""
+
+    def make():
+        torch.manual_seed(seed)
+        model = factory()
+        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        for norm in norms:
+            norm.momentum = None
+            norm.reset_running_stats()
+        model.train()
+        with torch.no_grad():
+            for index in range(batches):
+                model(_randn(4, *shape, seed=100 + index))
+        return model.eval()
+
+    return make
+
+
+def _torchvision(name):
+    def factory():
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None)
+
+    return factory
+
+
+class ViTLogits(nn.Module):
+    """transformers' ViT image classifier (its patch embedding is a convolution), logits only."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import ViTConfig, ViTForImageClassification
+
+        config = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=64,
+                           num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                           num_labels=10, attn_implementation="eager")
+        self.vit = ViTForImageClassification(config)
+
+    def forward(self, pixels):
+        return self.vit(pixel_values=pixels).logits
+
+
+def _images(size, batch=2):
+    return lambda: (_randn(batch, 3, size, size, seed=7),)
+
+
+# Each is one Kiln blob holding all compute; inputs small enough for the CPU engine in CI.
+CNN_ZOO = [
+    ZooModel("resnet18", _calibrated(_torchvision("resnet18"), (3, 64, 64)), _images(64), F32_TOLERANCE),
+    ZooModel("resnet50", _calibrated(_torchvision("resnet50"), (3, 32, 32)), _images(32), F32_TOLERANCE),
+    ZooModel("mobilenet_v3_small", _calibrated(_torchvision("mobilenet_v3_small"), (3, 64, 64)),
+             _images(64), F32_TOLERANCE),
+    ZooModel("mobilenet_v3_large", _calibrated(_torchvision("mobilenet_v3_large"), (3, 64, 64)),
+             _images(64), F32_TOLERANCE),
+    ZooModel("convnext_tiny", _calibrated(_torchvision("convnext_tiny"), (3, 32, 32)), _images(32),
+             F32_TOLERANCE),
+    ZooModel("vit", _seeded(ViTLogits), _images(32), F32_TOLERANCE),
+]
+
+CNN_BY_NAME = {model.name: model for model in CNN_ZOO}

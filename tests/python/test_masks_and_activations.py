@@ -1,0 +1,164 @@
+"""Models built from comparisons, boolean ops, clamps and the hard activations run whole on
+Kiln and match eager: a transformer's padding and causal masks, rotary tables, the gates of a
+mobile network; refusals of what the ops cannot take."""
+
+import os
+import subprocess
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+import models
+from kiln import _lib, lowering
+from test_export import KilnInterpreter, _node, _placeholder, assert_close, cpu_ops, delegated_ops, flat
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KILN_CLI = os.environ.get("KILN_CLI") or os.path.join(ROOT, "build", "kiln")
+
+
+class MaskedAttention(nn.Module):
+    """Masks as transformers writes them: padding from the ids and the attention mask, causal
+    from positions, combined with & and ~, then used by attention and to zero padded rows."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(32, 16)
+        self.q, self.k, self.v = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, ids, attention_mask, positions):
+        keep = (ids != 0) & attention_mask.bool()  # [B, L]
+        causal = positions[None, :] <= positions[:, None]  # [L, L], on i64
+        allowed = causal[None] & keep[:, None, :]
+        allowed = allowed | (positions[None, :] == positions[:, None])  # no empty rows
+        x = self.emb(ids)
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        scores = (q @ k.transpose(1, 2)).masked_fill(~allowed, float("-inf"))
+        out = torch.softmax(scores, -1) @ v
+        gate = torch.logical_xor(positions >= 2, positions.eq(5))
+        return out * keep[..., None] * gate[None, :, None]
+
+
+class Rotary(nn.Module):
+    """cos and sin of position * frequency, applied as Llama's rotary embedding."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8)))
+
+    def forward(self, x, positions):
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * emb.cos() + rotated * emb.sin()
+
+
+class MobileGates(nn.Module):
+    """The activations of MobileNetV3 and friends on linear layers: hardswish, a squeeze and
+    excite gate through hardsigmoid, relu6, clamp, and erf, abs, log, minimum and maximum."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = nn.Linear(12, 24)
+        self.fc2 = nn.Linear(24, 24)
+        self.act = nn.Hardswish()
+        self.gate = nn.Hardsigmoid()
+        self.relu6 = nn.ReLU6()
+        self.register_buffer("cap", torch.linspace(0.1, 0.5, 24))
+        self.register_buffer("low", -torch.linspace(0.1, 0.5, 24))
+
+    def forward(self, x):
+        h = self.act(self.fc1(x) * 3.0)
+        h = h * self.gate(self.fc2(h))
+        h = self.relu6(h * 4.0) + torch.clamp(h, min=-0.1, max=0.2) + F.hardtanh(h, -0.5, 0.5)
+        h = torch.maximum(h, torch.erf(h)) - torch.minimum(h.abs(), self.cap)
+        h = torch.clamp(h, self.low, self.cap + 1.0)
+        return torch.log(h.abs() + 1.0)
+
+
+def ids_and_mask():
+    ids = torch.tensor([[3, 7, 1, 0, 0, 9], [5, 2, 8, 4, 6, 1]])
+    mask = torch.tensor([[1, 1, 1, 0, 0, 1], [1, 1, 1, 1, 1, 0]])
+    return ids, mask, torch.arange(6)
+
+
+CASES = [
+    ("masked_attention", MaskedAttention, lambda: ids_and_mask(),
+     {"aten.ne", "aten.bitwise_and", "aten.le", "aten.bitwise_or", "aten.bitwise_not",
+      "aten.logical_xor", "aten.ge", "aten.eq"}),
+    ("rotary", Rotary, lambda: (torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1)),
+                                torch.arange(6)),
+     {"aten.cos", "aten.sin"}),
+    ("mobile_gates", MobileGates,
+     lambda: (torch.randn(5, 12, generator=torch.Generator().manual_seed(2)),),
+     {"aten.hardswish", "aten.hardsigmoid", "aten.hardtanh", "aten.clamp", "aten.maximum",
+      "aten.minimum", "aten.erf", "aten.abs", "aten.log"}),
+]
+
+
+@pytest.mark.parametrize("name, make, inputs, ops", CASES, ids=[c[0] for c in CASES])
+def test_model_runs_whole_on_kiln_and_matches_eager(name, make, inputs, ops, tmp_path):
+    model, args = make().eval(), inputs()
+    with torch.no_grad():
+        expected = flat(model(*args))
+    program = kiln.export(model, args, tmp_path / f"{name}.pte")
+    (blob,) = kiln.lowered_modules(program)
+    assert ops <= delegated_ops(blob), f"left out of Kiln: {ops - delegated_ops(blob)}"
+    assert cpu_ops(program) == set(), f"stayed on ExecuTorch: {cpu_ops(program)}"
+    interpreter = KilnInterpreter(program)
+    with torch.no_grad():
+        actual = flat(interpreter.run(*args))
+    assert_close(actual, expected, models.F32_TOLERANCE, name)
+
+
+def test_hard_activations_fuse_into_one_pointwise_op(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Hardswish(), nn.Hardsigmoid(), nn.ReLU6()).eval()
+    program = kiln.export(model, (torch.randn(3, 8),), tmp_path / "gates.pte")
+    (blob,) = kiln.blobs(program)
+    path = tmp_path / "gates.blob"
+    path.write_bytes(blob)
+    assert os.path.isfile(KILN_CLI), f"{KILN_CLI} is missing: build it with `make build`"
+    result = subprocess.run([KILN_CLI, "inspect", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    fused = [line for line in result.stdout.splitlines() if "fused [" in line]
+    assert len(fused) == 1, result.stdout
+    assert "fused [hardswish -> hardsigmoid -> maximum(in1) -> minimum(in2)]" in fused[0], fused[0]
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def test_clamp_without_bounds_is_refused():
+    graph = torch.fx.Graph()
+    x = _placeholder(graph, "x", torch.randn(2, 3))
+    node = _node(graph, torch.ops.aten.clamp.default, (x,), torch.randn(2, 3))
+    assert lowering.refusal(node) == "clamp with neither min nor max"
+
+
+def test_bitwise_on_floats_is_refused_by_the_builder():
+    graph = torch.fx.Graph()
+    x = _placeholder(graph, "x", torch.randn(2, 3))
+    node = _node(graph, torch.ops.aten.bitwise_and.Tensor, (x, x), torch.randn(2, 3))
+    assert lowering.refusal(node) == (
+        "builder op 0 (bitwise): input 0 is f32 but the op needs bool, i32 or i64; cast it first"
+    )
+
+
+def test_builder_refuses_bad_operators_with_their_message():
+    with _lib.Builder() as b:
+        x = b.add_input("x", _lib.I64, (3,))
+        with pytest.raises(kiln.KilnError) as refused:
+            b.add_op("compare", [x, x], [len(_lib.COMPARE)])
+        assert refused.value.message == "builder op 0 (compare): attribute iattr0 is 6 but must be 0..5"
+        with pytest.raises(kiln.KilnError) as refused:
+            b.add_op("logical", [x], [_lib.BOOL_OPS["and"]])
+        assert refused.value.message == (
+            "builder op 0 (logical): iattr0 0 (0 and, 1 or, 2 xor, 3 not) takes 2 inputs but the "
+            "op has 1"
+        )
+        assert b.get_shape(b.add_op("compare", [x, x], [_lib.COMPARE["ge"]])) == (_lib.BOOL, (3,))
