@@ -277,6 +277,18 @@ typedef enum kiln_op_kind {
                              floor(dst * H/OH) in f32, as PyTorch */
   KILN_OP_UPSAMPLE_BILINEAR2D, /* as UPSAMPLE_NEAREST2D; iattr1 = align_corners; bilinear in f32
                              with PyTorch's source-index rule */
+  KILN_OP_CUMSUM,       /* running sums of x along iattr0 = dim in dtype iattr1 (i32, i64 or a
+                           float; x converted to it first, as PyTorch's dtype=): integers wrap,
+                           floats accumulate in f32 or wider */
+  KILN_OP_GATHER,       /* x, idx (i32/i64, x's rank, each dim but iattr0 at most x's) -> idx's
+                           shape: out[i] = x[i with dim iattr0 replaced by idx[i]]; an index
+                           outside 0..x.dims[iattr0]-1 faults */
+  KILN_OP_INDEX,        /* x, idx... (i32/i64, one per set bit of iattr0 = the indexed dims of x,
+                           broadcasting together to B): advanced indexing; B takes the place of
+                           the indexed dims when they are adjacent, else leads the output; a
+                           negative index counts from the end; one outside -n..n-1 faults */
+  KILN_OP_ARGMAX,       /* x -> i64 index of the first maximum along iattr0 = dim (NaN is the
+                           largest), iattr1 = keepdim */
   KILN_OP_COUNT
 } kiln_op_kind;
 

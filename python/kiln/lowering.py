@@ -281,7 +281,9 @@ def _check_native_layer_norm(node):
 
 
 def _lower_getitem(ctx, node):
-    return ctx.tensor(node.args[0])
+    """One output of a multi-output node (a split's piece), or the one Kiln computes."""
+    value = ctx.tensor(node.args[0])
+    return value[node.args[1]] if isinstance(value, tuple) else value
 
 
 def _lower_rms_norm(ctx, node):
@@ -553,10 +555,87 @@ def _lower_upsample_bilinear(ctx, node):
     return ctx.op("upsample_bilinear2d", [ctx.tensor(x)], iattr, _upsample_scales(args))
 
 
-def _lower_full(ctx, node):
-    val = _val(node)
-    value = node_args(node)["fill_value"]
-    return ctx.builder.add_constant(torch.full(tuple(val.shape), value, dtype=val.dtype))
+def _lower_cumsum(ctx, node):
+    args = node_args(node)
+    return ctx.op("cumsum", [ctx.tensor(args["self"])], [args["dim"], _lib.kiln_dtype(_val(node).dtype)])
+
+
+def _lower_gather(ctx, node):
+    args = node_args(node)
+    return ctx.op("gather", [ctx.tensor(args["self"]), ctx.tensor(args["index"])], [args["dim"]])
+
+
+def _check_index(node):
+    for position, index in enumerate(node_args(node)["indices"]):
+        if isinstance(index, torch.fx.Node) and _val(index).dtype in (torch.bool, torch.uint8):
+            return (f"index.Tensor with a bool mask at position {position}: the result's shape "
+                    "depends on the mask's values (Kiln plans are static)")
+    return None
+
+
+def _lower_index(ctx, node):
+    """x[i0, i1, ...]: one index input per indexed dim, named by a bitmask (None skips a dim)."""
+    args = node_args(node)
+    mask, inputs = 0, [ctx.tensor(args["self"])]
+    for dim, index in enumerate(args["indices"]):
+        if index is not None:
+            mask |= 1 << dim
+            inputs.append(ctx.tensor(index))
+    return ctx.op("index", inputs, [mask])
+
+
+def _lower_argmax(ctx, node):
+    args = node_args(node)
+    x = args["self"]
+    if args["dim"] is None:  # over every element: of the flattened tensor, then reshaped
+        flat = ctx.op("reshape", [ctx.tensor(x)], [_val(x).numel()])
+        return ctx.op("reshape", [ctx.op("argmax", [flat], [0, 0])], list(_val(node).shape))
+    return ctx.op("argmax", [ctx.tensor(x)], [args["dim"], int(bool(args["keepdim"]))])
+
+
+def _lower_split(ctx, node):
+    """split and split_with_sizes: one slice per piece, sized as PyTorch sized the outputs."""
+    args = node_args(node)
+    x, dim = args["self"], args["dim"]
+    pieces, start = [], 0
+    for piece in _val(node):
+        size = piece.shape[dim]
+        pieces.append(ctx.op("slice", [ctx.tensor(x)], [dim, start, start + size, 1]))
+        start += size
+    return tuple(pieces)
+
+
+def _lower_alias(ctx, node):
+    return ctx.op("copy", [ctx.tensor(node.args[0])])
+
+
+def _static_scalars(*names):
+    """A check refusing a creation op whose named scalar arguments are symbolic."""
+
+    def check(node):
+        args = node_args(node)
+        for name in names:
+            if isinstance(args.get(name), torch.fx.Node):
+                return f"{_op_name(node)} with a symbolic {name} (Kiln plans are static)"
+        return None
+
+    return check
+
+
+def _filled(value_of):
+    """A creation op that fills the node's static shape: a builder constant."""
+
+    def lower(ctx, node):
+        val = _val(node)
+        return ctx.builder.add_constant(torch.full(tuple(val.shape), value_of(node), dtype=val.dtype))
+
+    return lower
+
+
+def _lower_arange(ctx, node):
+    args = node_args(node)
+    start, step = args.get("start", 0), args.get("step", 1)
+    return ctx.builder.add_constant(torch.arange(start, args["end"], step, dtype=_val(node).dtype))
 
 
 def _lower_scalar_tensor(ctx, node):
@@ -633,8 +712,6 @@ def _table():
     add(["aten::where.self"], Lowering(_lower_where))
     add(["aten::masked_fill.Scalar"], Lowering(_lower_masked_fill))
     add(["aten::scaled_dot_product_attention.default"], Lowering(_lower_sdpa, _check_sdpa))
-    add(["aten::full.default"], Lowering(_lower_full, compute=False))
-    add(["aten::scalar_tensor.default"], Lowering(_lower_scalar_tensor, compute=False))
     add(["aten::convolution.default"], Lowering(_lower_convolution, _check_convolution))
     add(["aten::_native_batch_norm_legit_no_training.default"],
         Lowering(_lower_batch_norm, _check_batch_norm))
@@ -647,6 +724,21 @@ def _table():
         Lowering(_lower_upsample_nearest))
     add(["aten::upsample_bilinear2d.vec", "aten::upsample_bilinear2d.default"],
         Lowering(_lower_upsample_bilinear))
+    add(["aten::cumsum.default"], Lowering(_lower_cumsum))
+    add(["aten::gather.default"], Lowering(_lower_gather))
+    add(["aten::index.Tensor"], Lowering(_lower_index, _check_index))
+    add(["aten::argmax.default"], Lowering(_lower_argmax))
+    add(["aten::split_with_sizes_copy.default", "aten::split_with_sizes.default",
+         "aten::split_copy.Tensor", "aten::split.Tensor"], Lowering(_lower_split, compute=False))
+    add(["aten::alias_copy.default", "aten::alias.default"], Lowering(_lower_alias, compute=False))
+    fill_value = _filled(lambda node: node_args(node)["fill_value"])
+    add(["aten::full.default", "aten::full_like.default"],
+        Lowering(fill_value, _static_scalars("fill_value"), compute=False))
+    add(["aten::zeros.default", "aten::zeros_like.default"], Lowering(_filled(lambda node: 0), compute=False))
+    add(["aten::ones.default", "aten::ones_like.default"], Lowering(_filled(lambda node: 1), compute=False))
+    add(["aten::scalar_tensor.default"], Lowering(_lower_scalar_tensor, _static_scalars("s"), compute=False))
+    add(["aten::arange.default", "aten::arange.start", "aten::arange.start_step"],
+        Lowering(_lower_arange, _static_scalars("start", "end", "step"), compute=False))
     table[operator.getitem] = Lowering(_lower_getitem, compute=False)
     return table
 
@@ -701,20 +793,21 @@ def refusal(node):
     lowering = LOWERINGS.get(aten_op(node))
     if lowering is None:
         return f"{_op_name(node)} is not a Kiln op"
-    if node.target is operator.getitem:  # of native_layer_norm: supported with its source
+    if node.target is operator.getitem:  # of a multi-output node: supported with its source
         return refusal(node.args[0])
-    values = node.meta.get("val")
-    outputs = values if isinstance(values, (tuple, list)) else [values]
-    for index, value in enumerate(outputs):
-        reason = _tensor_refusal(value, f"output {index}")
-        if reason:
-            return reason
     for arg in node.all_input_nodes:
         reason = _tensor_refusal(arg.meta.get("val"), f"input {arg.name}")
         if reason:
             return reason
+    # Before the outputs: a check names the cause of an output shape that is not static.
     if lowering.check is not None:
         reason = lowering.check(node)
+        if reason:
+            return reason
+    values = node.meta.get("val")
+    outputs = values if isinstance(values, (tuple, list)) else [values]
+    for index, value in enumerate(outputs):
+        reason = _tensor_refusal(value, f"output {index}")
         if reason:
             return reason
     return _probe(node, lowering)
@@ -727,18 +820,25 @@ def _op_name(node):
 
 
 def check_inferred(ctx, node, tensor):
-    """Refuses a tensor whose builder-inferred dtype or shape differs from PyTorch's."""
+    """Refuses a tensor whose builder-inferred dtype or shape differs from PyTorch's; a tuple
+    of tensors (a split) is checked output by output."""
     val = _val(node)
-    if isinstance(val, (tuple, list)):
-        val = val[0]
-    dtype, shape = ctx.builder.get_shape(tensor)
-    expected = (_lib.kiln_dtype(val.dtype), tuple(val.shape))
-    if (dtype, shape) != expected:
-        raise KilnError(
-            _lib.ERR_UNSUPPORTED,
-            f"{node.name}: the builder inferred {_lib.DTYPE_NAMES[dtype]}{list(shape)} but "
-            f"PyTorch computed {_lib.DTYPE_NAMES[expected[0]]}{list(expected[1])}",
-        )
+    if isinstance(tensor, tuple):
+        if len(tensor) != len(val):
+            raise KilnError(_lib.ERR_UNSUPPORTED,
+                            f"{node.name}: lowered to {len(tensor)} outputs but PyTorch has {len(val)}")
+        pairs = zip(tensor, val)
+    else:  # a multi-output op of which Kiln computes the first (native_layer_norm)
+        pairs = [(tensor, val[0] if isinstance(val, (tuple, list)) else val)]
+    for one, value in pairs:
+        dtype, shape = ctx.builder.get_shape(one)
+        expected = (_lib.kiln_dtype(value.dtype), tuple(value.shape))
+        if (dtype, shape) != expected:
+            raise KilnError(
+                _lib.ERR_UNSUPPORTED,
+                f"{node.name}: the builder inferred {_lib.DTYPE_NAMES[dtype]}{list(shape)} but "
+                f"PyTorch computed {_lib.DTYPE_NAMES[expected[0]]}{list(expected[1])}",
+            )
 
 
 # ------------------------------------------------------------------ programs

@@ -186,6 +186,9 @@ static void normalize_attrs(kiln_op *op, const kiln_tensor_desc *const *in) {
   case KILN_OP_LOG_SOFTMAX:
   case KILN_OP_CAT:
   case KILN_OP_INDEX_SELECT:
+  case KILN_OP_CUMSUM:
+  case KILN_OP_GATHER:
+  case KILN_OP_ARGMAX:
     if (op->n_iattr >= 1) a[0] = normalize_dim(a[0], x->rank);
     break;
   case KILN_OP_SELECT:

@@ -58,6 +58,10 @@ static const char *const op_names[KILN_OP_COUNT] = {
     [KILN_OP_ADAPTIVE_AVG_POOL2D] = "adaptive_avg_pool2d",
     [KILN_OP_UPSAMPLE_NEAREST2D] = "upsample_nearest2d",
     [KILN_OP_UPSAMPLE_BILINEAR2D] = "upsample_bilinear2d",
+    [KILN_OP_CUMSUM] = "cumsum",
+    [KILN_OP_GATHER] = "gather",
+    [KILN_OP_INDEX] = "index",
+    [KILN_OP_ARGMAX] = "argmax",
 };
 
 const char *kiln_op_name(kiln_op_kind op) {

@@ -1,6 +1,7 @@
 /* Shape and dtype inference: one function per op family, PyTorch semantics. */
 #include "core/shape.h"
 
+#include "core/index_layout.h"
 #include "core/internal.h"
 #include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
@@ -71,6 +72,10 @@ static const op_arity arity[KILN_OP_COUNT] = {
     [KILN_OP_ADAPTIVE_AVG_POOL2D] = {1, 1, 1, 1},
     [KILN_OP_UPSAMPLE_NEAREST2D] = {1, 1, 1, 1},
     [KILN_OP_UPSAMPLE_BILINEAR2D] = {1, 1, 2, 2},
+    [KILN_OP_CUMSUM] = {1, 1, 2, 2},
+    [KILN_OP_GATHER] = {2, 2, 1, 1},
+    [KILN_OP_INDEX] = {2, KILN_MAX_OP_INPUTS, 1, 1},
+    [KILN_OP_ARGMAX] = {1, 1, 2, 2},
 };
 
 /* One inference call: the op, its inputs, and how to word a refusal. */
@@ -583,6 +588,99 @@ static kiln_status infer_index_select(const infer_ctx *c, kiln_tensor_desc *out)
   return KILN_OK;
 }
 
+static kiln_status infer_cumsum(const infer_ctx *c, kiln_tensor_desc *out) {
+  const kiln_tensor_desc *x = c->in[0];
+  int64_t to = c->op->iattr[1];
+  kiln_status s = need_min_rank(c, 0, 1);
+  if (s || (s = need_dim(c, c->op->iattr[0], 0))) return s;
+  if (to < 0 || to >= KILN_DTYPE_COUNT || to == KILN_BOOL)
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): the sum dtype iattr1 is %lld but must be a "
+                     "kiln_dtype other than bool%.24s",
+                     c->stage, c->index, c->name, (long long)to, c->remedy);
+  set_shape(out, (kiln_dtype)to, x->rank, x->dims);
+  return KILN_OK;
+}
+
+/* GATHER: indices of x's rank, no dim but the gathered one larger than x's. */
+static kiln_status infer_gather(const infer_ctx *c, kiln_tensor_desc *out) {
+  const kiln_tensor_desc *x = c->in[0], *idx = c->in[1];
+  int64_t dim = c->op->iattr[0];
+  shape_text t;
+  int fits = idx->rank == x->rank;
+  kiln_status s = need_dim(c, dim, 0);
+  if (s || (s = need_indices(c, 1, KILN_MAX_RANK))) return s;
+  for (int32_t d = 0; fits && d < x->rank; d++) fits = d == dim || idx->dims[d] <= x->dims[d];
+  if (!fits)
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): indices %.40s must have the rank of input 0 %.40s and "
+                     "no larger dim but %lld%.24s",
+                     c->stage, c->index, c->name, shape_of(idx, t.a), shape_of(x, t.b),
+                     (long long)dim, c->remedy);
+  set_shape(out, x->dtype, idx->rank, idx->dims);
+  return KILN_OK;
+}
+
+/* INDEX: one index tensor per set bit of the mask, laid out as index_layout.h says. */
+static kiln_status infer_index(const infer_ctx *c, kiln_tensor_desc *out) {
+  const kiln_tensor_desc *x = c->in[0];
+  uint32_t n_idx = c->op->n_inputs - 1, where = 0;
+  kiln_index_layout lay;
+  shape_text t;
+  kiln_status s;
+  for (uint32_t i = 1; i <= n_idx; i++) {
+    if (c->in[i]->dtype == KILN_BOOL)
+      return kiln_fail(c->err, c->status,
+                       "%.7s op %u (%.12s): index input %u is a bool mask, whose result shape "
+                       "depends on its values; a static plan cannot hold it%.24s",
+                       c->stage, c->index, c->name, (unsigned)i, c->remedy);
+    if ((s = need_indices(c, i, KILN_MAX_RANK))) return s;
+  }
+  switch (kiln_index_layout_of(x, c->in + 1, n_idx, c->op->iattr[0], &lay, &where)) {
+  case KILN_INDEX_BAD_MASK:
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): dim mask %lld must name %u of the %d dims of input 0, "
+                     "one per index input%.24s",
+                     c->stage, c->index, c->name, (long long)c->op->iattr[0], (unsigned)n_idx,
+                     (int)x->rank, c->remedy);
+  case KILN_INDEX_NO_BROADCAST:
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): index input %u %.40s does not broadcast with the "
+                     "index inputs before it%.24s",
+                     c->stage, c->index, c->name, (unsigned)where, shape_of(c->in[where], t.a),
+                     c->remedy);
+  case KILN_INDEX_TOO_RANKED:
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): the result would have rank %d, above %d%.24s",
+                     c->stage, c->index, c->name, (int)lay.rank, KILN_MAX_RANK, c->remedy);
+  case KILN_INDEX_FINE: break;
+  }
+  set_shape(out, x->dtype, lay.rank, lay.dims);
+  return KILN_OK;
+}
+
+static kiln_status infer_argmax(const infer_ctx *c, kiln_tensor_desc *out) {
+  const kiln_tensor_desc *x = c->in[0];
+  int64_t dim = c->op->iattr[0];
+  int32_t rank = 0;
+  int64_t dims[KILN_MAX_RANK];
+  kiln_status s = need_dim(c, dim, 0);
+  if (s || (s = need_flag(c, 1, 1))) return s;
+  if (x->dtype == KILN_BOOL)
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): input 0 is bool, which has no argmax; cast it to i32 "
+                     "first%.24s",
+                     c->stage, c->index, c->name, c->remedy);
+  if (x->dims[dim] == 0)
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): dim %lld has size 0, which has no maximum%.24s",
+                     c->stage, c->index, c->name, (long long)dim, c->remedy);
+  for (int32_t d = 0; d < x->rank; d++)
+    if (d != dim || c->op->iattr[1]) dims[rank++] = d == dim ? 1 : x->dims[d];
+  set_shape(out, KILN_I64, rank, dims);
+  return KILN_OK;
+}
+
 static kiln_status infer_where(const infer_ctx *c, kiln_tensor_desc *out) {
   const kiln_tensor_desc *cond = c->in[0], *a = c->in[1];
   int32_t rank = cond->rank;
@@ -877,6 +975,10 @@ static kiln_status infer_dispatch(const infer_ctx *c, kiln_tensor_desc *out) {
   case KILN_OP_ADAPTIVE_AVG_POOL2D:
   case KILN_OP_UPSAMPLE_NEAREST2D:
   case KILN_OP_UPSAMPLE_BILINEAR2D: return infer_vision(c, out);
+  case KILN_OP_CUMSUM: return infer_cumsum(c, out);
+  case KILN_OP_GATHER: return infer_gather(c, out);
+  case KILN_OP_INDEX: return infer_index(c, out);
+  case KILN_OP_ARGMAX: return infer_argmax(c, out);
   case KILN_OP_COUNT: break;
   }
   return kiln_fail(c->err, c->status, "%.7s op %u: op kind %u is unknown%.24s", c->stage,

@@ -156,6 +156,10 @@ static kiln_status run_op(const kiln_cpu_run *r, uint32_t index, kiln_error *err
   case KILN_OP_ADAPTIVE_AVG_POOL2D: kiln_cpu_adaptive_avg_pool2d(r, op); break;
   case KILN_OP_UPSAMPLE_NEAREST2D: kiln_cpu_upsample_nearest2d(r, op); break;
   case KILN_OP_UPSAMPLE_BILINEAR2D: kiln_cpu_upsample_bilinear2d(r, op); break;
+  case KILN_OP_CUMSUM: kiln_cpu_cumsum(r, op); break;
+  case KILN_OP_GATHER: return kiln_cpu_gather(r, index, op, err);
+  case KILN_OP_INDEX: return kiln_cpu_index(r, index, op, err);
+  case KILN_OP_ARGMAX: kiln_cpu_argmax(r, op); break;
   case KILN_OP_COUNT: break; /* refused at init */
   }
   return KILN_OK;

@@ -1,6 +1,7 @@
 /* Init-time checks of what the CPU kernels rely on beyond the engine's shape validation:
  * storage bounds, input counts, dtypes and the attributes used as indices. After them,
  * execute can fail only on data. Also sizes the scratch the ops share. */
+#include "core/index_layout.h"
 #include "core/internal.h"
 #include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
@@ -124,6 +125,45 @@ static int vision_ok(const kiln_plan *p, const kiln_op *op) {
   return want.dtype == out->dtype;
 }
 
+static int same_dims(const kiln_tensor_desc *a, int32_t rank, const int64_t *dims) {
+  if (a->rank != rank) return 0;
+  for (int32_t d = 0; d < rank; d++)
+    if (a->dims[d] != dims[d]) return 0;
+  return 1;
+}
+
+/* GATHER: indices of x's rank, the output of their shape, no dim but `dim` past x's. */
+static int gather_ok(const kiln_plan *p, const kiln_op *op) {
+  const kiln_tensor_desc *x = &p->tensors[op->inputs[0]], *idx = &p->tensors[op->inputs[1]];
+  int64_t dim = op->iattr[0];
+  int ok = dim >= 0 && dim < x->rank && idx->rank == x->rank &&
+           same_dims(&p->tensors[op->output], idx->rank, idx->dims);
+  for (int32_t d = 0; ok && d < x->rank; d++) ok = d == dim || idx->dims[d] <= x->dims[d];
+  return ok;
+}
+
+/* INDEX: the layout of x and its index inputs gives the output's shape. */
+static int index_ok(const kiln_plan *p, const kiln_op *op) {
+  const kiln_tensor_desc *idx[KILN_MAX_OP_INPUTS];
+  kiln_index_layout lay;
+  uint32_t where;
+  for (uint32_t k = 1; k < op->n_inputs; k++) idx[k - 1] = &p->tensors[op->inputs[k]];
+  return kiln_index_layout_of(&p->tensors[op->inputs[0]], idx, op->n_inputs - 1, op->iattr[0],
+                              &lay, &where) == KILN_INDEX_FINE &&
+         same_dims(&p->tensors[op->output], lay.rank, lay.dims);
+}
+
+/* ARGMAX: a non-empty dim, the output x's shape less that dim (or 1 there with keepdim). */
+static int argmax_ok(const kiln_plan *p, const kiln_op *op) {
+  const kiln_tensor_desc *x = &p->tensors[op->inputs[0]];
+  int64_t dim = op->iattr[0], keep = op->iattr[1], dims[KILN_MAX_RANK];
+  int32_t rank = 0;
+  if (dim < 0 || dim >= x->rank || (keep != 0 && keep != 1) || x->dims[dim] == 0) return 0;
+  for (int32_t d = 0; d < x->rank; d++)
+    if (d != dim || keep) dims[rank++] = d == dim ? 1 : x->dims[d];
+  return p->tensors[op->output].dtype == KILN_I64 && same_dims(&p->tensors[op->output], rank, dims);
+}
+
 /* 1 when the op's attributes are usable as indices into its tensors' dims. */
 static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
   const kiln_tensor_desc *x = &p->tensors[op->inputs[0]];
@@ -179,6 +219,12 @@ static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
   case KILN_OP_BITWISE:
     return a[0] >= KILN_BOOL_AND && a[0] <= KILN_BOOL_NOT &&
            op->n_inputs == (a[0] == KILN_BOOL_NOT ? 1u : 2u);
+  case KILN_OP_CUMSUM:
+    return a[0] >= 0 && a[0] < x->rank && a[1] == (int64_t)out->dtype &&
+           out->dtype != KILN_BOOL && same_dims(out, x->rank, x->dims);
+  case KILN_OP_GATHER: return gather_ok(p, op);
+  case KILN_OP_INDEX: return index_ok(p, op);
+  case KILN_OP_ARGMAX: return argmax_ok(p, op);
   default: return kiln_is_vision_op(op->kind) ? vision_ok(p, op) : 1;
   }
 }
@@ -201,6 +247,9 @@ static int bad_operand(const kiln_plan *p, const kiln_op *op, out_class cls) {
     case KILN_OP_COMPARE: ok = out == KILN_BOOL && dt == p->tensors[op->inputs[0]].dtype; break;
     case KILN_OP_LOGICAL: ok = out == KILN_BOOL; break;
     case KILN_OP_BITWISE: ok = dt == out && !kiln_cpu_is_float(out); break;
+    case KILN_OP_GATHER:
+    case KILN_OP_INDEX: ok = k == 0 ? dt == out : (dt == KILN_I32 || dt == KILN_I64); break;
+    case KILN_OP_ARGMAX: ok = dt != KILN_BOOL; break;
     default: ok = cls != OUT_SAME || dt == out; break;
     }
     if (!ok) return (int)k;
@@ -247,6 +296,10 @@ static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_c
   case KILN_OP_CONV:
   case KILN_OP_CONV_TRANSPOSE: *min_in = 2, *max_in = 3; break;
   case KILN_OP_BATCH_NORM: *min_in = 3, *max_in = 5; break;
+  case KILN_OP_CUMSUM:
+  case KILN_OP_ARGMAX: *cls = OUT_ANY; break;
+  case KILN_OP_GATHER: *min_in = *max_in = 2, *cls = OUT_SAME; break;
+  case KILN_OP_INDEX: *min_in = 2, *max_in = KILN_MAX_OP_INPUTS, *cls = OUT_SAME; break;
   default: break; /* the float unary ops, softmax, mean, pooling and resize */
   }
 }

@@ -154,8 +154,12 @@ void kiln_cpu_softmax(const kiln_cpu_run *r, const kiln_op *op);
 void kiln_cpu_layer_norm(const kiln_cpu_run *r, const kiln_op *op);
 void kiln_cpu_rms_norm(const kiln_cpu_run *r, const kiln_op *op);
 
-/* cpu_reduce.c: SUM, MEAN, AMAX */
+/* cpu_reduce.c: SUM, MEAN, AMAX; ARGMAX */
 void kiln_cpu_reduce(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_argmax(const kiln_cpu_run *r, const kiln_op *op);
+
+/* cpu_scan.c: CUMSUM */
+void kiln_cpu_cumsum(const kiln_cpu_run *r, const kiln_op *op);
 
 /* cpu_layout.c */
 void kiln_cpu_copy(const kiln_cpu_run *r, const kiln_op *op); /* RESHAPE and COPY */
@@ -169,6 +173,10 @@ kiln_status kiln_cpu_embedding(const kiln_cpu_run *r, uint32_t index, const kiln
                                kiln_error *err);
 kiln_status kiln_cpu_index_select(const kiln_cpu_run *r, uint32_t index, const kiln_op *op,
                                   kiln_error *err);
+kiln_status kiln_cpu_gather(const kiln_cpu_run *r, uint32_t index, const kiln_op *op,
+                            kiln_error *err);
+kiln_status kiln_cpu_index(const kiln_cpu_run *r, uint32_t index, const kiln_op *op,
+                           kiln_error *err);
 
 /* cpu_attention.c */
 void kiln_cpu_sdpa(const kiln_cpu_run *r, const kiln_op *op);

@@ -1,6 +1,6 @@
 /* SUM, MEAN and AMAX over a bitmask of dims, with or without keepdim (the output holds the
  * kept dims in order either way). Floats accumulate in double, integers in wrapping i64;
- * AMAX propagates NaN. */
+ * AMAX propagates NaN. ARGMAX along one dim: the first largest, NaN above every number. */
 #include "cpu/cpu_ops.h"
 
 typedef struct axes {
@@ -77,5 +77,32 @@ void kiln_cpu_reduce(const kiln_cpu_run *r, const kiln_op *op) {
       kiln_cpu_stf(po, out->dtype, o, (float)reduce_float(op->kind, px, x->dtype, &red, base));
     else
       kiln_cpu_sti(po, out->dtype, o, reduce_int(op->kind, px, x->dtype, &red, base));
+  }
+}
+
+void kiln_cpu_argmax(const kiln_cpu_run *r, const kiln_op *op) {
+  const kiln_tensor_desc *x = kiln_cpu_desc(r, op->inputs[0]);
+  const void *px = r->data[op->inputs[0]];
+  void *po = r->data[op->output];
+  int32_t dim = (int32_t)op->iattr[0];
+  int64_t outer = kiln_cpu_extent(x, 0, dim), n = x->dims[dim];
+  int64_t inner = kiln_cpu_extent(x, dim + 1, x->rank);
+  int is_float = kiln_cpu_is_float(x->dtype);
+  for (int64_t o = 0; o < outer; o++) {
+    for (int64_t i = 0; i < inner; i++) {
+      int64_t base = o * n * inner + i, best = 0;
+      double top = kiln_cpu_ldf(px, x->dtype, base);
+      int64_t itop = kiln_cpu_ldi(px, x->dtype, base);
+      for (int64_t j = 1; j < n; j++) {
+        if (is_float) {
+          double v = kiln_cpu_ldf(px, x->dtype, base + j * inner);
+          if (top == top && (v != v || v > top)) top = v, best = j;
+        } else {
+          int64_t v = kiln_cpu_ldi(px, x->dtype, base + j * inner);
+          if (v > itop) itop = v, best = j;
+        }
+      }
+      kiln_cpu_sti(po, KILN_I64, o * inner + i, best);
+    }
   }
 }

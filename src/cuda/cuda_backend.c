@@ -213,6 +213,21 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
   }
   case KILN_OP_POINTWISE:
     return kcu_fused_pointwise(st, op, in, &out);
+  case KILN_OP_CUMSUM:
+    return kcu_cumsum(st, &in[0], &out, (int32_t)op->iattr[0]);
+  case KILN_OP_ARGMAX:
+    return kcu_argmax(st, &in[0], &out, (int32_t)op->iattr[0]);
+  case KILN_OP_GATHER:
+    return kcu_gather_dim(st, &in[0], &in[1], &out, (int32_t)op->iattr[0], s->fault_dev);
+  case KILN_OP_INDEX: {
+    const kiln_tensor_desc *idx[KILN_MAX_OP_INPUTS];
+    kiln_index_layout lay;
+    uint32_t where;
+    for (uint32_t k = 1; k < op->n_inputs; k++) idx[k - 1] = &p->tensors[op->inputs[k]];
+    kiln_index_layout_of(&p->tensors[op->inputs[0]], idx, op->n_inputs - 1, op->iattr[0], &lay,
+                         &where); /* cuda_check.c refused a plan where it does not hold */
+    return kcu_advanced_index(st, &in[0], &in[1], &out, &lay, s->fault_dev);
+  }
   default: {
     uint64_t at; /* a view the memory plan placed on its input's bytes: nothing to move */
     if (kiln_op_is_view(op, &p->tensors[op->inputs[0]], &at) &&
@@ -742,9 +757,9 @@ static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
       memcpy(outputs[i].data, (char *)s->ring + s->out[i].ring_off, s->out[i].nbytes);
   if (*s->fault_host)
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
-                     "an index input holds a value outside its table (embedding or "
-                     "index_select on cuda:%d); those rows were written as zeros: check the "
-                     "index inputs", s->device);
+                     "an index input holds a value outside its dim (embedding, index_select, "
+                     "gather or index on cuda:%d); those elements were written as zeros: check "
+                     "the index inputs", s->device);
   return KILN_OK;
 }
 

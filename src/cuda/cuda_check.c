@@ -246,11 +246,64 @@ static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, ui
   return KILN_OK;
 }
 
+/* CUMSUM, GATHER, INDEX and ARGMAX: shapes as shape inference gives them, so no index
+ * arithmetic in their kernels can leave a tensor. */
+static kiln_status kcu_check_index_scan(const kiln_plan *p, const kiln_op *op, uint32_t i,
+                                        kiln_error *err) {
+  const kiln_tensor_desc *x = &p->tensors[op->inputs[0]], *out = &p->tensors[op->output];
+  const char *name = kiln_op_name(op->kind);
+  int64_t dim = op->n_iattr > 0 ? op->iattr[0] : -1;
+  int ok = 1;
+  switch (op->kind) {
+  case KILN_OP_CUMSUM:
+    ok = op->n_iattr == 2 && dim >= 0 && dim < x->rank && op->iattr[1] == (int64_t)out->dtype &&
+         out->dtype != KILN_BOOL && kcu_same_dims(x, out);
+    break;
+  case KILN_OP_ARGMAX: {
+    int64_t keep = op->n_iattr > 1 ? op->iattr[1] : -1;
+    ok = dim >= 0 && dim < x->rank && (keep == 0 || keep == 1) && x->dims[dim] > 0 &&
+         x->dtype != KILN_BOOL && out->dtype == KILN_I64 &&
+         out->rank == x->rank - (keep ? 0 : 1);
+    for (int d = 0, o = 0; ok && d < x->rank; d++) {
+      if (d == dim && !keep) continue;
+      ok = out->dims[o++] == (d == dim ? 1 : x->dims[d]);
+    }
+    break;
+  }
+  case KILN_OP_GATHER: {
+    const kiln_tensor_desc *idx = &p->tensors[op->inputs[1]];
+    ok = dim >= 0 && dim < x->rank && kcu_index(idx->dtype) && x->dtype == out->dtype &&
+         idx->rank == x->rank && kcu_same_dims(idx, out);
+    for (int d = 0; ok && d < x->rank; d++) ok = d == dim || idx->dims[d] <= x->dims[d];
+    break;
+  }
+  default: { /* INDEX */
+    const kiln_tensor_desc *idx[KILN_MAX_OP_INPUTS];
+    kiln_index_layout lay;
+    uint32_t where;
+    for (uint32_t k = 1; k < op->n_inputs; k++) {
+      idx[k - 1] = &p->tensors[op->inputs[k]];
+      ok = ok && kcu_index(idx[k - 1]->dtype);
+    }
+    ok = ok && x->dtype == out->dtype && op->n_iattr == 1 &&
+         kiln_index_layout_of(x, idx, op->n_inputs - 1, op->iattr[0], &lay, &where) ==
+             KILN_INDEX_FINE &&
+         out->rank == lay.rank;
+    for (int d = 0; ok && d < out->rank; d++) ok = out->dims[d] == lay.dims[d];
+    break;
+  }
+  }
+  if (!ok)
+    return KCU_BAD("op %u (%.16s): dim, dtypes, indices or output shape do not fit the input; "
+                   "re-export the program", i, name);
+  return KILN_OK;
+}
+
 static const uint32_t kcu_min_inputs[KILN_OP_COUNT] = {
     [KILN_OP_LINEAR] = 2, [KILN_OP_MATMUL] = 2, [KILN_OP_ADD] = 2, [KILN_OP_SUB] = 2,
     [KILN_OP_MUL] = 2, [KILN_OP_DIV] = 2, [KILN_OP_WHERE] = 3, [KILN_OP_SDPA] = 1,
     [KILN_OP_EMBEDDING] = 2, [KILN_OP_INDEX_SELECT] = 2, [KILN_OP_MINIMUM] = 2,
-    [KILN_OP_MAXIMUM] = 2, [KILN_OP_COMPARE] = 2};
+    [KILN_OP_MAXIMUM] = 2, [KILN_OP_COMPARE] = 2, [KILN_OP_GATHER] = 2, [KILN_OP_INDEX] = 2};
 
 /* COMPARE, LOGICAL, BITWISE: the operator, the input count it takes and the dtypes. */
 static kiln_status kcu_check_logic(const kiln_plan *p, const kiln_op *op, uint32_t i,
@@ -378,6 +431,8 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
   case KILN_OP_UPSAMPLE_NEAREST2D: case KILN_OP_UPSAMPLE_BILINEAR2D:
     return kiln_fail(err, KILN_ERR_UNSUPPORTED, "op %u (%.20s): this CUDA engine has no kernel "
                      "for it yet; run the program with KILN_DEVICE=cpu", i, name);
+  case KILN_OP_CUMSUM: case KILN_OP_ARGMAX: case KILN_OP_GATHER: case KILN_OP_INDEX:
+    return kcu_check_index_scan(p, op, i, err);
   case KILN_OP_POINTWISE: {
     uint32_t step;
     int ok = kcu_float(out->dtype) && kcu_same_dims(x, out) &&

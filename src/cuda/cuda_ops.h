@@ -4,6 +4,7 @@
 #ifndef KILN_CUDA_OPS_H
 #define KILN_CUDA_OPS_H
 
+#include "core/index_layout.h"
 #include "kiln/kiln.h"
 
 #include <cuda_runtime_api.h>
@@ -61,9 +62,13 @@ cudaError_t kcu_softmax(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *o
 cudaError_t kcu_norm(cudaStream_t s, const kiln_op *op, const kcu_tensor *in,
                      const kcu_tensor *out);
 
-/* cuda_reduce.cu: SUM, MEAN, AMAX over the dims in `mask`. */
+/* cuda_reduce.cu: SUM, MEAN, AMAX over the dims in `mask`; ARGMAX along dim into i64. */
 cudaError_t kcu_reduce(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
                        const kcu_tensor *out, uint32_t mask);
+cudaError_t kcu_argmax(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *out, int32_t dim);
+
+/* cuda_scan.cu: CUMSUM along dim in the output's dtype. */
+cudaError_t kcu_cumsum(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *out, int32_t dim);
 
 /* cuda_layout.cu: out[i] = src[base + sum(idx_d * strides[d])] over out's dims (any rank),
  * written at out offset dst_base + sum(idx_d * dst_strides[d]). Element size 1/2/4/8. */
@@ -86,6 +91,12 @@ cudaError_t kcu_embedding(cudaStream_t s, const kcu_tensor *weight, const kcu_te
                           const kcu_tensor *out, int *fault);
 cudaError_t kcu_index_select(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *idx,
                              const kcu_tensor *out, int32_t dim, int *fault);
+/* GATHER along dim; INDEX of x by idx[0..lay->n_idx-1] laid out as lay says (negative
+ * indices count from the end). */
+cudaError_t kcu_gather_dim(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *idx,
+                           const kcu_tensor *out, int32_t dim, int *fault);
+cudaError_t kcu_advanced_index(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *idx,
+                               const kcu_tensor *out, const kiln_index_layout *lay, int *fault);
 
 /* Where each operand of an SDPA sits for one batch index (flattened over out's batch dims) and
  * how its mask broadcasts over [L, S]: filled on the host, passed to the kernels by value. */

@@ -1,5 +1,6 @@
 /* SUM, MEAN and AMAX over a set of dims: one warp per output element when the reduction is
- * long, one thread per output otherwise. Floats accumulate in f32, integers in 64 bits. */
+ * long, one thread per output otherwise. Floats accumulate in f32, integers in 64 bits.
+ * ARGMAX along one dim the same way, keeping the first largest and ranking NaN highest. */
 #include "cuda_device.cuh"
 
 typedef struct kcu_reduce_geom {
@@ -129,5 +130,65 @@ cudaError_t kcu_reduce(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
   int lanes = g.rcount >= 32 ? 32 : 1;
   kcu_reduce_kernel<<<kcu_grid(out->numel * lanes, 1), KCU_BLOCK, 0, s>>>(
       g, kind, x->data, x->dtype, out->data, out->dtype, out->numel, lanes);
+  return cudaGetLastError();
+}
+
+/* 1 when (v, j) replaces (best, at) as the argmax so far: larger, or equal and earlier; a NaN
+ * beats every number and the earliest NaN wins. */
+static __device__ __forceinline__ int kcu_argmax_takes(float v, long long j, float best,
+                                                       long long at) {
+  if (v != v) return best == best || j < at;
+  if (best != best) return 0;
+  return v > best || (v == best && j < at);
+}
+
+static __device__ __forceinline__ int kcu_argmax_takes_int(long long v, long long j,
+                                                           long long best, long long at) {
+  return v > best || (v == best && j < at);
+}
+
+/* x viewed as [outer, n, inner]; each group of `lanes` threads (1 or 32) finds one output. */
+__global__ void kcu_argmax_kernel(const void *x, int dx, long long *out, int64_t n_out,
+                                  int64_t n, int64_t inner, int lanes) {
+  int64_t gid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / lanes;
+  int lane = (int)(threadIdx.x % lanes);
+  int64_t groups = (int64_t)gridDim.x * blockDim.x / lanes;
+  int integer = kcu_is_int(dx);
+  for (int64_t o = gid; o < n_out; o += groups) {
+    int64_t base = (o / inner) * n * inner + o % inner;
+    long long at = LLONG_MAX;
+    if (integer) {
+      long long best = LLONG_MIN;
+      for (int64_t j = lane; j < n; j += lanes) {
+        long long v = kcu_ldi(x, dx, base + j * inner);
+        if (kcu_argmax_takes_int(v, j, best, at)) best = v, at = j;
+      }
+      for (int s = lanes / 2; s > 0; s >>= 1) {
+        long long v = __shfl_xor_sync(0xffffffffu, best, s), j = __shfl_xor_sync(0xffffffffu, at, s);
+        if (kcu_argmax_takes_int(v, j, best, at)) best = v, at = j;
+      }
+    } else {
+      float best = -INFINITY;
+      for (int64_t j = lane; j < n; j += lanes) {
+        float v = kcu_ld(x, dx, base + j * inner);
+        if (kcu_argmax_takes(v, j, best, at)) best = v, at = j;
+      }
+      for (int s = lanes / 2; s > 0; s >>= 1) {
+        float v = __shfl_xor_sync(0xffffffffu, best, s);
+        long long j = __shfl_xor_sync(0xffffffffu, at, s);
+        if (kcu_argmax_takes(v, j, best, at)) best = v, at = j;
+      }
+    }
+    if (lane == 0) out[o] = at;
+  }
+}
+
+cudaError_t kcu_argmax(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *out, int32_t dim) {
+  if (out->numel == 0) return cudaSuccess;
+  int64_t inner = 1, n = x->dims[dim];
+  for (int d = dim + 1; d < x->rank; d++) inner *= x->dims[d];
+  int lanes = n >= 32 ? 32 : 1;
+  kcu_argmax_kernel<<<kcu_grid(out->numel * lanes, 1), KCU_BLOCK, 0, s>>>(
+      x->data, x->dtype, (long long *)out->data, out->numel, n, inner, lanes);
   return cudaGetLastError();
 }

@@ -820,10 +820,102 @@ static void test_logic_and_math(void) {
   kiln_builder_destroy(b);
 }
 
+/* CUMSUM, GATHER, INDEX and ARGMAX: shapes with PyTorch's conventions, and every refusal. */
+static void test_index_scan_shapes(void) {
+  const kiln_status bad = KILN_ERR_INVALID_ARGUMENT;
+  kiln_builder *b = builder();
+  int32_t x = input(b, "x", KILN_F32, 3, D(2, 3, 4)), flag = input(b, "flag", KILN_BOOL, 2, D(1, 5));
+  int32_t g = input(b, "g", KILN_I64, 3, D(2, 2, 4)), g2 = input(b, "g2", KILN_I32, 2, D(2, 3));
+  int32_t i2 = input(b, "i2", KILN_I64, 1, D(2)), i13 = input(b, "i13", KILN_I32, 2, D(1, 3));
+  int32_t i21 = input(b, "i21", KILN_I64, 2, D(2, 1)), i3 = input(b, "i3", KILN_I64, 1, D(3));
+  int32_t s0 = input(b, "s0", KILN_F32, 0, NULL), z = input(b, "z", KILN_F32, 2, D(3, 0));
+  int32_t f2 = input(b, "f2", KILN_F32, 1, D(2)), big = input(b, "big", KILN_F32, 2, D(3, 5));
+  int32_t x4 = input(b, "x4", KILN_F32, 4, D(2, 3, 4, 5));
+
+  expect_shape(b, op(b, KILN_OP_CUMSUM, T(x), 1, I(-1, KILN_F32), 2, NULL, 0), "f32 [2,3,4]");
+  expect_shape(b, op(b, KILN_OP_CUMSUM, T(flag), 1, I(1, KILN_I64), 2, NULL, 0), "i64 [1,5]");
+  expect_shape(b, op(b, KILN_OP_CUMSUM, T(g2), 1, I(0, KILN_F16), 2, NULL, 0), "f16 [2,3]");
+  expect_shape(b, op(b, KILN_OP_GATHER, T(x, g), 2, I(1), 1, NULL, 0), "f32 [2,2,4]");
+  expect_shape(b, op(b, KILN_OP_GATHER, T(big, g2), 2, I(-1), 1, NULL, 0), "f32 [2,3]");
+  expect_shape(b, op(b, KILN_OP_INDEX, T(x, i2), 2, I(1), 1, NULL, 0), "f32 [2,3,4]");
+  expect_shape(b, op(b, KILN_OP_INDEX, T(x, i13), 2, I(2), 1, NULL, 0), "f32 [2,1,3,4]");
+  expect_shape(b, op(b, KILN_OP_INDEX, T(x, i21, i13), 3, I(3), 1, NULL, 0), "f32 [2,3,4]");
+  expect_shape(b, op(b, KILN_OP_INDEX, T(x, i21, i3), 3, I(6), 1, NULL, 0), "f32 [2,2,3]");
+  expect_shape(b, op(b, KILN_OP_INDEX, T(x, i2, i2), 3, I(5), 1, NULL, 0), "f32 [2,3]");
+  expect_shape(b, op(b, KILN_OP_INDEX, T(x4, i3, i3), 3, I(10), 1, NULL, 0), "f32 [3,2,4]");
+  expect_shape(b, op(b, KILN_OP_INDEX, T(x4, i3, i3), 3, I(6), 1, NULL, 0), "f32 [2,3,5]");
+  expect_shape(b, op(b, KILN_OP_INDEX, T(flag, i3), 2, I(2), 1, NULL, 0), "bool [1,3]");
+  expect_shape(b, op(b, KILN_OP_ARGMAX, T(x), 1, I(-1, 0), 2, NULL, 0), "i64 [2,3]");
+  expect_shape(b, op(b, KILN_OP_ARGMAX, T(x), 1, I(1, 1), 2, NULL, 0), "i64 [2,1,4]");
+  expect_shape(b, op(b, KILN_OP_ARGMAX, T(g2), 1, I(0, 0), 2, NULL, 0), "i64 [3]");
+  kiln_builder_destroy(b);
+
+  b = builder();
+  x = input(b, "x", KILN_F32, 3, D(2, 3, 4)), flag = input(b, "flag", KILN_BOOL, 2, D(1, 5));
+  g = input(b, "g", KILN_I64, 3, D(2, 2, 4)), g2 = input(b, "g2", KILN_I32, 2, D(2, 3));
+  i2 = input(b, "i2", KILN_I64, 1, D(2)), i13 = input(b, "i13", KILN_I32, 2, D(1, 3));
+  i3 = input(b, "i3", KILN_I64, 1, D(3)), s0 = input(b, "s0", KILN_F32, 0, NULL);
+  z = input(b, "z", KILN_F32, 2, D(3, 0)), f2 = input(b, "f2", KILN_F32, 1, D(2));
+  int32_t wide = input(b, "wide", KILN_I64, 3, D(2, 2, 5));
+  expect_refusal(b, KILN_OP_CUMSUM, T(x), 1, I(3, KILN_F32), 2, NULL, 0, bad,
+                 "builder op 0 (cumsum): dim 3 is outside 0..2 of input 0 [2,3,4]");
+  expect_refusal(b, KILN_OP_CUMSUM, T(x), 1, I(0, KILN_BOOL), 2, NULL, 0, bad,
+                 "builder op 0 (cumsum): the sum dtype iattr1 is 5 but must be a kiln_dtype "
+                 "other than bool");
+  expect_refusal(b, KILN_OP_CUMSUM, T(x), 1, I(0, 6), 2, NULL, 0, bad,
+                 "builder op 0 (cumsum): the sum dtype iattr1 is 6 but must be a kiln_dtype "
+                 "other than bool");
+  expect_refusal(b, KILN_OP_CUMSUM, T(s0), 1, I(0, KILN_F32), 2, NULL, 0, bad,
+                 "builder op 0 (cumsum): input 0 has rank 0 but the op needs rank 1 or more");
+  expect_refusal(b, KILN_OP_CUMSUM, T(x), 1, I(0), 1, NULL, 0, bad,
+                 "builder op 0 (cumsum): takes 2 to 2 integer attributes but has 1");
+  expect_refusal(b, KILN_OP_GATHER, T(x, g2), 2, I(0), 1, NULL, 0, bad,
+                 "builder op 0 (gather): indices [2,3] must have the rank of input 0 [2,3,4] and "
+                 "no larger dim but 0");
+  expect_refusal(b, KILN_OP_GATHER, T(x, wide), 2, I(1), 1, NULL, 0, bad,
+                 "builder op 0 (gather): indices [2,2,5] must have the rank of input 0 [2,3,4] "
+                 "and no larger dim but 1");
+  expect_refusal(b, KILN_OP_GATHER, T(g2, g2), 2, I(2), 1, NULL, 0, bad,
+                 "builder op 0 (gather): dim 2 is outside 0..1 of input 0 [2,3]");
+  expect_refusal(b, KILN_OP_GATHER, T(x, x), 2, I(0), 1, NULL, 0, bad,
+                 "builder op 0 (gather): indices (input 1) are f32 [2,3,4] but must be i32 or "
+                 "i64 of rank 8 or less");
+  expect_refusal(b, KILN_OP_INDEX, T(x, flag), 2, I(1), 1, NULL, 0, bad,
+                 "builder op 0 (index): index input 1 is a bool mask, whose result shape depends "
+                 "on its values; a static plan cannot hold it");
+  expect_refusal(b, KILN_OP_INDEX, T(x, i2), 2, I(3), 1, NULL, 0, bad,
+                 "builder op 0 (index): dim mask 3 must name 1 of the 3 dims of input 0, one per "
+                 "index input");
+  expect_refusal(b, KILN_OP_INDEX, T(x, i2), 2, I(8), 1, NULL, 0, bad,
+                 "builder op 0 (index): dim mask 8 must name 1 of the 3 dims of input 0, one per "
+                 "index input");
+  expect_refusal(b, KILN_OP_INDEX, T(x, i2, i3), 3, I(3), 1, NULL, 0, bad,
+                 "builder op 0 (index): index input 2 [3] does not broadcast with the index "
+                 "inputs before it");
+  expect_refusal(b, KILN_OP_INDEX, T(x, f2), 2, I(1), 1, NULL, 0, bad,
+                 "builder op 0 (index): indices (input 1) are f32 [2] but must be i32 or i64 of "
+                 "rank 8 or less");
+  expect_refusal(b, KILN_OP_INDEX, T(s0, i2), 2, I(1), 1, NULL, 0, bad,
+                 "builder op 0 (index): dim mask 1 must name 1 of the 0 dims of input 0, one per "
+                 "index input");
+  expect_refusal(b, KILN_OP_ARGMAX, T(flag), 1, I(1, 0), 2, NULL, 0, bad,
+                 "builder op 0 (argmax): input 0 is bool, which has no argmax; cast it to i32 "
+                 "first");
+  expect_refusal(b, KILN_OP_ARGMAX, T(z), 1, I(1, 0), 2, NULL, 0, bad,
+                 "builder op 0 (argmax): dim 1 has size 0, which has no maximum");
+  expect_refusal(b, KILN_OP_ARGMAX, T(x), 1, I(0, 2), 2, NULL, 0, bad,
+                 "builder op 0 (argmax): attribute iattr1 is 2 but must be 0..1");
+  expect_refusal(b, KILN_OP_ARGMAX, T(s0), 1, I(0, 0), 2, NULL, 0, bad,
+                 "builder op 0 (argmax): dim 0 is outside 0..-1 of input 0 []");
+  (void)g, (void)i13;
+  kiln_builder_destroy(b);
+}
+
 int main(void) {
   test_shapes();
   test_shape_refusals();
   test_logic_and_math();
+  test_index_scan_shapes();
   test_api_refusals();
   test_binding_limit();
   test_dead_code();

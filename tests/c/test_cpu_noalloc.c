@@ -260,6 +260,32 @@ static void test_vision(void) {
   free(h);
 }
 
+/* CUMSUM, GATHER, INDEX with two broadcasting index inputs, and ARGMAX in one plan. */
+static void test_scan_index(void) {
+  uint8_t keep[6] = {1, 1, 0, 1, 1, 1};
+  float x[6] = {0.5f, -1, 2, 4, 3, -2};
+  int64_t cols[4] = {2, 0, 1, 1}, rows[2] = {1, 0}, pick[3] = {2, 0, -1}, best[2] = {0}, pos[6] = {0};
+  float picked[6] = {0};
+  graph *g = g_new();
+  uint32_t tk = g_tensor(g, KILN_STORE_INPUT, KILN_BOOL, 2, DIMS(2, 3));
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, DIMS(2, 3));
+  uint32_t tc = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 2, DIMS(2, 2));
+  uint32_t tr = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 2, DIMS(2, 1));
+  uint32_t tp = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(3));
+  uint32_t t1 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 2, DIMS(2, 2));
+  uint32_t out_pos = g_tensor(g, KILN_STORE_OUTPUT, KILN_I64, 2, DIMS(2, 3));
+  uint32_t out_pick = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(2, 3));
+  uint32_t out_best = g_tensor(g, KILN_STORE_OUTPUT, KILN_I64, 1, DIMS(2));
+  g_op(g, KILN_OP_CUMSUM, 1, IDS(tk), out_pos, 2, DIMS(1, KILN_I64), 0);
+  g_op(g, KILN_OP_GATHER, 2, IDS(tx, tc), t1, 1, DIMS(1), 0);
+  g_op(g, KILN_OP_INDEX, 3, IDS(tx, tr, tp), out_pick, 1, DIMS(3), 0);
+  g_op(g, KILN_OP_ARGMAX, 1, IDS(t1), out_best, 2, DIMS(1, 0), 0);
+  CHECK(count_execute(g, BUFS(keep, x, cols, rows, pick), BUFS(pos, picked, best)) == 0);
+  CHECK(pos[2] == 2 && pos[5] == 3 && picked[0] == -2 && picked[5] == 2);
+  CHECK(best[0] == 0 && best[1] == 0); /* t1 = {2, 0.5; 3, 3} */
+  free(g);
+}
+
 int main(void) {
 #ifdef SANITIZED
   printf("test_cpu_noalloc: AddressSanitizer owns malloc; allocations are not counted here\n");
@@ -276,6 +302,7 @@ int main(void) {
   test_attention_gather();
   test_remaining_kinds();
   test_logic_and_math();
+  test_scan_index();
   test_every_kind_ran();
   return check_report("test_cpu_noalloc");
 }

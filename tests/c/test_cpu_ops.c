@@ -1081,6 +1081,206 @@ static void test_index_select(void) {
   free(g);
 }
 
+/* ---------------------------------------------------------------- cumsum */
+
+static void test_cumsum(void) {
+  /* f32 [2,3] along dim 1 and dim 0 */
+  float x[6] = {1, 2, 3, 4, 5, 6}, o[6] = {0};
+  graph *g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, DIMS(2, 3));
+  uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(2, 3));
+  kiln_op *op = g_op(g, KILN_OP_CUMSUM, 1, IDS(tx), to, 2, DIMS(1, KILN_F32), 0);
+  CHECK(g_run(g, BUFS(x), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 1 && o[1] == 3 && o[2] == 6 && o[3] == 4 && o[4] == 9 && o[5] == 15);
+  op->iattr[0] = 0;
+  CHECK(g_run(g, BUFS(x), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 1 && o[2] == 3 && o[3] == 5 && o[4] == 7 && o[5] == 9);
+  op->iattr[1] = KILN_F16; /* the sum dtype must be the output's */
+  CHECK(g_run(g, BUFS(x), BUFS(o), &err) == KILN_ERR_INVALID_PROGRAM);
+  op->iattr[1] = KILN_F32;
+  op->iattr[0] = 2;
+  CHECK(g_run(g, BUFS(x), BUFS(o), &err) == KILN_ERR_INVALID_PROGRAM);
+  free(g);
+
+  /* bool attention mask to i64 positions, as transformers counts them */
+  uint8_t keep[5] = {1, 0, 1, 1, 0};
+  int64_t pos[5] = {0};
+  g = g_new();
+  tx = g_tensor(g, KILN_STORE_INPUT, KILN_BOOL, 2, DIMS(1, 5));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_I64, 2, DIMS(1, 5));
+  g_op(g, KILN_OP_CUMSUM, 1, IDS(tx), to, 2, DIMS(1, KILN_I64), 0);
+  CHECK(g_run(g, BUFS(keep), BUFS(pos), &err) == KILN_OK);
+  CHECK(pos[0] == 1 && pos[1] == 1 && pos[2] == 2 && pos[3] == 3 && pos[4] == 3);
+  free(g);
+
+  /* i32 wraps like PyTorch's; the middle dim of [2,2,2] */
+  int32_t w[8] = {INT32_MAX, 5, 1, 7, -3, 0, 2, 1}, wo[8] = {0};
+  g = g_new();
+  tx = g_tensor(g, KILN_STORE_INPUT, KILN_I32, 3, DIMS(2, 2, 2));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_I32, 3, DIMS(2, 2, 2));
+  g_op(g, KILN_OP_CUMSUM, 1, IDS(tx), to, 2, DIMS(1, KILN_I32), 0);
+  CHECK(g_run(g, BUFS(w), BUFS(wo), &err) == KILN_OK);
+  CHECK(wo[0] == INT32_MAX && wo[1] == 5 && wo[2] == INT32_MIN && wo[3] == 12);
+  CHECK(wo[4] == -3 && wo[5] == 0 && wo[6] == -1 && wo[7] == 1);
+  free(g);
+
+  /* i64 summed as f16, the input converted first */
+  int64_t n[3] = {2049, 1, 1};
+  uint16_t h[3] = {0};
+  g = g_new();
+  tx = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(3));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F16, 1, DIMS(3));
+  g_op(g, KILN_OP_CUMSUM, 1, IDS(tx), to, 2, DIMS(0, KILN_F16), 0);
+  CHECK(g_run(g, BUFS(n), BUFS(h), &err) == KILN_OK);
+  /* 2049 is 2048 in f16, so the prefixes are 2048, 2049 (held as 2048) and 2050, as in
+   * PyTorch; summing before converting would give 2048, 2050, 2052 */
+  CHECK(kiln_f16_to_f32(h[0]) == 2048.0f && kiln_f16_to_f32(h[1]) == 2048.0f &&
+        kiln_f16_to_f32(h[2]) == 2050.0f);
+  free(g);
+}
+
+/* ---------------------------------------------------------------- gather, index */
+
+static void test_gather(void) {
+  /* x [2,3] = 0..5 along dim 1: out[i][j] = x[i][idx[i][j]] */
+  float x[6] = {0, 1, 2, 3, 4, 5}, o[4] = {0};
+  int64_t idx[4] = {2, 0, 1, 1};
+  graph *g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, DIMS(2, 3));
+  uint32_t ti = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 2, DIMS(2, 2));
+  uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(2, 2));
+  g_op(g, KILN_OP_GATHER, 2, IDS(tx, ti), to, 1, DIMS(1), 0);
+  CHECK(g_run(g, BUFS(x, idx), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 2 && o[1] == 0 && o[2] == 4 && o[3] == 4);
+
+  /* an index outside the dim is refused before anything is written; so is a negative one */
+  int64_t past[4] = {0, 1, 3, 0}, negative[4] = {0, -1, 0, 0};
+  float untouched[4] = {-7, -7, -7, -7};
+  CHECK(g_run(g, BUFS(x, past), BUFS(untouched), &err) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK_STR(err.message, "op 0 (gather): index 3 at element 2 of input 1 is outside 0..2 of dim "
+                         "1; pass indices in that range");
+  CHECK(untouched[0] == -7 && untouched[3] == -7);
+  CHECK(g_run(g, BUFS(x, negative), BUFS(untouched), &err) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK_STR(err.message, "op 0 (gather): index -1 at element 1 of input 1 is outside 0..2 of dim "
+                         "1; pass indices in that range");
+  free(g);
+
+  /* dim 0, i32 indices, fewer columns than x: BERT's token type ids gathered from a buffer */
+  int64_t buf[8] = {10, 11, 12, 13, 20, 21, 22, 23}, r[3] = {0};
+  int32_t rows[3] = {1, 0, 1};
+  g = g_new();
+  tx = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 2, DIMS(2, 4));
+  ti = g_tensor(g, KILN_STORE_INPUT, KILN_I32, 2, DIMS(1, 3));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_I64, 2, DIMS(1, 3));
+  g_op(g, KILN_OP_GATHER, 2, IDS(tx, ti), to, 1, DIMS(0), 0);
+  CHECK(g_run(g, BUFS(buf, rows), BUFS(r), &err) == KILN_OK);
+  CHECK(r[0] == 20 && r[1] == 11 && r[2] == 22);
+  g->tensors[ti].dims[1] = 5, g->tensors[to].dims[1] = 5; /* wider than x: refused at init */
+  g->tensors[ti].nbytes = 20, g->tensors[to].nbytes = 40;
+  CHECK(g_run(g, BUFS(buf, rows), BUFS(r), &err) == KILN_ERR_INVALID_PROGRAM);
+  free(g);
+}
+
+static void test_index(void) {
+  float x[24], o[24] = {0};
+  for (int i = 0; i < 24; i++) x[i] = (float)i;
+
+  /* rows of x [4,5] = 0..19, a negative index counting from the end */
+  int64_t rows[3] = {3, -1, 0};
+  graph *g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, DIMS(4, 5));
+  uint32_t ti = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(3));
+  uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(3, 5));
+  g_op(g, KILN_OP_INDEX, 2, IDS(tx, ti), to, 1, DIMS(1), 0);
+  CHECK(g_run(g, BUFS(x, rows), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 15 && o[4] == 19 && o[5] == 15 && o[10] == 0 && o[14] == 4);
+  int64_t past[3] = {0, 4, 0}, below[3] = {-5, 0, 0};
+  float untouched[15];
+  for (int i = 0; i < 15; i++) untouched[i] = -1.0f;
+  CHECK(g_run(g, BUFS(x, past), BUFS(untouched), &err) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK_STR(err.message, "op 0 (index): index 4 at element 1 of input 1 is outside -4..3 of dim "
+                         "0; pass indices in that range");
+  CHECK(untouched[0] == -1.0f && untouched[14] == -1.0f);
+  CHECK(g_run(g, BUFS(x, below), BUFS(untouched), &err) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK_STR(err.message, "op 0 (index): index -5 at element 0 of input 1 is outside -4..3 of dim "
+                         "0; pass indices in that range");
+  free(g);
+
+  /* two index inputs broadcasting [2,1] with [1,3] over x [2,3]: out[i][j] = x[a[i]][b[j]] */
+  int64_t a[2] = {0, 1};
+  int32_t b[3] = {2, 0, 1};
+  g = g_new();
+  tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, DIMS(2, 3));
+  ti = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 2, DIMS(2, 1));
+  uint32_t tj = g_tensor(g, KILN_STORE_INPUT, KILN_I32, 2, DIMS(1, 3));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(2, 3));
+  g_op(g, KILN_OP_INDEX, 3, IDS(tx, ti, tj), to, 1, DIMS(3), 0);
+  CHECK(g_run(g, BUFS(x, a, b), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 2 && o[1] == 0 && o[2] == 1 && o[3] == 5 && o[4] == 3 && o[5] == 4);
+  b[2] = 3;
+  CHECK(g_run(g, BUFS(x, a, b), BUFS(o), &err) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK_STR(err.message, "op 0 (index): index 3 at element 2 of input 2 is outside -3..2 of dim "
+                         "1; pass indices in that range");
+  free(g);
+
+  /* dims 0 and 2 of x [2,3,4] are apart: B [2] leads, out[k][j] = x[p[k]][j][q[k]] */
+  int64_t p[2] = {1, 0}, q[2] = {3, 0};
+  g = g_new();
+  tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 3, DIMS(2, 3, 4));
+  ti = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(2));
+  tj = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(2));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(2, 3));
+  g_op(g, KILN_OP_INDEX, 3, IDS(tx, ti, tj), to, 1, DIMS(5), 0);
+  CHECK(g_run(g, BUFS(x, p, q), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 15 && o[1] == 19 && o[2] == 23 && o[3] == 0 && o[4] == 4 && o[5] == 8);
+  free(g);
+
+  /* the middle dim of x [2,3,4] by a [2,2] index: B stays in place, out [2,2,2,4] */
+  int64_t m[4] = {2, 0, 1, 1};
+  g = g_new();
+  tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 3, DIMS(2, 3, 4));
+  ti = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 2, DIMS(2, 2));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 4, DIMS(2, 2, 2, 4));
+  kiln_op *op = g_op(g, KILN_OP_INDEX, 2, IDS(tx, ti), to, 1, DIMS(2), 0);
+  float wide[32] = {0};
+  CHECK(g_run(g, BUFS(x, m), BUFS(wide), &err) == KILN_OK);
+  CHECK(wide[0] == 8 && wide[3] == 11 && wide[4] == 0 && wide[8] == 4 && wide[12] == 4);
+  CHECK(wide[16] == 20 && wide[20] == 12 && wide[31] == 19);
+  op->iattr[0] = 1; /* a mask that moves B changes the shape: refused at init */
+  CHECK(g_run(g, BUFS(x, m), BUFS(wide), &err) == KILN_ERR_INVALID_PROGRAM);
+  free(g);
+}
+
+/* ---------------------------------------------------------------- argmax */
+
+static void test_argmax(void) {
+  /* the first of equal maxima; NaN above every number */
+  float x[8] = {1, 5, 5, 2, -1, -3, NAN, 0};
+  int64_t o[2] = {-1, -1};
+  graph *g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, DIMS(2, 4));
+  uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, KILN_I64, 1, DIMS(2));
+  g_op(g, KILN_OP_ARGMAX, 1, IDS(tx), to, 2, DIMS(1, 0), 0);
+  CHECK(g_run(g, BUFS(x), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 1 && o[1] == 2);
+  free(g);
+
+  /* dim 0 of i32 [3,2], keepdim */
+  int32_t v[6] = {1, 9, 7, 9, 7, 2};
+  g = g_new();
+  tx = g_tensor(g, KILN_STORE_INPUT, KILN_I32, 2, DIMS(3, 2));
+  to = g_tensor(g, KILN_STORE_OUTPUT, KILN_I64, 2, DIMS(1, 2));
+  kiln_op *op = g_op(g, KILN_OP_ARGMAX, 1, IDS(tx), to, 2, DIMS(0, 1), 0);
+  CHECK(g_run(g, BUFS(v), BUFS(o), &err) == KILN_OK);
+  CHECK(o[0] == 1 && o[1] == 0);
+  op->iattr[1] = 0; /* without keepdim the output would be [2] */
+  CHECK(g_run(g, BUFS(v), BUFS(o), &err) == KILN_ERR_INVALID_PROGRAM);
+  op->iattr[1] = 1;
+  g->tensors[to].dtype = KILN_I32, g->tensors[to].nbytes = 8; /* indices are i64 */
+  CHECK(g_run(g, BUFS(v), BUFS(o), &err) == KILN_ERR_INVALID_PROGRAM);
+  free(g);
+}
+
 /* ---------------------------------------------------------------- linear, matmul */
 
 static void linear_case(kiln_dtype dt, int has_bias, kiln_activation act, int64_t k_dim) {
@@ -1438,6 +1638,10 @@ int main(void) {
   test_slice_select();
   test_embedding();
   test_index_select();
+  test_cumsum();
+  test_gather();
+  test_index();
+  test_argmax();
   test_linear();
   test_matmul();
   test_sdpa();

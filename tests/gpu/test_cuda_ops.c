@@ -696,6 +696,78 @@ static void test_layout_gather(void) {
   }
 }
 
+/* CUMSUM (short lines on one thread, long ones on a warp), ARGMAX, GATHER and INDEX against
+ * the CPU engine, every index input within its range (negative ones too, for INDEX). */
+static void test_index_scan(void) {
+  char name[96];
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    const char *dn = kiln_dtype_name(dt);
+    prog *p = p_new();
+    uint32_t x = IN(p, dt, 3, 3, 10, 5);
+    p_op(p, KILN_OP_CUMSUM, 1, OPS(x), OUT(p, dt, 3, 3, 10, 5), 2, ATTR(1, dt), 0);
+    snprintf(name, sizeof name, "cumsum short dim 1 %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 2, 6, 300);
+    p_op(p, KILN_OP_CUMSUM, 1, OPS(x), OUT(p, dt, 2, 6, 300), 2, ATTR(1, dt), 0);
+    snprintf(name, sizeof name, "cumsum long rows %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 3, 4, 7, 9);
+    p_op(p, KILN_OP_ARGMAX, 1, OPS(x), OUT(p, KILN_I64, 2, 4, 9), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "argmax short dim 1 %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 2, 5, 700);
+    p_op(p, KILN_OP_ARGMAX, 1, OPS(x), OUT(p, KILN_I64, 2, 5, 1), 2, ATTR(1, 1), 0);
+    snprintf(name, sizeof name, "argmax long rows keepdim %s", dn);
+    compare(p, name, NULL);
+    p = p_new();
+    x = IN(p, dt, 3, 4, 30, 6);
+    uint32_t idx = IN(p, KILN_I64, 3, 4, 11, 6);
+    p_op(p, KILN_OP_GATHER, 2, OPS(x, idx), OUT(p, dt, 3, 4, 11, 6), 1, ATTR(1), 0);
+    snprintf(name, sizeof name, "gather dim 1 %s", dn);
+    io_range r[2] = {{-1, 1}, {0, 29.4}};
+    compare(p, name, r);
+    p = p_new();
+    x = IN(p, dt, 3, 2, 5, 12);
+    idx = IN(p, KILN_I32, 2, 5, 7);
+    uint32_t idx2 = IN(p, KILN_I64, 1, 7);
+    p_op(p, KILN_OP_INDEX, 3, OPS(x, idx, idx2), OUT(p, dt, 3, 2, 5, 7), 1, ATTR(6), 0);
+    snprintf(name, sizeof name, "index dims 1,2 broadcast %s", dn);
+    io_range r3[3] = {{-1, 1}, {-5, 4.4}, {-12, 11.4}};
+    compare(p, name, r3);
+  }
+  prog *p = p_new(); /* position ids from a bool attention mask */
+  uint32_t x = IN(p, KILN_BOOL, 2, 2, 130);
+  p_op(p, KILN_OP_CUMSUM, 1, OPS(x), OUT(p, KILN_I64, 2, 2, 130), 2, ATTR(1, KILN_I64), 0);
+  compare(p, "cumsum bool to i64", NULL);
+  p = p_new();
+  x = IN(p, KILN_I32, 2, 40, 3);
+  p_op(p, KILN_OP_CUMSUM, 1, OPS(x), OUT(p, KILN_I32, 2, 40, 3), 2, ATTR(0, KILN_I32), 0);
+  io_range wide = {-2e9, 2e9}; /* sums wrap */
+  compare(p, "cumsum i32 dim 0 wrapping", &wide);
+  p = p_new();
+  x = IN(p, KILN_I32, 2, 3, 100);
+  p_op(p, KILN_OP_ARGMAX, 1, OPS(x), OUT(p, KILN_I64, 1, 3), 2, ATTR(1, 0), 0);
+  io_range few = {0, 5}; /* many ties: the first one wins */
+  compare(p, "argmax i32 ties", &few);
+  p = p_new(); /* transformers' mask code: x [1,16] by [1,1,1,1] and [1,1,16,1] */
+  x = IN(p, KILN_BOOL, 2, 1, 16);
+  uint32_t i0 = IN(p, KILN_I64, 4, 1, 1, 1, 1), i1 = IN(p, KILN_I64, 4, 1, 1, 16, 1);
+  p_op(p, KILN_OP_INDEX, 3, OPS(x, i0, i1), OUT(p, KILN_BOOL, 4, 1, 1, 16, 1), 1, ATTR(3), 0);
+  io_range r[3] = {{-1, 1}, {0, 0}, {0, 15.4}};
+  compare(p, "index mask rows bool", r);
+  p = p_new(); /* indexed dims apart: the broadcast index shape leads */
+  x = IN(p, KILN_F32, 3, 6, 4, 9);
+  i0 = IN(p, KILN_I64, 2, 3, 1);
+  i1 = IN(p, KILN_I64, 1, 5);
+  p_op(p, KILN_OP_INDEX, 3, OPS(x, i0, i1), OUT(p, KILN_F32, 3, 3, 5, 4), 1, ATTR(5), 0);
+  io_range r2[3] = {{-1, 1}, {-6, 5.4}, {-9, 8.4}};
+  compare(p, "index dims 0,2 apart f32", r2);
+}
+
 static void test_attention(void) {
   char name[96];
   for (int t = 0; t < 3; t++) {
@@ -1416,6 +1488,26 @@ static void test_refusals(void) {
   p_unload(e);
   p_free(p);
 
+  p = p_new(); /* gather whose indices are wider than x along a dim not gathered */
+  x = IN(p, KILN_F32, 2, 4, 6);
+  uint32_t wide = IN(p, KILN_I64, 2, 4, 7);
+  p_op(p, KILN_OP_GATHER, 2, OPS(x, wide), OUT(p, KILN_F32, 2, 4, 7), 1, ATTR(0), 0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("gather [4,7] from [4,6] along 0: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM && strstr(err.message, "op 0 (gather)"));
+  p_unload(e);
+  p_free(p);
+
+  p = p_new(); /* index whose output ignores where the broadcast index shape goes */
+  x = IN(p, KILN_F32, 3, 2, 3, 4);
+  uint32_t picks = IN(p, KILN_I64, 1, 5);
+  p_op(p, KILN_OP_INDEX, 2, OPS(x, picks), OUT(p, KILN_F32, 3, 5, 2, 4), 1, ATTR(2), 0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("index dim 1 into [5,2,4]: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM && strstr(err.message, "op 0 (index)"));
+  p_unload(e);
+  p_free(p);
+
   p = p_new(); /* embedding index out of range */
   w = p_weight(p, KILN_F32, 2, DIMS(10, 8), -1, 1);
   uint32_t idx = IN(p, KILN_I64, 1, 3);
@@ -1431,6 +1523,39 @@ static void test_refusals(void) {
     CHECK(st == KILN_ERR_INVALID_ARGUMENT);
     in[0] = good;
     CHECK(p_execute(e, p, in, outs, &err) == KILN_OK); /* the flag was reset: usable again */
+  }
+  p_unload(e);
+  p_free(p);
+
+  p = p_new(); /* gather and index with an index out of range, in one plan */
+  x = IN(p, KILN_F32, 2, 4, 6);
+  uint32_t gi = IN(p, KILN_I64, 2, 4, 3), ii = IN(p, KILN_I32, 1, 5);
+  p_op(p, KILN_OP_GATHER, 2, OPS(x, gi), OUT(p, KILN_F32, 2, 4, 3), 1, ATTR(1), 0);
+  p_op(p, KILN_OP_INDEX, 2, OPS(x, ii), OUT(p, KILN_F32, 2, 5, 6), 1, ATTR(1), 0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  CHECK(e != NULL);
+  if (e) {
+    float xs[24], g_out[12], i_out[30];
+    int64_t cols[12] = {0};
+    int32_t rows[5] = {3, -4, 0, 1, 2};
+    for (int k = 0; k < 24; k++) xs[k] = (float)k + 1.0f;
+    void *in[3] = {xs, cols, rows}, *outs[2] = {g_out, i_out};
+    CHECK(p_execute(e, p, in, outs, &err) == KILN_OK);
+    CHECK(g_out[0] == 1.0f && i_out[0] == 19.0f && i_out[6] == 1.0f);
+    cols[5] = 6;
+    kiln_status st = p_execute(e, p, in, outs, &err);
+    printf("gather index 6 of 6: %s: %s\n", kiln_status_name(st), err.message);
+    CHECK(st == KILN_ERR_INVALID_ARGUMENT && strstr(err.message, "gather or index"));
+    CHECK(g_out[5] == 0.0f && g_out[4] == 7.0f); /* the bad element is zero, the rest right */
+    cols[5] = 0;
+    rows[1] = -5;
+    st = p_execute(e, p, in, outs, &err);
+    printf("index -5 of 4 rows: %s: %s\n", kiln_status_name(st), err.message);
+    CHECK(st == KILN_ERR_INVALID_ARGUMENT);
+    CHECK(i_out[6] == 0.0f && i_out[11] == 0.0f && i_out[12] == 1.0f);
+    rows[1] = -4;
+    CHECK(p_execute(e, p, in, outs, &err) == KILN_OK);
+    CHECK(i_out[6] == 1.0f);
   }
   p_unload(e);
   p_free(p);
@@ -1555,6 +1680,7 @@ int main(int argc, char **argv) {
   test_fused_pointwise();
   test_normalize_reduce();
   test_layout_gather();
+  test_index_scan();
   test_attention();
   test_flash_attention();
   test_packed_attention();
