@@ -222,7 +222,7 @@ static int parse_requirement(const char *s, size_t len, requirement *q) {
     if (!close) return -1;
     p = close + 1;
   }
-  const char *semi = memchr(p, ';', (size_t)(end - p));
+  const char *semi = p < end ? memchr(p, ';', (size_t)(end - p)) : NULL;
   if (semi) {
     q->marker = 1;
     end = semi;
