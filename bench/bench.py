@@ -4,9 +4,11 @@ For an MLP (four 4096-wide layers with GELU), a transformer encoder block (d_mod
 16 heads, sequence 128) and a GPT-style block (d_model 2048, causal, sequence 512), at batch
 1 and 32, in fp16 and fp32, and a Llama-family block (d_model 4096, 32 query and 8 key/value
 heads, sequence 1 and 128) in fp16 and bf16: the median latency and spread of synchronized calls of PyTorch
-eager, torch.compile(mode="reduce-overhead"), Kiln through ExecuTorch's Module API and Kiln
-through its C API alone; the achieved fraction of memory bandwidth (bytes that must move,
-over time, against a device-to-device copy rate measured in this run). Writes a markdown
+eager, torch.compile(mode="reduce-overhead"), Kiln through ExecuTorch's Module API on host and on
+device tensors and Kiln through its C API alone; the achieved fraction of memory bandwidth (bytes
+that must move, over time, against a device-to-device copy rate measured in this run) and of the
+link (the I/O bytes at the pinned host-device copy rates measured in this run, over the time host
+tensors add). Writes a markdown
 table, the raw numbers as JSON and a plot into the output folder.
 
 usage: python3 bench/bench.py OUT_DIR [--iters N] [--only NAME]
@@ -196,6 +198,39 @@ def copy_rate():
     return statistics.median(rates)
 
 
+def pinned_rates(nbytes=1 << 28):
+    """Host-to-device and device-to-host bytes per second of a 256 MiB copy between pinned host
+    memory and the GPU (median of 20 each): the link's rate that host staging can reach."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    rates = {}
+    for key, dst, src in (("h2d", dev, host), ("d2h", host, dev)):
+        samples = []
+        for i in range(23):
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            if i >= 3:
+                samples.append(nbytes / (start.elapsed_time(end) * 1e-3))
+        rates[key] = statistics.median(samples)
+    del host, dev
+    torch.cuda.empty_cache()
+    return rates
+
+
+def host_copy_rates(lib, nbytes=1 << 26):
+    """Bytes per second of copying 64 MiB of pageable memory into pinned memory with 1, 2, 4 and
+    8 CPU threads: the host side of staging, which Kiln does on one thread."""
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    rates = {threads: lib.kb_host_copy_rate(ctypes.c_void_p(dst.data_ptr()), ctypes.c_void_p(src.data_ptr()),
+                                            ctypes.c_size_t(nbytes), threads, 10) for threads in (1, 2, 4, 8)}
+    del src, dst
+    return rates
+
+
 def run_case(lib, name, batch, dtype, iters, workdir):
     factory, shape = CASES[name]
     torch.manual_seed(0)
@@ -204,6 +239,7 @@ def run_case(lib, name, batch, dtype, iters, workdir):
     row = {"model": name, "batch": batch, "dtype": str(dtype).replace("torch.", "")}
     row["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
     io_bytes = 2 * x_cpu.numel() * x_cpu.element_size()
+    row["in_bytes"] = row["out_bytes"] = io_bytes // 2  # every case maps its input shape to the same shape
     row["bytes"] = row["param_bytes"] + io_bytes
 
     # Kiln: export on this machine (the large programs cannot travel), then time.
@@ -220,10 +256,22 @@ def run_case(lib, name, batch, dtype, iters, workdir):
     data = (ctypes.c_void_p * 1)(x_host.data_ptr())
     times = (ctypes.c_double * iters)()
     msg = ctypes.create_string_buffer(256)
-    rc = lib.kb_time_pte(path.encode(), 1, data, sizes, ranks, dtypes, 5, iters, times, msg, 256)
+    rc = lib.kb_time_pte(path.encode(), 1, data, sizes, ranks, dtypes, 0, None, 5, iters, times, msg, 256)
     if rc != 0:
         raise RuntimeError(f"{name}: kb_time_pte: {msg.value.decode()}")
     row["kiln_et"] = list(times)
+    # The same program through Module on device tensors: from_blob on CUDA memory, the output
+    # given with set_output; both reach the engine, which binds them in place.
+    x_et = x_cpu.cuda()
+    y_et = torch.empty_like(x_et)
+    dev_data = (ctypes.c_void_p * 1)(x_et.data_ptr())
+    dev_out = (ctypes.c_void_p * 1)(y_et.data_ptr())
+    rc = lib.kb_time_pte(path.encode(), 1, dev_data, sizes, ranks, dtypes, 1, dev_out, 5, iters, times, msg, 256)
+    if rc == 0:
+        row["kiln_et_dev"] = list(times)
+    else:  # a case of several outputs, or a program ExecuTorch plans: the other columns stand
+        print(f"{name}: kb_time_pte on device: {msg.value.decode()}", flush=True)
+    del x_et, y_et
     if len(blobs) == 1:
         rc = lib.kb_time_blob(blobs[0], len(blobs[0]), None, 5, iters, times, msg, 256)
         if rc != 0:
@@ -262,15 +310,34 @@ def run_case(lib, name, batch, dtype, iters, workdir):
     return row
 
 
-def table(rows, rate, device, date):
+def link_columns(r, links):
+    """ET dev - dev, the host goal (Kiln dev + 10 us + the I/O at 70% of the pinned rates) and
+    the achieved fraction of the link: I/O bytes at the pinned rates over Kiln ET minus Kiln dev."""
+    if "kiln_et_dev" not in r or "kiln_dev" not in r or not links:
+        return "- | - | - | -"
+    et, et_dev, dev = (spread(r[k])[0] for k in ("kiln_et", "kiln_et_dev", "kiln_dev"))
+    wire = (r["in_bytes"] / links["h2d"] + r["out_bytes"] / links["d2h"]) * 1e6
+    goal = dev + 10 + wire / 0.7
+    fraction = wire / max(et - dev, 1e-9)
+    dev_mark = "met" if et_dev - dev <= 10 else "missed"
+    host_mark = "met" if et <= goal else "missed"
+    return f"{et_dev - dev:.1f} ({dev_mark}) | {goal:.0f} ({host_mark}) | {wire:.0f} | {fraction:.2f}"
+
+
+def table(rows, rate, device, date, links=None):
+    links = links or {}
+    link_line = (f" Pinned copy rates in the same run: host to device {links['h2d'] / 1e9:.1f} GB/s, device to host {links['d2h'] / 1e9:.1f} GB/s;"
+                 " pageable to pinned host copy (the CPU side of staging) by threads: "
+                 + ", ".join(f"{t}: {r / 1e9:.1f} GB/s" for t, r in links.get("host_copy", {}).items()) + "."
+                 if links else "")
     lines = [
         f"# Kiln benchmark, {date}, {device}",
         "",
-        f"Median latency of synchronized calls in microseconds (p10-p90 in brackets); device-to-device copy rate measured in the same run: {rate / 1e12:.2f} TB/s (read + write).",
-        "Kiln ET: through ExecuTorch's Module API on host tensors (as ExecuTorch passes them: input and output cross PCIe every call). Kiln C: kiln_engine_execute alone on the same host buffers. Kiln dev: kiln_engine_execute on CUDA tensors (bound in place, graph replay; the same footing as eager and compile, whose tensors live on the GPU). ET overhead: Kiln ET minus Kiln C. ratio ET / ratio dev: Kiln ET / Kiln dev over the faster of eager and compile; goal: the target ratio. BW: bytes that must move (weights + input + output) over Kiln dev's time, as a fraction of the copy rate.",
+        f"Median latency of synchronized calls in microseconds (p10-p90 in brackets); device-to-device copy rate measured in the same run: {rate / 1e12:.2f} TB/s (read + write).{link_line}",
+        "Kiln ET: through ExecuTorch's Module API on host tensors (as ExecuTorch passes them: input and output cross PCIe every call). Kiln C: kiln_engine_execute alone on the same host buffers. Kiln dev: kiln_engine_execute on CUDA tensors (bound in place, graph replay; the same footing as eager and compile, whose tensors live on the GPU). ET overhead: Kiln ET minus Kiln C. ratio ET / ratio dev: Kiln ET / Kiln dev over the faster of eager and compile; goal: the target ratio. BW: bytes that must move (weights + input + output) over Kiln dev's time, as a fraction of the copy rate. Kiln ET dev: through ExecuTorch's Module on CUDA tensors (from_blob on device memory, the output given with set_output). ET dev - dev: Kiln ET dev minus Kiln dev (goal: 10 us). host goal: Kiln dev + 10 us + the I/O bytes at 70% of the pinned rates, against Kiln ET. wire: the I/O bytes at the pinned rates (us). link: wire over Kiln ET minus Kiln dev, the achieved fraction of the link's rate.",
         "",
-        "| model | batch | dtype | eager | compile | Kiln ET | Kiln C | Kiln dev | ET overhead | ratio ET | ratio dev | goal | BW | err vs eager | blobs |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | batch | dtype | eager | compile | Kiln ET | Kiln C | Kiln ET dev | Kiln dev | ET overhead | ET dev - dev | host goal | wire | link | ratio ET | ratio dev | goal | BW | err vs eager | blobs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         def cell(key):
@@ -288,7 +355,8 @@ def table(rows, rate, device, date):
         mark = f"ET {'met' if ratio <= r['goal'] else 'missed'}, dev {'met' if ratio_dev <= r['goal'] else 'missed'}"
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['dtype']} | {cell('eager')} | {cell('compile')} | {cell('kiln_et')} "
-            f"| {cell('kiln_c')} | {cell('kiln_dev')} | {et - c:.1f} | {ratio:.2f} | {ratio_dev:.2f} | {r['goal']} ({mark}) "
+            f"| {cell('kiln_c')} | {cell('kiln_et_dev')} | {cell('kiln_dev')} | {et - c:.1f} | {link_columns(r, links)} "
+            f"| {ratio:.2f} | {ratio_dev:.2f} | {r['goal']} ({mark}) "
             f"| {bw:.2f} | {err} | {r['blobs']} |"
         )
     mlp = [r for r in rows if r["model"] == "mlp" and r["batch"] == 1 and r["dtype"] == "float16"]
@@ -307,8 +375,9 @@ def plot(rows, path):
 
     labels = [f"{r['model']}\nb{r['batch']} {r['dtype'].replace('float', 'f')}" for r in rows]
     series = [("eager", "eager"), ("compile", "torch.compile"), ("kiln_et", "Kiln (ExecuTorch, host I/O)"),
-              ("kiln_c", "Kiln (C API, host I/O)"), ("kiln_dev", "Kiln (C API, device I/O)")]
-    width = 0.16
+              ("kiln_c", "Kiln (C API, host I/O)"), ("kiln_et_dev", "Kiln (ExecuTorch, device I/O)"),
+              ("kiln_dev", "Kiln (C API, device I/O)")]
+    width = 0.13
     fig, ax = plt.subplots(figsize=(max(10, len(rows) * 1.2), 5))
     for k, (key, name) in enumerate(series):
         values = [spread(r[key])[0] if key in r else 0 for r in rows]
@@ -334,12 +403,17 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     lib = ctypes.CDLL(os.environ.get("KILN_BENCH_LIBRARY", os.path.join(ROOT, "build-bench", "libkiln_bench.so")))
     lib.kb_time_pte.restype = ctypes.c_int
+    lib.kb_host_copy_rate.restype = ctypes.c_double
     lib.kb_time_blob.restype = ctypes.c_int
     lib.kb_time_blob.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                  ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_int]
     device = torch.cuda.get_device_name(0)
     rate = copy_rate()
-    print(f"copy rate {rate / 1e12:.2f} TB/s on {device}", flush=True)
+    links = pinned_rates()
+    links["host_copy"] = host_copy_rates(lib)
+    print(f"copy rate {rate / 1e12:.2f} TB/s on {device}; pinned host to device {links['h2d'] / 1e9:.1f} GB/s, "
+          f"device to host {links['d2h'] / 1e9:.1f} GB/s; pageable to pinned host copy by threads "
+          + ", ".join(f"{t}: {r / 1e9:.1f}" for t, r in links["host_copy"].items()) + " GB/s", flush=True)
     workdir = os.environ.get("TMPDIR", "/tmp")
     rows = []
     stem = os.path.join(args.out, f"bench_{args.date}_h200")
@@ -364,17 +438,18 @@ def main():
             row["goal"] = goal(batch, dtype)
             rows.append(row)
             print(f"{name} b{batch} {row['dtype']}: eager {spread(row['eager'])[0]:.0f} compile "
-                  f"{spread(row['compile'])[0]:.0f} kiln {spread(row['kiln_et'])[0]:.0f} us "
+                  f"{spread(row['compile'])[0]:.0f} kiln {spread(row['kiln_et'])[0]:.0f} kiln ET dev "
+                  f"{spread(row['kiln_et_dev'])[0] if 'kiln_et_dev' in row else float('nan'):.0f} us "
                   f"(export {row['export_s']:.0f} s, compile {row['compile_s']:.0f} s, "
                   f"case {time.perf_counter() - t0:.0f} s)", flush=True)
             # Written after every case, so a run cut short still leaves its table.
             with open(stem + ".md", "w") as f:
-                f.write(table(rows, rate, device, args.date))
+                f.write(table(rows, rate, device, args.date, links))
             with open(stem + ".json", "w") as f:
-                json.dump({"device": device, "date": args.date, "copy_rate": rate, "rows": rows}, f)
+                json.dump({"device": device, "date": args.date, "copy_rate": rate, "pinned_rates": links, "rows": rows}, f)
     if rows:
         plot(rows, stem + ".png")
-    print(table(rows, rate, device, args.date))
+    print(table(rows, rate, device, args.date, links))
 
 
 if __name__ == "__main__":

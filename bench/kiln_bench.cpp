@@ -1,15 +1,18 @@
 // Timing entry points for bench/bench.py, which loads this library with ctypes: a .pte run
-// through ExecuTorch's Module API (the way an application runs Kiln), and a blob run through
-// Kiln's C API alone, so the difference is what ExecuTorch adds per call.
+// through ExecuTorch's Module API (the way an application runs Kiln) on host or device
+// tensors, and a blob run through Kiln's C API alone, so the difference is what ExecuTorch
+// adds per call.
 #include "kiln/kiln.h"
 
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 using executorch::extension::module::Module;
@@ -27,10 +30,14 @@ double now_us() {
 }  // namespace
 
 // Loads path's forward method, then times warmup + iters synchronous forward() calls on the
-// given host inputs (ExecuTorch ScalarType codes); times_us receives the last iters.
+// given inputs (ExecuTorch ScalarType codes; host or device memory, passed as from_blob
+// tensors); times_us receives the last iters. Outputs the program leaves to the caller get
+// out_data[i] (n_outputs of them, host or device memory) or, when out_data is null, host
+// buffers of the bench's own.
 extern "C" __attribute__((visibility("default"))) int kb_time_pte(
     const char *path, int n_inputs, void *const *data, const int64_t *sizes, const int *ranks,
-    const int *dtypes, int warmup, int iters, double *times_us, char *msg, int msg_len) {
+    const int *dtypes, int n_outputs, void *const *out_data, int warmup, int iters,
+    double *times_us, char *msg, int msg_len) {
   Module module(path, Module::LoadMode::Mmap);
   const Error loaded = module.load_forward();
   if (loaded != Error::Ok) {
@@ -46,6 +53,40 @@ extern "C" __attribute__((visibility("default"))) int kb_time_pte(
     tensors.push_back(executorch::extension::from_blob(
         data[i], shape, static_cast<executorch::aten::ScalarType>(dtypes[i])));
     args.emplace_back(*tensors.back());
+  }
+  auto meta = module.method_meta("forward");
+  if (!meta.ok()) {
+    std::snprintf(msg, msg_len, "method_meta failed: error %d", static_cast<int>(meta.error()));
+    return 1;
+  }
+  std::vector<std::vector<uint8_t>> host_outputs;
+  int given = 0;
+  for (size_t i = 0; i < meta->num_outputs(); i++) {
+    auto info = meta->output_tensor_meta(i);
+    if (!info.ok() || info->is_memory_planned()) continue;
+    void *buffer = nullptr;
+    if (out_data != nullptr) {
+      if (given >= n_outputs) {
+        std::snprintf(msg, msg_len, "the program leaves more than %d outputs to the caller", n_outputs);
+        return 1;
+      }
+      buffer = out_data[given++];
+    } else {
+      host_outputs.emplace_back(info->nbytes());
+      buffer = host_outputs.back().data();
+    }
+    std::vector<executorch::aten::SizesType> shape(info->sizes().begin(), info->sizes().end());
+    tensors.push_back(executorch::extension::from_blob(buffer, shape, info->scalar_type()));
+    const Error bound = module.set_output("forward", *tensors.back(), i);
+    if (bound != Error::Ok) {
+      std::snprintf(msg, msg_len, "set_output %zu failed: error %d", i, static_cast<int>(bound));
+      return 1;
+    }
+  }
+  if (out_data != nullptr && given != n_outputs) {
+    std::snprintf(msg, msg_len, "%d output buffers given but the program leaves %d to the caller",
+                  n_outputs, given);
+    return 1;
   }
   for (int it = 0; it < warmup + iters; it++) {
     const double t0 = now_us();
@@ -114,4 +155,27 @@ extern "C" __attribute__((visibility("default"))) int kb_time_blob(
   }
   kiln_engine_destroy(engine);
   return 0;
+}
+
+// The host side of staging: the median rate (bytes per second) of copying n bytes from src to
+// dst (pageable to pinned, as Kiln stages a host buffer) split over `threads` threads, over
+// reps copies. It tells whether one CPU thread's copy keeps up with the link.
+extern "C" __attribute__((visibility("default"))) double kb_host_copy_rate(
+    void *dst, const void *src, size_t n, int threads, int reps) {
+  std::vector<double> rates;
+  for (int r = 0; r < reps + 1; r++) {
+    const double t0 = now_us();
+    std::vector<std::thread> pool;
+    const size_t slice = (n + threads - 1) / threads;
+    for (int t = 1; t < threads; t++) {
+      const size_t off = std::min(n, slice * t), len = std::min(slice, n - off);
+      pool.emplace_back([=] { std::memcpy(static_cast<char *>(dst) + off, static_cast<const char *>(src) + off, len); });
+    }
+    std::memcpy(dst, src, std::min(slice, n));
+    for (auto &worker : pool) worker.join();
+    const double t1 = now_us();
+    if (r > 0) rates.push_back(n / ((t1 - t0) * 1e-6));  // the first copy faults the pages in
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
 }

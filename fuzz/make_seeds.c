@@ -63,13 +63,69 @@ static int elementwise_seed(const char *dir, kiln_error *err) {
   return rc;
 }
 
+/* One op of each family the executing fuzzer should start from: norms, attention, gathers,
+ * layout, reductions, selection, comparisons, boolean ops, min/max and casts, over x[2,4],
+ * ids[3] (i64) and keep[2,4] (bool). */
+static int layers_seed(const char *dir, kiln_error *err) {
+  kiln_builder *b = kiln_builder_create();
+  if (!b) return -1;
+  static const float table[16] = {1, 2, 3, 4, 5, 6, 7, 8, -1, -2, -3, -4, 0.5f, 0.25f, 2, 4};
+  static const float gamma[4] = {1, 0.5f, 2, 1};
+  int64_t xd[2] = {2, 4}, idd[1] = {3}, td[2] = {4, 4}, gd[1] = {4}, q4[4] = {1, 1, 2, 4};
+  int64_t norm[2] = {1, 1}, perm[2] = {1, 0}, cat1[1] = {1}, slice[4] = {1, 1, 8, 2};
+  int64_t sel[2] = {0, 1}, red[2] = {1, 0}, ex[2] = {2, 4}, gelu[1] = {1}, sdpa[2] = {1, 0};
+  int64_t pick[1] = {1}, to_bf16[1] = {KILN_BF16}, dim0[1] = {0};
+  double eps[1] = {1e-5};
+  int32_t x = kiln_builder_add_input(b, "x", KILN_F32, 2, xd, err);
+  int32_t ids = kiln_builder_add_input(b, "ids", KILN_I64, 1, idd, err);
+  int32_t keep = kiln_builder_add_input(b, "keep", KILN_BOOL, 2, xd, err);
+  int32_t tw = kiln_builder_add_constant(b, KILN_F32, 2, td, table, sizeof table, err);
+  int32_t g = kiln_builder_add_constant(b, KILN_F32, 1, gd, gamma, sizeof gamma, err);
+  int32_t n = kiln_builder_add_op(b, KILN_OP_RMS_NORM, (int32_t[]){x, g}, 2, norm, 2, eps, 1, err);
+  int32_t h = kiln_builder_add_op(b, KILN_OP_GELU, &n, 1, gelu, 1, NULL, 0, err);
+  int32_t q = kiln_builder_add_op(b, KILN_OP_RESHAPE, &h, 1, q4, 4, NULL, 0, err);
+  int32_t a = kiln_builder_add_op(b, KILN_OP_SDPA, (int32_t[]){q, q, q}, 3, sdpa, 2, NULL, 0, err);
+  int32_t e = kiln_builder_add_op(b, KILN_OP_EMBEDDING, (int32_t[]){tw, ids}, 2, NULL, 0, NULL, 0, err);
+  int32_t t = kiln_builder_add_op(b, KILN_OP_PERMUTE, &e, 1, perm, 2, NULL, 0, err);
+  int32_t c = kiln_builder_add_op(b, KILN_OP_CAT, (int32_t[]){x, h}, 2, cat1, 1, NULL, 0, err);
+  int32_t sl = kiln_builder_add_op(b, KILN_OP_SLICE, &c, 1, slice, 4, NULL, 0, err);
+  int32_t w = kiln_builder_add_op(b, KILN_OP_WHERE, (int32_t[]){keep, x, sl}, 3, NULL, 0, NULL, 0, err);
+  int32_t s1 = kiln_builder_add_op(b, KILN_OP_SELECT, &w, 1, sel, 2, NULL, 0, err);
+  int32_t m = kiln_builder_add_op(b, KILN_OP_AMAX, &w, 1, red, 2, NULL, 0, err);
+  int32_t xp = kiln_builder_add_op(b, KILN_OP_EXPAND, &s1, 1, ex, 2, NULL, 0, err);
+  int32_t ix = kiln_builder_add_op(b, KILN_OP_INDEX_SELECT, (int32_t[]){xp, ids}, 2, dim0, 1, NULL, 0, err);
+  int32_t sm = kiln_builder_add_op(b, KILN_OP_LOG_SOFTMAX, &ix, 1, pick, 1, NULL, 0, err);
+  int32_t cs = kiln_builder_add_op(b, KILN_OP_CAST, &sm, 1, to_bf16, 1, NULL, 0, err);
+  int64_t le[1] = {KILN_CMP_LE}, xor_op[1] = {KILN_BOOL_XOR}, not_op[1] = {KILN_BOOL_NOT};
+  int32_t cmp = kiln_builder_add_op(b, KILN_OP_COMPARE, (int32_t[]){x, sl}, 2, le, 1, NULL, 0, err);
+  int32_t lg = kiln_builder_add_op(b, KILN_OP_LOGICAL, (int32_t[]){cmp, keep}, 2, xor_op, 1, NULL, 0, err);
+  int32_t bw = kiln_builder_add_op(b, KILN_OP_BITWISE, &lg, 1, not_op, 1, NULL, 0, err);
+  int32_t ab = kiln_builder_add_op(b, KILN_OP_ABS, &sl, 1, NULL, 0, NULL, 0, err);
+  int32_t lo = kiln_builder_add_op(b, KILN_OP_LOG, &ab, 1, NULL, 0, NULL, 0, err);
+  int32_t mx = kiln_builder_add_op(b, KILN_OP_MAXIMUM, (int32_t[]){lo, x}, 2, NULL, 0, NULL, 0, err);
+  int32_t mn = kiln_builder_add_op(b, KILN_OP_MINIMUM, (int32_t[]){mx, h}, 2, NULL, 0, NULL, 0, err);
+  int rc = a < 0 || t < 0 || m < 0 || cs < 0 || bw < 0 || mn < 0 ||
+                   kiln_builder_mark_output(b, bw, "mask", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, mn, "clamped", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, a, "attn", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, t, "rows", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, m, "peak", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, cs, "probs", err) != KILN_OK ||
+                   save(dir, "layers.blob", b, err) != 0
+               ? -1
+               : 0;
+  kiln_builder_destroy(b);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   kiln_error err = {KILN_OK, ""};
   if (argc != 2) {
     fprintf(stderr, "usage: make_seeds DIR\n");
     return 2;
   }
-  if (linear_seed(argv[1], &err) != 0 || elementwise_seed(argv[1], &err) != 0) {
+  if (linear_seed(argv[1], &err) != 0 || elementwise_seed(argv[1], &err) != 0 ||
+      layers_seed(argv[1], &err) != 0) {
     fprintf(stderr, "make_seeds: %s\n", err.message);
     return 1;
   }

@@ -28,3 +28,6 @@ if [ ! -f "$stamp" ] || ! cmp -s requirements-dev.txt "$stamp"; then
   .venv/bin/python -m pip install -q -r requirements-dev.txt
   cp requirements-dev.txt "$stamp"
 fi
+
+# The README's snippets run in .venv: it imports kiln and kiln_runtime from this tree.
+scripts/install_source_tree.sh .venv

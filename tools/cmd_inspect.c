@@ -6,6 +6,7 @@
 #include "pte_reader.h"
 
 #include "core/linear_inputs.h"
+#include "core/load_checks.h"
 #include "core/pointwise_steps.h"
 #include "kiln/kiln.h"
 
@@ -27,18 +28,15 @@ static void release_blob(blob_contents *b) {
   memset(b, 0, sizeof *b);
 }
 
-/* Reads and checks all three sections. */
+/* Reads all three sections and runs on them every check the loader makes before it touches a
+ * device, so what inspect passes a delegate would load. */
 static kiln_status load_blob(const uint8_t *data, size_t size, blob_contents *b, kiln_error *err) {
   memset(b, 0, sizeof *b);
-  kiln_status st = kiln_blob_parse(data, size, &b->view, err);
-  if (st != KILN_OK) return st;
   b->md = malloc(sizeof *b->md);
   if (!b->md)
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "out of host memory reading blob metadata: free memory and retry");
-  st = kiln_metadata_parse((const char *)b->view.metadata, b->view.metadata_size, b->md, err);
-  if (st == KILN_OK)
-    st = kiln_plan_parse(b->view.plan, b->view.plan_size, b->view.weights_size, &b->plan, err);
+  kiln_status st = kiln_check_blob(data, size, &b->view, b->md, &b->plan, err);
   if (st != KILN_OK) release_blob(b);
   return st;
 }
@@ -227,6 +225,36 @@ static kiln_status print_delegate(const kiln_pte_delegate *d, void *ctx, kiln_er
   return KILN_OK;
 }
 
+typedef struct delegation_counts {
+  uint32_t kiln_blobs;
+  uint64_t kiln_ops;
+} delegation_counts;
+
+static kiln_status count_kiln_ops(const kiln_pte_delegate *d, void *ctx, kiln_error *err) {
+  delegation_counts *counts = ctx;
+  if (!is_kiln(d)) return KILN_OK;
+  blob_contents b;
+  kiln_status st = load_blob(d->data, (size_t)d->size, &b, err);
+  if (st != KILN_OK) return st; /* checked by the first pass */
+  counts->kiln_blobs++;
+  counts->kiln_ops += b.plan.n_ops;
+  release_blob(&b);
+  return KILN_OK;
+}
+
+/* One line saying how much runs on Kiln: what kiln.export's delegation report counts. */
+static kiln_status print_delegation(const mapped_file *f, kiln_error *err) {
+  kiln_pte_info info;
+  delegation_counts counts = {0, 0};
+  kiln_status st = kiln_pte_read(f->data, f->size, &info, count_kiln_ops, &counts, err);
+  if (st != KILN_OK) return st;
+  printf("  delegation: %u Kiln blob%s with %llu ops; %u op%s on ExecuTorch; %u delegate calls\n",
+         (unsigned)counts.kiln_blobs, counts.kiln_blobs == 1 ? "" : "s",
+         (unsigned long long)counts.kiln_ops, (unsigned)info.n_kernel_calls,
+         info.n_kernel_calls == 1 ? "" : "s", (unsigned)info.n_delegate_calls);
+  return KILN_OK;
+}
+
 static int inspect_pte(const mapped_file *f, kiln_error *err) {
   kiln_pte_info info;
   uint32_t n_delegates = 0;
@@ -242,6 +270,10 @@ static int inspect_pte(const mapped_file *f, kiln_error *err) {
     printf("  extended header: program %llu bytes, segment base %llu, %u segments\n",
            (unsigned long long)info.program_size, (unsigned long long)info.segment_base,
            (unsigned)info.n_segments);
+  if (print_delegation(f, err) != KILN_OK) {
+    fprintf(stderr, "%s\n", err->message);
+    return 1;
+  }
   print_state ps = {f->data, -1};
   if (kiln_pte_read(f->data, f->size, &info, print_delegate, &ps, err) != KILN_OK) {
     fprintf(stderr, "%s\n", err->message);

@@ -6,6 +6,7 @@
 #include "mapped_file.h"
 #include "pte_reader.h"
 
+#include "core/device.h"
 #include "cuda/cuda_backend.h"
 #include "kiln/kiln.h"
 
@@ -33,10 +34,23 @@ static void print_dims(const kiln_tensor_desc *t) {
   printf("] %s", kiln_dtype_name(t->dtype));
 }
 
+/* Profiling times GPU kernels: without a GPU there is nothing to time, and the CPU engine's
+ * remedy that the loader suggests does not apply here. */
+static kiln_status need_gpu(kiln_error *err) {
+  const char *reason = "";
+  if (kiln_cuda_count_devices(&reason) > 0) return KILN_OK;
+  return kiln_fail(err, KILN_ERR_UNAVAILABLE,
+                   "kiln profile needs a CUDA GPU and found none (%.60s): run it on a machine "
+                   "with a GPU",
+                   reason);
+}
+
 static kiln_status profile_blob(const uint8_t *data, size_t size, const char *what,
                                 profile_run *run, kiln_error *err) {
   kiln_engine_options opts;
   kiln_engine *e = NULL;
+  kiln_status gpu = need_gpu(err);
+  if (gpu != KILN_OK) return gpu;
   kiln_engine_options_default(&opts);
   opts.device = KILN_DEVICE_CUDA;
   kiln_status st = kiln_engine_load(data, size, &opts, &e, err);

@@ -9,7 +9,10 @@
 
 /* Field indices in program.fbs. */
 enum { PROGRAM_VERSION = 0, PROGRAM_PLANS = 1, PROGRAM_INLINE = 3, PROGRAM_SEGMENTS = 4 };
-enum { PLAN_NAME = 0, PLAN_DELEGATES = 7 };
+enum { PLAN_NAME = 0, PLAN_CHAINS = 5, PLAN_DELEGATES = 7 };
+enum { CHAIN_INSTRUCTIONS = 2 };
+enum { INSTRUCTION_ARGS_TYPE = 0 };
+enum { CALL_KERNEL = 1, CALL_DELEGATE = 2 }; /* InstructionArguments union tags */
 enum { DELEGATE_ID = 0, DELEGATE_PROCESSED = 1, DELEGATE_SPECS = 2 };
 enum { REF_LOCATION = 0, REF_INDEX = 1 };
 enum { INLINE_DATA = 0 };
@@ -265,6 +268,34 @@ static kiln_status read_delegate(fb *f, const uint8_t *file, size_t size, const 
   return resolve_payload(f, file, size, info, inline_elems, segment_elems, d);
 }
 
+/* Adds the plan's kernel and delegate calls (instructions of every chain) to info's counts. */
+static kiln_status count_calls(fb *f, const fb_table *plan, kiln_pte_info *info) {
+  uint64_t chains;
+  uint32_t n_chains;
+  kiln_status st = vector_field(f, plan, PLAN_CHAINS, 4, "chains list", &chains, &n_chains);
+  for (uint32_t c = 0; st == KILN_OK && c < n_chains; c++) {
+    fb_table chain;
+    uint64_t instructions;
+    uint32_t n_instructions;
+    if ((st = table_element(f, chains, c, "chain", &chain)) != KILN_OK ||
+        (st = vector_field(f, &chain, CHAIN_INSTRUCTIONS, 4, "instructions list", &instructions,
+                           &n_instructions)) != KILN_OK)
+      return st;
+    for (uint32_t i = 0; i < n_instructions; i++) {
+      fb_table instruction;
+      uint64_t pos;
+      if ((st = table_element(f, instructions, i, "instruction", &instruction)) != KILN_OK ||
+          (st = field(f, &instruction, INSTRUCTION_ARGS_TYPE, 1, "instruction type", &pos)) !=
+              KILN_OK)
+        return st;
+      uint8_t kind = pos ? f->p[pos] : 0;
+      if (kind == CALL_KERNEL) info->n_kernel_calls++;
+      if (kind == CALL_DELEGATE) info->n_delegate_calls++;
+    }
+  }
+  return st;
+}
+
 kiln_status kiln_pte_read(const uint8_t *file, size_t size, kiln_pte_info *info,
                           kiln_pte_visit visit, void *ctx, kiln_error *err) {
   memset(info, 0, sizeof *info);
@@ -310,7 +341,8 @@ kiln_status kiln_pte_read(const uint8_t *file, size_t size, kiln_pte_info *info,
     if ((st = table_element(&f, plans, p, "execution plan", &plan)) != KILN_OK ||
         (st = string_field(&f, &plan, PLAN_NAME, "execution plan name", &name)) != KILN_OK ||
         (st = vector_field(&f, &plan, PLAN_DELEGATES, 4, "delegates list", &delegates,
-                           &n_delegates)) != KILN_OK)
+                           &n_delegates)) != KILN_OK ||
+        (st = count_calls(&f, &plan, info)) != KILN_OK)
       return st;
     for (uint32_t i = 0; i < n_delegates; i++) {
       kiln_pte_delegate d;

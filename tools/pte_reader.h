@@ -16,6 +16,8 @@ typedef struct kiln_pte_info {
   uint32_t n_plans;          /* execution plans (methods) */
   uint32_t n_segments;
   uint32_t n_inline;         /* entries of Program.backend_delegate_data */
+  uint32_t n_kernel_calls;   /* instructions running an operator on ExecuTorch's kernels */
+  uint32_t n_delegate_calls; /* instructions calling a delegate */
 } kiln_pte_info;
 
 typedef struct kiln_pte_delegate {

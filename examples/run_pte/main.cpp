@@ -121,7 +121,9 @@ int main(int argc, char **argv) {
 
   tensor_io::Inputs inputs;
   std::string error;
-  if (!tensor_io::make_inputs(module, args.method, args.input, &inputs, &error)) {
+  tensor_io::Outputs output_buffers;
+  if (!tensor_io::make_inputs(module, args.method, args.input, &inputs, &error) ||
+      !tensor_io::bind_outputs(module, args.method, &output_buffers, &error)) {
     std::fprintf(stderr, "%s\n", error.c_str());
     return 1;
   }

@@ -29,6 +29,12 @@ struct Inputs {
   std::vector<EValue> values;
 };
 
+// The caller's buffers for the outputs the program leaves out of its memory plan.
+struct Outputs {
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<TensorPtr> tensors;
+};
+
 inline std::string error_name(Error error) {
   char text[64];
   std::snprintf(text, sizeof text, "%s (0x%x)", executorch::runtime::to_string(error),
@@ -125,6 +131,34 @@ inline bool make_inputs(Module &module, const std::string &method, const std::st
     *error = "the input file " + path + " holds " + std::to_string(file.size()) + " bytes, the inputs need " +
              std::to_string(offset);
     return false;
+  }
+  return true;
+}
+
+// Gives every tensor output the program does not plan a buffer of the caller's (kiln.export
+// leaves a Kiln blob's outputs to the caller, so they reach the delegate without a copy).
+inline bool bind_outputs(Module &module, const std::string &method, Outputs *outputs,
+                         std::string *error) {
+  auto meta = module.method_meta(method);
+  if (!meta.ok()) {
+    *error = "method_meta(" + method + ") failed: " + error_name(meta.error());
+    return false;
+  }
+  for (size_t i = 0; i < meta->num_outputs(); i++) {
+    auto tag = meta->output_tag(i);
+    auto info = meta->output_tensor_meta(i);
+    if (!tag.ok() || *tag != Tag::Tensor || !info.ok() || info->is_memory_planned()) {
+      continue;
+    }
+    outputs->bytes.emplace_back(info->nbytes());
+    std::vector<executorch::aten::SizesType> sizes(info->sizes().begin(), info->sizes().end());
+    outputs->tensors.push_back(executorch::extension::from_blob(outputs->bytes.back().data(),
+                                                                std::move(sizes), info->scalar_type()));
+    const Error status = module.set_output(method, *outputs->tensors.back(), i);
+    if (status != Error::Ok) {
+      *error = "set_output(" + std::to_string(i) + ") failed: " + error_name(status);
+      return false;
+    }
   }
   return true;
 }

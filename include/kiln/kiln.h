@@ -251,6 +251,32 @@ typedef enum kiln_op_kind {
   KILN_OP_MINIMUM,      /* a, b of one dtype, broadcasting; a NaN operand gives NaN. Clamp and
                            hardtanh are MAXIMUM with the lower bound, then MINIMUM with the upper */
   KILN_OP_MAXIMUM,      /* as MINIMUM */
+  /* Vision ops. Spatial dims are the last one (1-d) or two (2-d); each spatial attribute is a
+     pair KILN_PAIR(h, w) (1-d ops use h = stride 1, padding 0, dilation 1). Inputs and
+     weights are NCHW (NCW for 1-d), contiguous. Sums accumulate in double, one rounding. */
+  KILN_OP_CONV,           /* x[N,C,(H,)W], w[O,C/g,(kh,)kw], bias[O]? -> [N,O,(OH,)OW]; iattr0 =
+                             stride, iattr1 = padding, iattr2 = dilation (pairs), iattr3 =
+                             groups g, iattr4 = 1 when the bias is present */
+  KILN_OP_CONV_TRANSPOSE, /* x[N,C,H,W], w[C,O/g,kh,kw], bias[O]? -> [N,O,OH,OW], OH = (H-1)*sh
+                             - 2*ph + dh*(kh-1) + oph + 1; iattr0..4 as CONV, iattr5 = output
+                             padding (pair) */
+  KILN_OP_BATCH_NORM,     /* x[N,C,...], mean[C], var[C], weight[C]?, bias[C]? -> x's shape;
+                             (x - mean) / sqrt(var + eps) * weight + bias per channel (dim 1),
+                             in f32; iattr0 = bit0 weight present, bit1 bias present; fattr0 =
+                             eps. The builder folds it into a preceding CONV of constants. */
+  KILN_OP_MAX_POOL2D,     /* x[...,H,W] -> [...,OH,OW]; iattr0 = kernel, iattr1 = stride,
+                             iattr2 = padding, iattr3 = dilation (pairs), iattr4 = ceil_mode;
+                             padding reads as -infinity */
+  KILN_OP_AVG_POOL2D,     /* x[...,H,W] -> [...,OH,OW]; iattr0 = kernel, iattr1 = stride,
+                             iattr2 = padding (pairs), iattr3 = ceil_mode, iattr4 =
+                             count_include_pad, iattr5 = divisor override (0: none), as PyTorch */
+  KILN_OP_ADAPTIVE_AVG_POOL2D, /* x[...,H,W] -> [...,OH,OW]; iattr0 = output size (pair); window
+                             i spans floor(i*H/OH) .. ceil((i+1)*H/OH) */
+  KILN_OP_UPSAMPLE_NEAREST2D, /* x[...,H,W] -> [...,OH,OW]; iattr0 = output size (pair); fattr0,
+                             fattr1 = scale factors h, w (0: from the sizes); source index
+                             floor(dst * H/OH) in f32, as PyTorch */
+  KILN_OP_UPSAMPLE_BILINEAR2D, /* as UPSAMPLE_NEAREST2D; iattr1 = align_corners; bilinear in f32
+                             with PyTorch's source-index rule */
   KILN_OP_COUNT
 } kiln_op_kind;
 
@@ -287,6 +313,11 @@ typedef enum kiln_bool_op {
   ((int64_t)(kind) | ((int64_t)(input) << KILN_PW_INPUT_SHIFT) | (int64_t)(flags))
 #define KILN_PW_STEP_KIND(step) ((kiln_op_kind)((step)&KILN_PW_KIND_MASK))
 #define KILN_PW_STEP_INPUT(step) ((uint32_t)(((step) >> KILN_PW_INPUT_SHIFT) & KILN_PW_INPUT_MASK))
+
+/* A spatial attribute pair (h, w) in one integer attribute; each of h and w is 0..2^31-1. */
+#define KILN_PAIR(h, w) (((int64_t)(h) << 32) | (int64_t)(uint32_t)(w))
+#define KILN_PAIR_H(pair) ((int64_t)((uint64_t)(pair) >> 32))
+#define KILN_PAIR_W(pair) ((int64_t)(uint32_t)(uint64_t)(pair))
 
 typedef enum kiln_activation {
   KILN_ACT_NONE = 0,
@@ -415,7 +446,10 @@ KILN_API kiln_status kiln_engine_load(const void *blob, size_t blob_size,
                                       const kiln_engine_options *opts, kiln_engine **out,
                                       kiln_error *err);
 /* Runs the plan synchronously: when it returns, outputs are written and every caller buffer
- * may be reused. Allocates nothing. Views are in binding order. */
+ * may be reused. Allocates nothing. Views are in binding order. No output may share a byte
+ * with an input or another output, even a declared in-place alias (pass separate buffers: the
+ * aliased output is copied into its input after the run); such views are refused with
+ * KILN_ERR_INVALID_ARGUMENT naming both bindings. Inputs may share bytes with each other. */
 KILN_API kiln_status kiln_engine_execute(kiln_engine *e, const kiln_tensor_view *inputs,
                                          uint32_t n_inputs, const kiln_tensor_view *outputs,
                                          uint32_t n_outputs, kiln_error *err);

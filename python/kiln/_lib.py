@@ -44,6 +44,8 @@ OP_NAMES = (
     "slice", "select", "copy", "embedding", "index_select", "where", "sdpa", "pointwise",
     "compare", "logical", "bitwise", "abs", "log", "cos", "sin", "erf", "hardswish",
     "hardsigmoid", "minimum", "maximum",
+    "conv", "conv_transpose", "batch_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+    "upsample_nearest2d", "upsample_bilinear2d",
 )
 OP = {name: index for index, name in enumerate(OP_NAMES)}
 

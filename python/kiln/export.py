@@ -1,27 +1,140 @@
 """kiln.export: a PyTorch module to a .pte file whose supported parts run on Kiln."""
 
+import operator
 import os
 import stat
 import tempfile
 import warnings
 
 import torch
-from executorch.exir import to_edge_transform_and_lower
+from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+from executorch.exir.delegate import executorch_call_delegate
+from executorch.exir.lowered_backend_module import LoweredBackendModule
+from executorch.exir.passes import MemoryPlanningPass
+from torch.export.graph_signature import InputKind, OutputKind
 
+from .backend import KilnBackend
+from .folding import DEFAULT_FOLD_LIMIT_BYTES, FoldConstants, drop_unused_constants
 from .partitioner import KilnPartitioner
+from .report import NotWholeError, delegation_report
 
 
-def to_executorch(model, example_inputs, *, device_id=0, fuse=True, allow_tf32=False):
-    """Exports and lowers model; returns ExecuTorch's ExecutorchProgramManager."""
+def _static_refusal(program):
+    """The first dynamic dimension among the program's user inputs, as a message; None when all are static."""
+    user_inputs = set(program.graph_signature.user_inputs)
+    for node in program.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        if node.name not in user_inputs or not isinstance(value, torch.Tensor):
+            continue
+        for dim, size in enumerate(value.shape):
+            if not isinstance(size, int):
+                bounds = program.range_constraints.get(size.node.expr)
+                within = f" in [{bounds.lower}, {bounds.upper}]" if bounds is not None else ""
+                return (f"kiln: input {node.name!r} dimension {dim} is dynamic ({size}{within}); Kiln plans "
+                        "static shapes for now: export with a static size for it (drop it from dynamic_shapes)")
+    return None
+
+
+def _exported(model, example_inputs, kwargs, dynamic_shapes, strict):
+    """torch.export's program for model, which may already be one."""
+    if isinstance(model, torch.export.ExportedProgram):
+        given = [name for name, value in (("example_inputs", example_inputs), ("kwargs", kwargs),
+                                          ("dynamic_shapes", dynamic_shapes), ("strict", strict)) if value is not None]
+        if given:
+            raise TypeError(f"kiln: {', '.join(given)} given with an ExportedProgram, which was exported with its "
+                            "own: pass them to torch.export.export instead, or pass the nn.Module")
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"kiln: cannot export a {type(model).__name__}; pass a torch.nn.Module or a "
+                        "torch.export.ExportedProgram")
+    if example_inputs is None:
+        example_inputs = ()
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, (tuple, list)):
+        raise TypeError(f"kiln: example_inputs is a {type(example_inputs).__name__}; pass a tuple of the "
+                        "positional inputs of forward (or one tensor)")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"kiln: kwargs is a {type(kwargs).__name__}; pass a dict of forward's keyword inputs")
     if getattr(model, "training", False):
         warnings.warn("kiln: the model is in training mode; call model.eval() before exporting "
                       "so that dropout and batch statistics do not end up in the program")
-    exported = torch.export.export(model, tuple(example_inputs))
+    return torch.export.export(model, tuple(example_inputs), kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+                               strict=bool(strict))
+
+
+def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, strict=None, device_id=0, fuse=True,
+          allow_tf32=False, fold_limit_bytes=DEFAULT_FOLD_LIMIT_BYTES):
+    """Exports (unless model is an ExportedProgram), folds constants and lowers to Kiln.
+
+    Returns (EdgeProgramManager, DelegationReport).
+    """
+    if isinstance(fold_limit_bytes, bool) or not isinstance(fold_limit_bytes, int) or fold_limit_bytes < 0:
+        raise ValueError(f"kiln: fold_limit_bytes={fold_limit_bytes!r} is not a byte count; pass an int >= 0")
+    exported = _exported(model, example_inputs, kwargs, dynamic_shapes, strict)
+    refusal = _static_refusal(exported)
+    if refusal is not None:
+        raise ValueError(refusal)
     partitioner = KilnPartitioner(device_id=device_id, allow_tf32=allow_tf32, fuse=fuse)
-    edge = to_edge_transform_and_lower(exported, partitioner=[partitioner])
-    return edge.to_executorch()
+    edge = to_edge_transform_and_lower(exported, transform_passes=[FoldConstants(fold_limit_bytes)],
+                                       partitioner=[partitioner])
+    # Constants whose readers all went into blobs may be left unread; see drop_unused_constants.
+    drop_unused_constants(edge.exported_program())
+    return edge, delegation_report(edge, partitioner.refusals)
+
+
+def to_executorch(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, strict=None, device_id=0,
+                  fuse=True, allow_tf32=False, fold_limit_bytes=DEFAULT_FOLD_LIMIT_BYTES, require_whole=False):
+    """Exports and lowers model; returns ExecuTorch's ExecutorchProgramManager.
+
+    model is an nn.Module (exported with torch.export.export(model, example_inputs, kwargs=,
+    dynamic_shapes=, strict=)) or an ExportedProgram. The delegation report is the returned
+    manager's kiln_report; it is also a warning when compute stays on ExecuTorch, or, with
+    require_whole=True, a NotWholeError naming the first op left out.
+    """
+    edge, report = lower(model, example_inputs, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=strict,
+                         device_id=device_id, fuse=fuse, allow_tf32=allow_tf32, fold_limit_bytes=fold_limit_bytes)
+    if not report.whole:
+        node, op, reason = report.first_compute
+        if require_whole:
+            raise NotWholeError(f"kiln: {op} (node {node}) stays on ExecuTorch: {reason}; the program is not "
+                                f"whole on Kiln (require_whole=True)\n{report}")
+        warnings.warn(str(report), stacklevel=3)
+    program = edge.to_executorch(caller_buffer_config(edge.exported_program()))
+    program.kiln_report = report
+    return program
+
+
+def _kiln_call(node):
+    """Whether node is a delegate call whose lowered module is a Kiln blob."""
+    if node.op != "call_function" or node.target is not executorch_call_delegate:
+        return False
+    owner = node.graph.owning_module
+    module = getattr(owner, node.args[0].target, None)
+    return isinstance(module, LoweredBackendModule) and module.backend_id == KilnBackend.__name__
+
+
+def caller_buffer_config(program):
+    """ExecuTorch's backend config that leaves the program's inputs (outputs) out of its memory
+    plan when every one of them only feeds (comes straight from) a Kiln blob, so the caller's
+    buffers are what the delegate receives: set_input shares the tensor's data pointer, and
+    unplanned outputs take the buffer given with set_output_data_ptr (Module::set_output)."""
+    graph = program.graph_module.graph
+    placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
+    user_inputs = [placeholders[spec.arg.name] for spec in program.graph_signature.input_specs
+                   if spec.kind == InputKind.USER_INPUT and getattr(spec.arg, "name", None) in placeholders]
+    inputs_to_kiln = bool(user_inputs) and all(
+        node.users and all(_kiln_call(user) for user in node.users) for node in user_inputs)
+    output_node = next(node for node in graph.nodes if node.op == "output")
+    returned = list(output_node.args[0])
+    user = [value for value, spec in zip(returned, program.graph_signature.output_specs)
+            if spec.kind == OutputKind.USER_OUTPUT]
+    # Each output a distinct result of a Kiln call: a buffer returned twice cannot be the caller's twice.
+    outputs_from_kiln = bool(user) and len(set(user)) == len(user) and all(
+        isinstance(value, torch.fx.Node) and (_kiln_call(value) or (
+            value.target is operator.getitem and _kiln_call(value.args[0]))) for value in user)
+    return ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(
+        alloc_graph_input=not inputs_to_kiln, alloc_graph_output=not outputs_from_kiln))
 
 
 def _write_beside(path, data):
@@ -46,16 +159,22 @@ def _write_beside(path, data):
         os.close(directory_fd)
 
 
-def export(model, example_inputs, path, *, device_id=0, fuse=True, allow_tf32=False):
+def export(model, example_inputs=None, path=None, *, kwargs=None, dynamic_shapes=None, strict=None, device_id=0,
+           fuse=True, allow_tf32=False, fold_limit_bytes=DEFAULT_FOLD_LIMIT_BYTES, require_whole=False):
     """Exports model to the ExecuTorch program path, delegating what Kiln supports.
 
-    The model should be in eval mode. The file is replaced only after export, lowering
+    model is an nn.Module in eval mode or a torch.export.ExportedProgram (then example_inputs
+    is None); the other arguments are to_executorch's. The file is replaced only after export, lowering
     and serialization all succeed: a refused export leaves an existing file untouched.
     Returns the ExecutorchProgramManager (kiln.blobs lists its Kiln blobs).
     """
+    if path is None:
+        raise TypeError("kiln: export needs the path of the .pte file to write")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"kiln: cannot write {path}: the directory {directory} does not exist")
-    program = to_executorch(model, example_inputs, device_id=device_id, fuse=fuse, allow_tf32=allow_tf32)
+    program = to_executorch(model, example_inputs, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=strict,
+                            device_id=device_id, fuse=fuse, allow_tf32=allow_tf32,
+                            fold_limit_bytes=fold_limit_bytes, require_whole=require_whole)
     _write_beside(path, program.buffer)
     return program

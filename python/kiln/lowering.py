@@ -376,6 +376,22 @@ def _check_copy(node):
     return None
 
 
+def _check_as_strided(node):
+    """as_strided is taken only where it reads the input's elements in order (a reshape): what
+    a flatten of a permuted tensor with unit dims becomes in the edge dialect."""
+    args = node_args(node)
+    size, stride = list(args["size"]), list(args["stride"])
+    expected, running = [], 1
+    for extent in reversed(size):
+        expected.append(running)
+        running *= extent
+    expected.reverse()
+    in_order = all(extent == 1 or s == e for extent, s, e in zip(size, stride, expected))
+    if args["storage_offset"] not in (None, 0) or not in_order or running != _val(args["self"]).numel():
+        return f"as_strided to size {size} stride {stride} offset {args['storage_offset']} (only in-order views)"
+    return None
+
+
 def _lower_embedding(ctx, node):
     args = node_args(node)
     return ctx.op("embedding", [ctx.tensor(args["weight"]), ctx.tensor(args["indices"])])
@@ -416,6 +432,125 @@ def _lower_sdpa(ctx, node):
     scale = 0.0 if args["scale"] is None else float(args["scale"])
     iattr = [int(bool(args["is_causal"])), int(args["attn_mask"] is not None)]
     return ctx.op("sdpa", inputs, iattr, [scale])
+
+
+def pair(h, w):
+    """A spatial (h, w) attribute packed as the builder's KILN_PAIR."""
+    return (int(h) << 32) | int(w)
+
+
+def _spatial_pair(values, spatial, fill):
+    """A 1- or 2-d window attribute as a pair; a 1-d op gets fill for h."""
+    values = [values] if isinstance(values, int) else list(values)
+    if spatial == 1:
+        return pair(fill, values[0])
+    if len(values) == 1:
+        values = values * 2
+    return pair(values[0], values[1])
+
+
+def _only_first_output_used(node, what):
+    for user in node.users:
+        if user.target is not operator.getitem or user.args[1] != 0:
+            return f"{_op_name(node)} whose {what} output is used (Kiln computes only the first)"
+    return None
+
+
+def _check_convolution(node):
+    args = node_args(node)
+    spatial = _val(args["input"]).dim() - 2
+    if spatial not in (1, 2):
+        return f"a {spatial}-d convolution (Kiln runs 1-d and 2-d)"
+    return None
+
+
+def _lower_convolution(ctx, node):
+    args = node_args(node)
+    spatial = _val(args["input"]).dim() - 2
+    inputs = [ctx.tensor(args["input"]), ctx.tensor(args["weight"])]
+    if args["bias"] is not None:
+        inputs.append(ctx.tensor(args["bias"]))
+    iattr = [_spatial_pair(args["stride"], spatial, 1), _spatial_pair(args["padding"], spatial, 0),
+             _spatial_pair(args["dilation"], spatial, 1), int(args["groups"]),
+             int(args["bias"] is not None)]
+    if not args["transposed"]:  # PyTorch ignores output_padding here
+        return ctx.op("conv", inputs, iattr)
+    iattr.append(_spatial_pair(args["output_padding"], spatial, 0))
+    return ctx.op("conv_transpose", inputs, iattr)
+
+
+def _check_batch_norm(node):
+    return _only_first_output_used(node, "mean or invstd")
+
+
+def _lower_batch_norm(ctx, node):
+    args = node_args(node)
+    inputs = [ctx.tensor(args["input"]), ctx.tensor(args["running_mean"]),
+              ctx.tensor(args["running_var"])]
+    flags = 0
+    if args["weight"] is not None:
+        inputs.append(ctx.tensor(args["weight"]))
+        flags |= 1
+    if args["bias"] is not None:
+        inputs.append(ctx.tensor(args["bias"]))
+        flags |= 2
+    return ctx.op("batch_norm", inputs, [flags], [float(args["eps"])])
+
+
+def _pool_window(args):
+    """kernel, stride (empty means the kernel) and padding of a 2-d pool as pairs."""
+    kernel = args["kernel_size"]
+    stride = args["stride"] if args["stride"] else kernel
+    return _spatial_pair(kernel, 2, 1), _spatial_pair(stride, 2, 1), _spatial_pair(args["padding"], 2, 0)
+
+
+def _check_max_pool(node):
+    return _only_first_output_used(node, "indices")
+
+
+def _lower_max_pool(ctx, node):
+    args = node_args(node)
+    kernel, stride, padding = _pool_window(args)
+    iattr = [kernel, stride, padding, _spatial_pair(args["dilation"], 2, 1), int(bool(args["ceil_mode"]))]
+    return ctx.op("max_pool2d", [ctx.tensor(args["self"])], iattr)
+
+
+def _lower_avg_pool(ctx, node):
+    args = node_args(node)
+    kernel, stride, padding = _pool_window(args)
+    divisor = args["divisor_override"] or 0
+    iattr = [kernel, stride, padding, int(bool(args["ceil_mode"])),
+             int(bool(args["count_include_pad"])), int(divisor)]
+    return ctx.op("avg_pool2d", [ctx.tensor(args["self"])], iattr)
+
+
+def _output_pair(node):
+    shape = _val(node).shape
+    return pair(shape[-2], shape[-1])
+
+
+def _lower_adaptive_avg_pool(ctx, node):
+    return ctx.op("adaptive_avg_pool2d", [ctx.tensor(node.args[0])], [_output_pair(node)])
+
+
+def _upsample_scales(args):
+    """The scale factors PyTorch computes source indices with, 0 where it uses the sizes."""
+    if args.get("scale_factors") is not None:
+        return [float(f) for f in args["scale_factors"]]
+    return [float(args.get("scales_h") or 0.0), float(args.get("scales_w") or 0.0)]
+
+
+def _lower_upsample_nearest(ctx, node):
+    args = node_args(node)
+    x = args.get("input", args.get("self"))
+    return ctx.op("upsample_nearest2d", [ctx.tensor(x)], [_output_pair(node)], _upsample_scales(args))
+
+
+def _lower_upsample_bilinear(ctx, node):
+    args = node_args(node)
+    x = args.get("input", args.get("self"))
+    iattr = [_output_pair(node), int(bool(args["align_corners"]))]
+    return ctx.op("upsample_bilinear2d", [ctx.tensor(x)], iattr, _upsample_scales(args))
 
 
 def _lower_full(ctx, node):
@@ -491,6 +626,8 @@ def _table():
     add(["aten::select_copy.int", "aten::select.int"], Lowering(_lower_select, compute=False))
     add(["aten::clone.default", "aten::_to_copy.default", "dim_order_ops::_clone_dim_order.default",
          "dim_order_ops::_to_dim_order_copy.default"], Lowering(_lower_copy, _check_copy, compute=False))
+    add(["aten::as_strided_copy.default", "aten::as_strided.default"],
+        Lowering(_lower_reshape, _check_as_strided, compute=False))
     add(["aten::embedding.default"], Lowering(_lower_embedding))
     add(["aten::index_select.default"], Lowering(_lower_index_select))
     add(["aten::where.self"], Lowering(_lower_where))
@@ -498,6 +635,18 @@ def _table():
     add(["aten::scaled_dot_product_attention.default"], Lowering(_lower_sdpa, _check_sdpa))
     add(["aten::full.default"], Lowering(_lower_full, compute=False))
     add(["aten::scalar_tensor.default"], Lowering(_lower_scalar_tensor, compute=False))
+    add(["aten::convolution.default"], Lowering(_lower_convolution, _check_convolution))
+    add(["aten::_native_batch_norm_legit_no_training.default"],
+        Lowering(_lower_batch_norm, _check_batch_norm))
+    add(["aten::max_pool2d_with_indices.default"], Lowering(_lower_max_pool, _check_max_pool))
+    add(["aten::max_pool2d.default"], Lowering(_lower_max_pool))
+    add(["aten::avg_pool2d.default"], Lowering(_lower_avg_pool))
+    add(["aten::_adaptive_avg_pool2d.default", "aten::adaptive_avg_pool2d.default"],
+        Lowering(_lower_adaptive_avg_pool))
+    add(["aten::upsample_nearest2d.vec", "aten::upsample_nearest2d.default"],
+        Lowering(_lower_upsample_nearest))
+    add(["aten::upsample_bilinear2d.vec", "aten::upsample_bilinear2d.default"],
+        Lowering(_lower_upsample_bilinear))
     table[operator.getitem] = Lowering(_lower_getitem, compute=False)
     return table
 
@@ -514,6 +663,8 @@ OPS_TO_NOT_DECOMPOSE = _ops(
     "aten::silu.default",
     "aten::hardswish.default",
     "aten::hardsigmoid.default",
+    "aten::upsample_nearest2d.vec",
+    "aten::upsample_bilinear2d.vec",
 )
 
 

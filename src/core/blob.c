@@ -1,6 +1,7 @@
 /* The blob container: a fixed little-endian header and three sections (metadata, plan,
  * weights), read from untrusted bytes and written by the builder. */
 #include "kiln/kiln.h"
+#include "core/alloc.h"
 #include "core/internal.h"
 
 #include <stdlib.h>
@@ -147,7 +148,7 @@ kiln_status kiln_blob_write(const void *metadata, size_t metadata_size, const vo
                        "blob sections are too large to address: %.8s ends past the size limit",
                        section_names[s]);
   }
-  uint8_t *blob = calloc(1, (size_t)cursor); /* zero-filled padding */
+  uint8_t *blob = kiln_calloc(1, (size_t)cursor); /* zero-filled padding */
   if (!blob)
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "out of host memory writing a %llu-byte blob: free memory and retry",

@@ -2,6 +2,7 @@
  * added, then builds a blob: graph passes, memory plan, plan, metadata and weights. */
 #include "core/alloc.h"
 #include "core/fold.h"
+#include "core/fold_batch_norm.h"
 #include "core/fuse.h"
 #include "core/fuse_attention.h"
 #include "core/fuse_grouped_kv.h"
@@ -13,6 +14,7 @@
 #include "core/memplan.h"
 #include "core/view.h"
 #include "core/shape.h"
+#include "core/utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -68,9 +70,9 @@ static kiln_status check_shape(const char *call, kiln_dtype dtype, int32_t rank,
   return KILN_OK;
 }
 
-/* A binding name: 1..63 printable bytes that no other input or output uses. */
+/* A binding name: 1..63 bytes of UTF-8 without control characters that no other input or output uses. */
 static kiln_status check_name(const kiln_graph *g, const char *name, kiln_error *err) {
-  size_t len = name ? strlen(name) : 0;
+  size_t len = name ? strlen(name) : 0, fault;
   if (g->n_inputs + g->n_outputs >= KILN_MAX_BINDINGS)
     return kiln_fail(err, KILN_ERR_UNSUPPORTED,
                      "builder: %u inputs and %u outputs reach the limit of %u bindings; split "
@@ -80,12 +82,11 @@ static kiln_status check_name(const kiln_graph *g, const char *name, kiln_error 
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                      "builder: a binding name is %llu bytes long; pass a name of 1..63 bytes",
                      (unsigned long long)len);
-  for (size_t i = 0; i < len; i++)
-    if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
-      return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
-                       "builder: a binding name has a control character at byte %u; use "
-                       "printable characters",
-                       (unsigned)i);
+  if ((fault = kiln_utf8_name_fault(name, len)) != len)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "builder: a binding name has a control character or malformed UTF-8 at "
+                     "byte %u; use printable UTF-8 text",
+                     (unsigned)fault);
   for (uint32_t i = 0; i < g->n_inputs + g->n_outputs; i++) {
     const char *other = i < g->n_inputs ? g->inputs[i].name : g->outputs[i - g->n_inputs].name;
     if (strcmp(other, name) == 0)
@@ -492,14 +493,15 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
   return KILN_OK;
 }
 
-/* Rewrites g: constants folded, GEMMs recognized, epilogues fused, dead code removed, then
- * SwiGLU's gate and up projections joined into one GEMM, repeated k and v heads dropped
- * (grouped-query attention), attention's head split and merge taken into the SDPA, pointwise
- * chains fused (after the epilogues, so a GEMM keeps its activation), then pointwise ops next
- * to a norm fused into it. */
+/* Rewrites g: constants folded, GEMMs recognized, batch norms folded into convolutions,
+ * epilogues fused, dead code removed, then SwiGLU's gate and up projections joined into one
+ * GEMM, repeated k and v heads dropped (grouped-query attention), attention's head split and
+ * merge taken into the SDPA, pointwise chains fused (after the epilogues, so a GEMM keeps its
+ * activation), then pointwise ops next to a norm fused into it. */
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, kiln_error *err) {
   kiln_status s;
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
+  if (opts->fuse && (s = kiln_fold_batch_norm(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_epilogues(g, err))) return s;
   if ((s = kiln_graph_remove_dead(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_swiglu(g, err))) return s;

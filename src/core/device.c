@@ -18,6 +18,15 @@ int kiln_cuda_count_devices(const char **reason) {
   return 0;
 }
 
+int kiln_buffer_device(const void *ptr) {
+#ifdef KILN_WITH_CUDA
+  return kiln_cuda_buffer_device(ptr);
+#else
+  (void)ptr;
+  return -1;
+#endif
+}
+
 /* The device kind KILN_DEVICE asks for; AUTO (refused) when it names neither. */
 static kiln_status kind_from_env(kiln_device_kind *kind, kiln_error *err) {
   const char *env = getenv("KILN_DEVICE");

@@ -3,6 +3,7 @@
 #include "core/alloc.h"
 #include "core/device.h"
 #include "core/engine_internal.h"
+#include "core/load_checks.h"
 #include "core/shape.h"
 
 #include <stdio.h>
@@ -17,36 +18,6 @@ void kiln_engine_options_default(kiln_engine_options *opts) {
 
 static const char *io_name(kiln_io_kind kind) { return kind == KILN_IO_INPUT ? "input" : "output"; }
 
-/* The metadata's bindings and the plan's inputs and outputs agree in count, dtype and shape. */
-static kiln_status check_bindings(const kiln_metadata *md, const kiln_plan *plan, kiln_error *err) {
-  uint32_t n[2] = {0, 0};
-  for (uint32_t i = 0; i < md->n_bindings; i++) n[md->bindings[i].kind]++;
-  if (n[KILN_IO_INPUT] != plan->n_inputs || n[KILN_IO_OUTPUT] != plan->n_outputs)
-    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
-                     "the metadata binds %u inputs and %u outputs but the plan has %u inputs and "
-                     "%u outputs; re-export the program",
-                     (unsigned)n[KILN_IO_INPUT], (unsigned)n[KILN_IO_OUTPUT],
-                     (unsigned)plan->n_inputs, (unsigned)plan->n_outputs);
-  n[0] = n[1] = 0;
-  for (uint32_t i = 0; i < md->n_bindings; i++) {
-    const kiln_binding *b = &md->bindings[i];
-    uint32_t k = n[b->kind]++;
-    const kiln_tensor_desc *t =
-        &plan->tensors[b->kind == KILN_IO_INPUT ? plan->inputs[k] : plan->outputs[k]];
-    char have[48], want[48];
-    if (b->dtype != t->dtype || b->rank != t->rank ||
-        memcmp(b->shape, t->dims, sizeof b->shape[0] * (size_t)b->rank) != 0)
-      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
-                       "metadata %.6s %u (\"%.63s\") is %.4s %.40s but the plan's tensor is %.4s "
-                       "%.40s; re-export the program",
-                       io_name(b->kind), (unsigned)k, b->name, kiln_dtype_name(b->dtype),
-                       kiln_shape_str(b->rank, b->shape, have, sizeof have),
-                       kiln_dtype_name(t->dtype),
-                       kiln_shape_str(t->rank, t->dims, want, sizeof want));
-  }
-  return KILN_OK;
-}
-
 static void release_engine(kiln_engine *e, int locked) {
   if (!e) return;
   kiln_plan_release(&e->plan);
@@ -58,13 +29,8 @@ static void release_engine(kiln_engine *e, int locked) {
 /* Parses what the blob holds into e and keeps a copy of the weights. */
 static kiln_status read_blob(kiln_engine *e, const void *blob, size_t blob_size, kiln_error *err) {
   kiln_blob_view view;
-  kiln_status s;
-  if ((s = kiln_blob_parse(blob, blob_size, &view, err)) ||
-      (s = kiln_metadata_parse((const char *)view.metadata, view.metadata_size, &e->metadata,
-                               err)) ||
-      (s = kiln_plan_parse(view.plan, view.plan_size, view.weights_size, &e->plan, err)) ||
-      (s = check_bindings(&e->metadata, &e->plan, err)))
-    return s;
+  kiln_status s = kiln_check_blob(blob, blob_size, &view, &e->metadata, &e->plan, err);
+  if (s) return s;
   e->weights_size = view.weights_size;
   if (view.weights_size == 0) return KILN_OK;
   if (!(e->weights = kiln_aligned_alloc(KILN_WEIGHTS_ALIGN, view.weights_size)))
@@ -166,6 +132,46 @@ static kiln_status check_view(const kiln_binding *b, uint32_t k, const kiln_tens
   return KILN_OK;
 }
 
+/* The bytes a view's binding uses, as an address range. */
+static void view_range(const kiln_plan *plan, kiln_io_kind kind, uint32_t k,
+                       const kiln_tensor_view *v, uintptr_t *lo, uintptr_t *hi) {
+  uint32_t t = kind == KILN_IO_INPUT ? plan->inputs[k] : plan->outputs[k];
+  *lo = (uintptr_t)v->data;
+  *hi = *lo + (uintptr_t)plan->tensors[t].nbytes;
+}
+
+/* No output shares a byte with an input or another output. Both engines read every input
+ * while they write outputs and copy an aliased output back after the run, so none performs a
+ * shared pair in place, declared alias or not. */
+static kiln_status check_disjoint(const kiln_engine *e, const kiln_tensor_view *inputs,
+                                  const kiln_tensor_view *outputs, kiln_error *err) {
+  const kiln_plan *plan = &e->plan;
+  const char *name[2][KILN_MAX_BINDINGS];
+  uint32_t n[2] = {0, 0};
+  for (uint32_t i = 0; i < e->metadata.n_bindings; i++) {
+    const kiln_binding *b = &e->metadata.bindings[i];
+    name[b->kind][n[b->kind]++] = b->name;
+  }
+  for (uint32_t o = 0; o < plan->n_outputs; o++) {
+    uintptr_t lo, hi;
+    view_range(plan, KILN_IO_OUTPUT, o, &outputs[o], &lo, &hi);
+    for (uint32_t j = 0; lo < hi && j < plan->n_inputs + o; j++) {
+      int is_in = j < plan->n_inputs;
+      uint32_t k = is_in ? j : j - plan->n_inputs;
+      uintptr_t lo2, hi2;
+      view_range(plan, is_in ? KILN_IO_INPUT : KILN_IO_OUTPUT, k, is_in ? &inputs[k] : &outputs[k],
+                 &lo2, &hi2);
+      if (lo2 < hi2 && lo < hi2 && lo2 < hi)
+        return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                         "output %u (\"%.63s\") shares bytes with %.6s %u (\"%.63s\"); pass "
+                         "disjoint buffers (an aliased output is copied back after)",
+                         (unsigned)o, name[KILN_IO_OUTPUT][o], is_in ? "input" : "output",
+                         (unsigned)k, name[is_in ? KILN_IO_INPUT : KILN_IO_OUTPUT][k]);
+    }
+  }
+  return KILN_OK;
+}
+
 static kiln_status check_views(const kiln_engine *e, const kiln_tensor_view *inputs,
                                uint32_t n_inputs, const kiln_tensor_view *outputs,
                                uint32_t n_outputs, kiln_error *err) {
@@ -187,7 +193,7 @@ static kiln_status check_views(const kiln_engine *e, const kiln_tensor_view *inp
                                in ? &inputs[k] : &outputs[k], err);
     if (s) return s;
   }
-  return KILN_OK;
+  return check_disjoint(e, inputs, outputs, err);
 }
 
 kiln_status kiln_engine_execute(kiln_engine *e, const kiln_tensor_view *inputs, uint32_t n_inputs,

@@ -38,6 +38,8 @@ extern const kiln_backend kiln_cpu_backend;
 extern const kiln_backend kiln_cuda_backend;
 /* Number of CUDA devices, or -1 with err set when the driver/runtime reports none. */
 int kiln_cuda_device_count(kiln_error *err);
+/* See kiln_buffer_device (core/device.h). */
+int kiln_cuda_buffer_device(const void *ptr);
 #endif
 
 #ifdef __cplusplus

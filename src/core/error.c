@@ -10,6 +10,9 @@ kiln_status kiln_fail(kiln_error *err, kiln_status status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err->message, sizeof err->message, fmt, ap);
     va_end(ap);
+    /* Messages echo bytes from blobs and callers: keep them to printable ASCII everywhere. */
+    for (char *p = err->message; *p; p++)
+      if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7E) *p = '?';
     err->status = status;
   }
   return status;

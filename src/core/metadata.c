@@ -4,6 +4,8 @@
  *    "io": [{"name": str, "kind": "input"|"output", "dtype": str, "shape": [int],
  *            "max_shape": [int]?}],
  *    "aliases": [{"output": int, "input": int, "kind": "inplace"}]?, "annotations": any?} */
+#include "core/alloc.h"
+#include "core/utf8.h"
 #include "kiln/kiln.h"
 
 #include <stdio.h>
@@ -131,6 +133,18 @@ static kiln_status read_string(reader *r, char *buf, size_t cap, size_t *out_len
                        "metadata string has a raw control character at byte %llu: escape it; "
                        "re-export the program",
                        at(r->pos));
+    if (c >= 0x80) {
+      uint32_t cp;
+      size_t len = kiln_utf8_next((const unsigned char *)r->s + r->pos, r->len - r->pos, &cp);
+      if (len == 0)
+        return kiln_fail(r->err, KILN_ERR_INVALID_PROGRAM,
+                         "metadata string has a byte sequence at byte %llu that is not UTF-8 "
+                         "(overlong, surrogate or past U+10FFFF); re-export the program",
+                         at(r->pos));
+      for (size_t k = 0; k < len; k++) put_byte(buf, cap, &n, (unsigned char)r->s[r->pos + k]);
+      r->pos += len;
+      continue;
+    }
     if (c != '\\') {
       put_byte(buf, cap, &n, c);
       r->pos++;
@@ -203,13 +217,11 @@ static kiln_status read_text(reader *r, const char *path, char *buf) {
                      "metadata %.32s at byte %llu is %llu bytes long, outside 1..%u: re-export "
                      "the program",
                      path, at(start), (unsigned long long)n, (unsigned)(KILN_NAME_MAX - 1));
-  for (size_t i = 0; i < n; i++) {
-    if ((unsigned char)buf[i] < 0x20)
-      return kiln_fail(r->err, KILN_ERR_INVALID_PROGRAM,
-                       "metadata %.32s at byte %llu contains a control character: re-export the "
-                       "program",
-                       path, at(start));
-  }
+  if (kiln_utf8_name_fault(buf, n) != n)
+    return kiln_fail(r->err, KILN_ERR_INVALID_PROGRAM,
+                     "metadata %.32s at byte %llu contains a control character: re-export the "
+                     "program",
+                     path, at(start));
   return KILN_OK;
 }
 
@@ -754,7 +766,7 @@ static void emit(text *t, const char *s, size_t n) {
   if (t->cap - t->len <= n) {
     size_t cap = t->cap ? t->cap : 1024;
     while (cap - t->len <= n) cap *= 2;
-    char *p = realloc(t->p, cap);
+    char *p = kiln_realloc(t->p, cap);
     if (!p) {
       t->failed = 1;
       return;
@@ -794,20 +806,18 @@ static void emit_dims(text *t, const int64_t *dims, int32_t rank) {
   emit(t, "]", 1);
 }
 
-/* 1..KILN_NAME_MAX-1 bytes before the NUL, none of them a control character. */
+/* 1..KILN_NAME_MAX-1 bytes of UTF-8 before the NUL, no control characters: what the reader
+ * takes as a name. */
 static int valid_text(const char *s, size_t cap) {
   const char *nul = memchr(s, '\0', cap);
   if (!nul || nul == s) return 0;
-  for (; s < nul; s++) {
-    if ((unsigned char)*s < 0x20) return 0;
-  }
-  return 1;
+  return kiln_utf8_name_fault(s, (size_t)(nul - s)) == (size_t)(nul - s);
 }
 
 static kiln_status check_writable(const kiln_metadata *md, kiln_error *err) {
   if (!valid_text(md->producer, sizeof md->producer))
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
-                     "metadata producer must be 1 to %u printable bytes: set producer",
+                     "metadata producer must be 1 to %u bytes of printable UTF-8: set producer",
                      (unsigned)(KILN_NAME_MAX - 1));
   if (md->device_id < 0 || md->min_compute_capability < 0 ||
       md->min_compute_capability > MAX_COMPUTE_CAPABILITY || (md->allow_tf32 & ~1) != 0)
@@ -825,7 +835,7 @@ static kiln_status check_writable(const kiln_metadata *md, kiln_error *err) {
     const kiln_binding *b = &md->bindings[i];
     if (!valid_text(b->name, sizeof b->name))
       return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
-                       "metadata io[%u] name must be 1 to %u printable bytes: name the binding",
+                       "metadata io[%u] name must be 1 to %u bytes of printable UTF-8: name the binding",
                        (unsigned)i, (unsigned)(KILN_NAME_MAX - 1));
     if ((unsigned)b->kind > KILN_IO_OUTPUT || (unsigned)b->dtype >= KILN_DTYPE_COUNT ||
         b->rank < 0 || b->rank > KILN_MAX_RANK)

@@ -50,6 +50,14 @@ static const char *const op_names[KILN_OP_COUNT] = {
     [KILN_OP_HARDSIGMOID] = "hardsigmoid",
     [KILN_OP_MINIMUM] = "minimum",
     [KILN_OP_MAXIMUM] = "maximum",
+    [KILN_OP_CONV] = "conv",
+    [KILN_OP_CONV_TRANSPOSE] = "conv_transpose",
+    [KILN_OP_BATCH_NORM] = "batch_norm",
+    [KILN_OP_MAX_POOL2D] = "max_pool2d",
+    [KILN_OP_AVG_POOL2D] = "avg_pool2d",
+    [KILN_OP_ADAPTIVE_AVG_POOL2D] = "adaptive_avg_pool2d",
+    [KILN_OP_UPSAMPLE_NEAREST2D] = "upsample_nearest2d",
+    [KILN_OP_UPSAMPLE_BILINEAR2D] = "upsample_bilinear2d",
 };
 
 const char *kiln_op_name(kiln_op_kind op) {

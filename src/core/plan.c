@@ -12,7 +12,9 @@
  * then u32 tensor indices of the inputs, then of the outputs. Unused slots are zero. */
 #include "core/alloc.h"
 #include "core/internal.h"
+#include "core/memplan.h"
 #include "core/shape.h"
+#include "core/view.h"
 
 #include <stdlib.h>
 
@@ -282,6 +284,59 @@ static kiln_status check_op(const kiln_plan *plan, uint32_t i, int64_t *writer, 
   return KILN_OK;
 }
 
+/* 1 when the byte ranges [a, a + an) and [b, b + bn) share a byte (ends checked at parse). */
+static int ranges_meet(uint64_t a, uint64_t an, uint64_t b, uint64_t bn) {
+  return an && bn && a < b + bn && b < a + an;
+}
+
+/* What the engines assume of the arena beyond each tensor's bounds. Every kernel on both
+ * engines reads its inputs while it writes its output, in an order no caller controls:
+ * elementwise, cast, where and fused pointwise by element, chunk or 16-byte vector; layout
+ * ops (permute, expand, cat, slice, select, copy) by gather or memcpy; reductions, softmax and
+ * norms by rows they read twice; linear and matmul by GEMM or GEMV tiles (cuBLASLt takes no
+ * output on an operand); attention by tiles of q, k and v staged while o is stored; embedding
+ * and index_select by rows. So no output byte may lie on an input byte. The one exception is a
+ * view the memory plan placed exactly on its input's bytes, which both engines skip. The arena
+ * is at most its tensors' reach aligned up, so a damaged size cannot reserve host or device
+ * memory at load. */
+static kiln_status check_arena(const kiln_plan *plan, kiln_error *err) {
+  uint64_t end = 0, limit;
+  for (uint32_t t = 0; t < plan->n_tensors; t++) {
+    const kiln_tensor_desc *d = &plan->tensors[t];
+    if (d->storage == KILN_STORE_ARENA && d->offset + d->nbytes > end) end = d->offset + d->nbytes;
+  }
+  limit = end > UINT64_MAX - KILN_ARENA_ALIGN ? UINT64_MAX
+                                              : (end + KILN_ARENA_ALIGN - 1) / KILN_ARENA_ALIGN *
+                                                    KILN_ARENA_ALIGN;
+  if (plan->arena_size > limit)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan arena size %llu exceeds the %llu bytes its tensors reach (aligned to "
+                     "%u); re-export the program",
+                     (unsigned long long)plan->arena_size, (unsigned long long)limit,
+                     (unsigned)KILN_ARENA_ALIGN);
+  for (uint32_t i = 0; i < plan->n_ops; i++) {
+    const kiln_op *op = &plan->ops[i];
+    const kiln_tensor_desc *out = &plan->tensors[op->output];
+    if (out->storage != KILN_STORE_ARENA) continue; /* each output binding is its own buffer */
+    for (uint32_t k = 0; k < op->n_inputs; k++) {
+      const kiln_tensor_desc *in = &plan->tensors[op->inputs[k]];
+      uint64_t at;
+      if (in->storage != KILN_STORE_ARENA ||
+          !ranges_meet(out->offset, out->nbytes, in->offset, in->nbytes))
+        continue;
+      if (k == 0 && kiln_op_is_view(op, in, &at) && out->offset == in->offset + at) continue;
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan op %u (%.12s): output tensor %u (arena %llu +%llu) overlaps input "
+                       "%u, tensor %u (arena %llu +%llu); re-export the program",
+                       (unsigned)i, kiln_op_name(op->kind), (unsigned)op->output,
+                       (unsigned long long)out->offset, (unsigned long long)out->nbytes,
+                       (unsigned)k, (unsigned)op->inputs[k], (unsigned long long)in->offset,
+                       (unsigned long long)in->nbytes);
+    }
+  }
+  return KILN_OK;
+}
+
 static kiln_status parse_body(const uint8_t *p, uint64_t weights_size, kiln_plan *plan,
                               kiln_error *err) {
   int64_t *writer;
@@ -307,6 +362,7 @@ static kiln_status parse_body(const uint8_t *p, uint64_t weights_size, kiln_plan
       s = kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
                     "plan output %u (tensor %u) is written by no op; re-export the program",
                     (unsigned)i, (unsigned)plan->outputs[i]);
+  if (s == KILN_OK) s = check_arena(plan, err);
   free(writer);
   return s;
 }

@@ -4,6 +4,7 @@
 #include "core/internal.h"
 #include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
+#include "core/vision_shape.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,6 +63,14 @@ static const op_arity arity[KILN_OP_COUNT] = {
     [KILN_OP_HARDSIGMOID] = {1, 1, 0, 0},
     [KILN_OP_MINIMUM] = {2, 2, 0, 0},
     [KILN_OP_MAXIMUM] = {2, 2, 0, 0},
+    [KILN_OP_CONV] = {2, 3, 5, 5},
+    [KILN_OP_CONV_TRANSPOSE] = {2, 3, 6, 6},
+    [KILN_OP_BATCH_NORM] = {3, 5, 1, 1},
+    [KILN_OP_MAX_POOL2D] = {1, 1, 5, 5},
+    [KILN_OP_AVG_POOL2D] = {1, 1, 6, 6},
+    [KILN_OP_ADAPTIVE_AVG_POOL2D] = {1, 1, 1, 1},
+    [KILN_OP_UPSAMPLE_NEAREST2D] = {1, 1, 1, 1},
+    [KILN_OP_UPSAMPLE_BILINEAR2D] = {1, 1, 2, 2},
 };
 
 /* One inference call: the op, its inputs, and how to word a refusal. */
@@ -800,6 +809,14 @@ static kiln_status infer_norm(const infer_ctx *c, kiln_tensor_desc *out) {
   return KILN_OK;
 }
 
+/* Convolution, batch norm, pooling and resize: the geometry's own words name the fault. */
+static kiln_status infer_vision(const infer_ctx *c, kiln_tensor_desc *out) {
+  char why[160];
+  if (kiln_vision_infer(c->op, c->in, out, why, sizeof why) == 0) return KILN_OK;
+  return kiln_fail(c->err, c->status, "%.7s op %u (%.12s): %.159s%.24s", c->stage, c->index,
+                   c->name, why, c->remedy);
+}
+
 static kiln_status infer_dispatch(const infer_ctx *c, kiln_tensor_desc *out) {
   switch (c->op->kind) {
   case KILN_OP_LINEAR: return infer_linear(c, out);
@@ -852,6 +869,14 @@ static kiln_status infer_dispatch(const infer_ctx *c, kiln_tensor_desc *out) {
   case KILN_OP_WHERE: return infer_where(c, out);
   case KILN_OP_SDPA: return infer_sdpa(c, out);
   case KILN_OP_POINTWISE: return infer_fused_pointwise(c, out);
+  case KILN_OP_CONV:
+  case KILN_OP_CONV_TRANSPOSE:
+  case KILN_OP_BATCH_NORM:
+  case KILN_OP_MAX_POOL2D:
+  case KILN_OP_AVG_POOL2D:
+  case KILN_OP_ADAPTIVE_AVG_POOL2D:
+  case KILN_OP_UPSAMPLE_NEAREST2D:
+  case KILN_OP_UPSAMPLE_BILINEAR2D: return infer_vision(c, out);
   case KILN_OP_COUNT: break;
   }
   return kiln_fail(c->err, c->status, "%.7s op %u: op kind %u is unknown%.24s", c->stage,

@@ -3,6 +3,7 @@
  * runs the ops in order and copies aliased outputs back into their inputs, allocating
  * nothing. */
 #include "core/alloc.h"
+#include "core/device.h"
 #include "core/view.h"
 #include "cpu/cpu_ops.h"
 
@@ -147,7 +148,33 @@ static kiln_status run_op(const kiln_cpu_run *r, uint32_t index, kiln_error *err
   case KILN_OP_WHERE: kiln_cpu_where(r, op); break;
   case KILN_OP_SDPA: kiln_cpu_sdpa(r, op); break;
   case KILN_OP_POINTWISE: kiln_cpu_fused_pointwise(r, op); break;
+  case KILN_OP_CONV: kiln_cpu_conv(r, op); break;
+  case KILN_OP_CONV_TRANSPOSE: kiln_cpu_conv_transpose(r, op); break;
+  case KILN_OP_BATCH_NORM: kiln_cpu_batch_norm(r, op); break;
+  case KILN_OP_MAX_POOL2D: kiln_cpu_max_pool2d(r, op); break;
+  case KILN_OP_AVG_POOL2D: kiln_cpu_avg_pool2d(r, op); break;
+  case KILN_OP_ADAPTIVE_AVG_POOL2D: kiln_cpu_adaptive_avg_pool2d(r, op); break;
+  case KILN_OP_UPSAMPLE_NEAREST2D: kiln_cpu_upsample_nearest2d(r, op); break;
+  case KILN_OP_UPSAMPLE_BILINEAR2D: kiln_cpu_upsample_bilinear2d(r, op); break;
   case KILN_OP_COUNT: break; /* refused at init */
+  }
+  return KILN_OK;
+}
+
+/* A device buffer (a CUDA tensor handed on by ExecuTorch) is refused, never read as host memory. */
+static kiln_status check_host_buffers(const kiln_engine *e, const kiln_tensor_view *inputs,
+                                      const kiln_tensor_view *outputs, kiln_error *err) {
+  uint32_t n[2] = {0, 0};
+  for (uint32_t b = 0; b < e->metadata.n_bindings; b++) {
+    const kiln_binding *bd = &e->metadata.bindings[b];
+    int in = bd->kind == KILN_IO_INPUT;
+    const kiln_tensor_view *v = in ? &inputs[n[0]++] : &outputs[n[1]++];
+    int device = v->nbytes ? kiln_buffer_device(v->data) : -1;
+    if (device >= 0)
+      return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                       "%.6s %.64s is memory of cuda:%d, which the CPU reference engine cannot "
+                       "read; pass a host tensor, or load the program on CUDA",
+                       in ? "input" : "output", bd->name, device);
   }
   return KILN_OK;
 }
@@ -155,7 +182,8 @@ static kiln_status run_op(const kiln_cpu_run *r, uint32_t index, kiln_error *err
 static kiln_status cpu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
                                const kiln_tensor_view *outputs, kiln_error *err) {
   cpu_state *s = e->impl;
-  kiln_status st = resolve(e, inputs, outputs, err);
+  kiln_status st = check_host_buffers(e, inputs, outputs, err);
+  if (st == KILN_OK) st = resolve(e, inputs, outputs, err);
   const kiln_cpu_run run = {&e->plan, s->data, s->scratch};
   for (uint32_t i = 0; st == KILN_OK && i < e->plan.n_ops; i++) st = run_op(&run, i, err);
   for (uint32_t i = 0; st == KILN_OK && i < e->metadata.n_aliases; i++) {

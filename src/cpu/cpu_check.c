@@ -4,6 +4,7 @@
 #include "core/internal.h"
 #include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
+#include "core/vision_shape.h"
 #include "cpu/cpu_ops.h"
 
 typedef enum out_class {
@@ -110,6 +111,19 @@ static int norm_ok(const kiln_plan *p, const kiln_op *op) {
   return kiln_pointwise_check(op, &where) == KILN_PW_FINE && operands_fit(p, op, base);
 }
 
+/* 1 when a vision op's geometry, recomputed from its inputs and attributes, makes its output. */
+static int vision_ok(const kiln_plan *p, const kiln_op *op) {
+  const kiln_tensor_desc *in[KILN_MAX_OP_INPUTS];
+  const kiln_tensor_desc *out = &p->tensors[op->output];
+  kiln_tensor_desc want;
+  char why[160];
+  for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = &p->tensors[op->inputs[k]];
+  if (kiln_vision_infer(op, in, &want, why, sizeof why) || want.rank != out->rank) return 0;
+  for (int32_t d = 0; d < out->rank; d++)
+    if (want.dims[d] != out->dims[d]) return 0;
+  return want.dtype == out->dtype;
+}
+
 /* 1 when the op's attributes are usable as indices into its tensors' dims. */
 static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
   const kiln_tensor_desc *x = &p->tensors[op->inputs[0]];
@@ -165,7 +179,7 @@ static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
   case KILN_OP_BITWISE:
     return a[0] >= KILN_BOOL_AND && a[0] <= KILN_BOOL_NOT &&
            op->n_inputs == (a[0] == KILN_BOOL_NOT ? 1u : 2u);
-  default: return 1;
+  default: return kiln_is_vision_op(op->kind) ? vision_ok(p, op) : 1;
   }
 }
 
@@ -230,7 +244,10 @@ static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_c
   case KILN_OP_WHERE: *min_in = *max_in = 3, *cls = OUT_ANY; break;
   case KILN_OP_SDPA: *min_in = 1, *max_in = 4; break;
   case KILN_OP_POINTWISE: *max_in = KILN_MAX_OP_INPUTS; break;
-  default: break; /* the float unary ops, softmax, mean */
+  case KILN_OP_CONV:
+  case KILN_OP_CONV_TRANSPOSE: *min_in = 2, *max_in = 3; break;
+  case KILN_OP_BATCH_NORM: *min_in = 3, *max_in = 5; break;
+  default: break; /* the float unary ops, softmax, mean, pooling and resize */
   }
 }
 
@@ -300,6 +317,9 @@ uint64_t kiln_cpu_scratch_count(const kiln_plan *p) {
     } else if (op->kind == KILN_OP_SDPA) {
       const kiln_tensor_desc *k = &p->tensors[op->inputs[1]], *v = &p->tensors[op->inputs[2]];
       need = (uint64_t)k->dims[k->rank - 2] + (uint64_t)v->dims[v->rank - 1]; /* scores, row */
+    } else if (op->kind == KILN_OP_CONV) {
+      const kiln_tensor_desc *out = &p->tensors[op->output];
+      need = (uint64_t)out->dims[out->rank - 1]; /* one output row of sums */
     }
     if (need > most) most = need;
   }

@@ -173,4 +173,18 @@ kiln_status kiln_cpu_index_select(const kiln_cpu_run *r, uint32_t index, const k
 /* cpu_attention.c */
 void kiln_cpu_sdpa(const kiln_cpu_run *r, const kiln_op *op);
 
+/* cpu_conv.c: CONV reads one output row of sums from the scratch */
+void kiln_cpu_conv(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_conv_transpose(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_batch_norm(const kiln_cpu_run *r, const kiln_op *op);
+
+/* cpu_pool.c */
+void kiln_cpu_max_pool2d(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_avg_pool2d(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_adaptive_avg_pool2d(const kiln_cpu_run *r, const kiln_op *op);
+
+/* cpu_resize.c */
+void kiln_cpu_upsample_nearest2d(const kiln_cpu_run *r, const kiln_op *op);
+void kiln_cpu_upsample_bilinear2d(const kiln_cpu_run *r, const kiln_op *op);
+
 #endif

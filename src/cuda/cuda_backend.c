@@ -3,8 +3,9 @@
  * each caller buffer, replays a graph and synchronizes, allocating nothing.
  *
  * Graphs: graph_host is captured once with engine-owned device buffers for every input and
- * output, with the copies from and to pinned host staging inside it, so the usual call (host
- * tensors, as ExecuTorch passes them) replays it with no update at all. graph_dev holds the
+ * output. When all of the I/O fits in one staging chunk, the copies from and to the pinned
+ * ring are inside it, so a small call on host tensors is one replay; larger host buffers move
+ * through the ring in chunks (cuda_staging.c) around a replay of the ops alone. graph_dev holds the
  * same ops without host copies; when a caller passes device buffers, which are bound in
  * place, their addresses differ from the ones captured, so the op sequence is re-captured
  * and applied to graph_dev with cudaGraphExecUpdate (the driver keeps the recording; no
@@ -17,6 +18,7 @@
 #include "cuda_check.h"
 #include "cuda_gemm.h"
 #include "cuda_ops.h"
+#include "cuda_staging.h"
 
 #include <cublasLt.h>
 #include <cuda.h>
@@ -35,8 +37,8 @@ typedef enum kcu_mode { KCU_HOST, KCU_BOUND, KCU_DEVSTAGE } kcu_mode;
 typedef struct kcu_io {
   uint32_t tensor;
   size_t nbytes;
-  void *dev;  /* device staging */
-  void *host; /* pinned host staging */
+  void *dev;       /* device staging */
+  size_t ring_off; /* where it lies in the pinned ring when graph_host holds the copies */
   const char *name;
 } kcu_io;
 
@@ -49,6 +51,9 @@ typedef struct kcu_state {
   void *weights, *arena, *workspace;
   size_t workspace_size;
   int *fault_dev, *fault_host;
+  void *ring;        /* pinned host staging, sized at init */
+  kcu_staging staging;
+  int whole_io;      /* all I/O fits the ring at once: graph_host holds the host copies */
   uint32_t n_in, n_out;
   kcu_io *in, *out;
   kcu_gemm *gemm; /* one per op; used by LINEAR and MATMUL */
@@ -225,11 +230,13 @@ static cudaError_t kcu_enqueue(kcu_state *s, const kiln_plan *p, void *const *in
   cudaError_t rc = cudaMemsetAsync(s->fault_dev, 0, sizeof(int), s->stream);
   for (uint32_t i = 0; rc == cudaSuccess && host_copies && i < s->n_in; i++)
     if (s->in[i].nbytes)
-      rc = cudaMemcpyAsync(s->in[i].dev, s->in[i].host, s->in[i].nbytes, cudaMemcpyHostToDevice, s->stream);
+      rc = cudaMemcpyAsync(s->in[i].dev, (char *)s->ring + s->in[i].ring_off, s->in[i].nbytes,
+                           cudaMemcpyHostToDevice, s->stream);
   for (uint32_t i = 0; rc == cudaSuccess && i < p->n_ops; i++) rc = kcu_run_op(s, p, i, in_addr, out_addr);
   for (uint32_t i = 0; rc == cudaSuccess && host_copies && i < s->n_out; i++)
     if (s->out[i].nbytes)
-      rc = cudaMemcpyAsync(s->out[i].host, s->out[i].dev, s->out[i].nbytes, cudaMemcpyDeviceToHost, s->stream);
+      rc = cudaMemcpyAsync((char *)s->ring + s->out[i].ring_off, s->out[i].dev, s->out[i].nbytes,
+                           cudaMemcpyDeviceToHost, s->stream);
   if (rc == cudaSuccess)
     rc = cudaMemcpyAsync(s->fault_host, s->fault_dev, sizeof(int), cudaMemcpyDeviceToHost, s->stream);
   return rc;
@@ -261,14 +268,10 @@ static void kcu_destroy(kiln_engine *e) {
   if (s->graph_dev) cudaGraphExecDestroy(s->graph_dev);
   for (uint32_t i = 0; s->gemm && i < e->plan.n_ops; i++) kcu_gemm_release(&s->gemm[i]);
   for (uint32_t i = 0; s->attn && i < e->plan.n_ops; i++) kcu_attn_gemm_release(&s->attn[i]);
-  for (uint32_t i = 0; s->in && i < s->n_in; i++) {
-    cudaFree(s->in[i].dev);
-    cudaFreeHost(s->in[i].host);
-  }
-  for (uint32_t i = 0; s->out && i < s->n_out; i++) {
-    cudaFree(s->out[i].dev);
-    cudaFreeHost(s->out[i].host);
-  }
+  for (uint32_t i = 0; s->in && i < s->n_in; i++) cudaFree(s->in[i].dev);
+  for (uint32_t i = 0; s->out && i < s->n_out; i++) cudaFree(s->out[i].dev);
+  kcu_staging_release(&s->staging);
+  cudaFreeHost(s->ring);
   cudaFree(s->weights);
   cudaFree(s->arena);
   cudaFree(s->workspace);
@@ -370,17 +373,32 @@ static kiln_status kcu_setup_io(kcu_state *s, const kiln_engine *e, kiln_error *
                        "exist; re-export the program", a, al->output, al->input);
   }
   kiln_status st = KILN_OK;
+  size_t largest = 0, in_total = 0, out_total = 0;
   for (uint32_t i = 0; st == KILN_OK && i < s->n_in; i++) {
     st = kcu_dev_alloc(s, &s->in[i].dev, s->in[i].nbytes, "input staging", err);
-    if (st == KILN_OK) st = kcu_pinned_alloc(s, &s->in[i].host, s->in[i].nbytes, "input staging", err);
     s->dev_in[i] = s->in[i].dev;
+    s->in[i].ring_off = in_total;
+    in_total += (s->in[i].nbytes + KCU_BIND_ALIGN - 1) / KCU_BIND_ALIGN * KCU_BIND_ALIGN;
+    if (s->in[i].nbytes > largest) largest = s->in[i].nbytes;
   }
   for (uint32_t i = 0; st == KILN_OK && i < s->n_out; i++) {
     st = kcu_dev_alloc(s, &s->out[i].dev, s->out[i].nbytes, "output staging", err);
-    if (st == KILN_OK) st = kcu_pinned_alloc(s, &s->out[i].host, s->out[i].nbytes, "output staging", err);
     s->dev_out[i] = s->out[i].dev;
+    s->out[i].ring_off = out_total;
+    out_total += (s->out[i].nbytes + KCU_BIND_ALIGN - 1) / KCU_BIND_ALIGN * KCU_BIND_ALIGN;
+    if (s->out[i].nbytes > largest) largest = s->out[i].nbytes;
   }
-  return st;
+  if (st != KILN_OK) return st;
+  /* Inputs are copied in before outputs are copied out, so the two share the ring. */
+  s->whole_io = in_total <= KCU_STAGE_CHUNK && out_total <= KCU_STAGE_CHUNK;
+  size_t ring = kcu_staging_bytes(largest);
+  size_t whole = in_total > out_total ? in_total : out_total;
+  if (s->whole_io && whole > ring) ring = whole;
+  if ((st = kcu_pinned_alloc(s, &s->ring, ring, "staging ring", err)) != KILN_OK) return st;
+  if (kcu_injected()) return kcu_oom(s, 0, "staging events", err);
+  cudaError_t rc = kcu_staging_init(&s->staging, s->ring, ring);
+  if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "staging events", err);
+  return KILN_OK;
 }
 
 /* Whether SDPA op i will run on the flash kernel, decided on the plan: arena and weight
@@ -525,7 +543,7 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
       kcu_gemm_tune(&s->gemm[i], s->lt, s->stream, in, op->n_inputs, &out, s->workspace,
                     s->workspace_size);
   }
-  if ((st = kcu_instantiate(s, &e->plan, 1, &s->graph_host, err)) != KILN_OK) return st;
+  if ((st = kcu_instantiate(s, &e->plan, s->whole_io, &s->graph_host, err)) != KILN_OK) return st;
   if ((st = kcu_instantiate(s, &e->plan, 0, &s->graph_dev, err)) != KILN_OK) return st;
   /* One replay loads every kernel now, so the first execute costs what the others do. */
   cudaError_t rc = cudaGraphLaunch(s->graph_host, s->stream);
@@ -634,58 +652,82 @@ static cudaError_t kcu_run_bound(kcu_state *s, const kiln_plan *p) {
   return cudaGraphLaunch(s->graph_dev, s->stream);
 }
 
+/* Moves caller input i into the engine's buffer unless it is bound in place. */
+static cudaError_t kcu_stage_in(kcu_state *s, uint32_t i, const void *data) {
+  size_t n = s->in[i].nbytes;
+  if (s->in_mode[i] == KCU_BOUND) {
+    s->stats.bound++;
+    return cudaSuccess;
+  }
+  s->stats.staged++;
+  if (n == 0) return cudaSuccess;
+  if (s->in_mode[i] == KCU_HOST) return kcu_stage_upload(&s->staging, s->stream, s->in[i].dev, data, n);
+  return cudaMemcpyAsync(s->in[i].dev, data, n, cudaMemcpyDefault, s->stream);
+}
+
+/* Enqueues the copy of a device output that is not bound; host outputs wait for kcu_stage_out. */
+static cudaError_t kcu_copy_device_out(kcu_state *s, uint32_t i, void *data) {
+  if (s->out_mode[i] == KCU_BOUND) {
+    s->stats.bound++;
+    return cudaSuccess;
+  }
+  s->stats.staged++;
+  if (s->out_mode[i] == KCU_HOST || s->out[i].nbytes == 0) return cudaSuccess;
+  return cudaMemcpyAsync(data, s->out[i].dev, s->out[i].nbytes, cudaMemcpyDefault, s->stream);
+}
+
 static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
                                const kiln_tensor_view *outputs, kiln_error *err) {
   kcu_state *s = (kcu_state *)e->impl;
   const kiln_plan *p = &e->plan;
   cudaError_t rc = cudaSetDevice(s->device);
   if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "cudaSetDevice", err);
-  int all_host = 1;
+  int all_host = 1, any_bound = 0;
   for (uint32_t i = 0; i < s->n_in; i++) {
     kiln_status st = kcu_place(s, &s->in[i], "input", inputs[i].data, &s->in_mode[i], &s->run_in[i], err);
     if (st != KILN_OK) return st;
     all_host &= s->in_mode[i] == KCU_HOST;
+    any_bound |= s->in_mode[i] == KCU_BOUND;
   }
   for (uint32_t i = 0; i < s->n_out; i++) {
     kiln_status st = kcu_place(s, &s->out[i], "output", outputs[i].data, &s->out_mode[i], &s->run_out[i], err);
     if (st != KILN_OK) return st;
     all_host &= s->out_mode[i] == KCU_HOST;
+    any_bound |= s->out_mode[i] == KCU_BOUND;
   }
-  if (all_host) {
-    for (uint32_t i = 0; i < s->n_in; i++) memcpy(s->in[i].host, inputs[i].data, s->in[i].nbytes);
+  int whole = all_host && s->whole_io;
+  if (whole) {
+    /* Small host I/O: through the ring in one piece, the copies inside graph_host. */
+    for (uint32_t i = 0; i < s->n_in; i++)
+      memcpy((char *)s->ring + s->in[i].ring_off, inputs[i].data, s->in[i].nbytes);
     s->stats.staged += s->n_in + s->n_out;
     s->stats.graph_replays++;
     rc = cudaGraphLaunch(s->graph_host, s->stream);
   } else {
-    for (uint32_t i = 0; rc == cudaSuccess && i < s->n_in; i++) {
-      if (s->in_mode[i] == KCU_BOUND) {
-        s->stats.bound++;
-      } else {
-        s->stats.staged++;
-        if (s->in[i].nbytes)
-          rc = cudaMemcpyAsync(s->in[i].dev, inputs[i].data, s->in[i].nbytes, cudaMemcpyDefault, s->stream);
-      }
+    for (uint32_t i = 0; rc == cudaSuccess && i < s->n_in; i++) rc = kcu_stage_in(s, i, inputs[i].data);
+    if (rc == cudaSuccess && !any_bound && !s->whole_io) {
+      s->stats.graph_replays++; /* every address is the engine's own: graph_host has just the ops */
+      rc = cudaGraphLaunch(s->graph_host, s->stream);
+    } else if (rc == cudaSuccess) {
+      rc = kcu_run_bound(s, p);
     }
-    if (rc == cudaSuccess) rc = kcu_run_bound(s, p);
-    for (uint32_t i = 0; rc == cudaSuccess && i < s->n_out; i++) {
-      if (s->out_mode[i] == KCU_BOUND) {
-        s->stats.bound++;
-      } else {
-        s->stats.staged++;
-        if (s->out[i].nbytes)
-          rc = cudaMemcpyAsync(outputs[i].data, s->out[i].dev, s->out[i].nbytes, cudaMemcpyDefault, s->stream);
-      }
-    }
+    for (uint32_t i = 0; rc == cudaSuccess && i < s->n_out; i++) rc = kcu_copy_device_out(s, i, outputs[i].data);
   }
   /* In-place outputs (a KV cache) go back into their input's buffer, wherever it lives. */
   for (uint32_t a = 0; rc == cudaSuccess && a < e->metadata.n_aliases; a++) {
     const kiln_alias *al = &e->metadata.aliases[a];
     void *dst = inputs[al->input].data;
-    const void *src = all_host ? s->out[al->output].dev : s->run_out[al->output];
+    const void *src = s->run_out[al->output];
     if (dst != src && s->out[al->output].nbytes)
       rc = cudaMemcpyAsync(dst, src, s->out[al->output].nbytes, cudaMemcpyDefault, s->stream);
   }
+  /* Host outputs leave in chunks, each copied out while the next one is still on the link. */
+  for (uint32_t i = 0; rc == cudaSuccess && !whole && i < s->n_out; i++)
+    if (s->out_mode[i] == KCU_HOST)
+      rc = kcu_stage_download(&s->staging, s->stream, outputs[i].data, s->out[i].dev, s->out[i].nbytes);
   cudaError_t sync = cudaStreamSynchronize(s->stream);
+  kcu_staging_idle(&s->staging);
+  s->stats.stage_chunks = s->staging.chunks;
   if (rc == cudaSuccess) rc = sync;
   if (rc != cudaSuccess) {
     cudaGetLastError();
@@ -695,8 +737,9 @@ static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
                      "delegate earlier in the same program; read the first error",
                      s->device, cudaGetErrorString(rc));
   }
-  if (all_host)
-    for (uint32_t i = 0; i < s->n_out; i++) memcpy(outputs[i].data, s->out[i].host, s->out[i].nbytes);
+  if (whole)
+    for (uint32_t i = 0; i < s->n_out; i++)
+      memcpy(outputs[i].data, (char *)s->ring + s->out[i].ring_off, s->out[i].nbytes);
   if (*s->fault_host)
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                      "an index input holds a value outside its table (embedding or "
@@ -721,6 +764,16 @@ int kiln_cuda_device_count(kiln_error *err) {
     return -1;
   }
   return count;
+}
+
+int kiln_cuda_buffer_device(const void *ptr) {
+  struct cudaPointerAttributes a;
+  memset(&a, 0, sizeof a);
+  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+    cudaGetLastError(); /* no driver or no device: no device memory either */
+    return -1;
+  }
+  return a.type == cudaMemoryTypeDevice && a.hostPointer == NULL ? a.device : -1;
 }
 
 kiln_status kiln_cuda_engine_stats(const kiln_engine *e, kiln_cuda_stats *out, kiln_error *err) {

@@ -15,6 +15,7 @@ typedef struct kiln_cuda_stats {
   uint64_t graph_updates; /* graph updates for a new set of bound caller addresses */
   uint64_t direct_runs;   /* runs launched op by op (a graph update was refused) */
   uint64_t init_allocs;   /* allocations made by init */
+  uint64_t stage_chunks;  /* pieces host buffers moved in through the pinned ring, in and out */
 } kiln_cuda_stats;
 
 /* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend. */

@@ -36,9 +36,9 @@ __global__ void kcu_compare_kernel(kcu_bcast g, int cmp, const void *a, const vo
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t off[2];
     kcu_offsets(&g, i, 2, off);
-    out[i] = (unsigned char)(floating
-                                 ? kcu_cmp_float(cmp, kcu_ld(a, dt, off[0]), kcu_ld(b, dt, off[1]))
-                                 : kcu_cmp_int(cmp, kcu_ldi(a, dt, off[0]), kcu_ldi(b, dt, off[1])));
+    int r = floating ? kcu_cmp_float(cmp, kcu_ld(a, dt, off[0]), kcu_ld(b, dt, off[1]))
+                     : kcu_cmp_int(cmp, kcu_ldi(a, dt, off[0]), kcu_ldi(b, dt, off[1]));
+    out[i] = (unsigned char)r;
   }
 }
 

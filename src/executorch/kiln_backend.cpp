@@ -168,6 +168,12 @@ kiln_status view_of(const EValue &value, const kiln_binding &binding, kiln_tenso
                      kind_name(binding), binding.name, static_cast<long long>(tensor.dim()),
                      KILN_MAX_RANK);
   }
+  if (binding.kind == KILN_IO_OUTPUT && tensor.mutable_data_ptr() == nullptr && tensor.nbytes() > 0) {
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "output %.64s has no buffer: the program leaves it to the caller; give one "
+                     "with Module::set_output or Method::set_output_data_ptr before execute",
+                     binding.name);
+  }
   view->data = tensor.mutable_data_ptr();
   view->nbytes = tensor.nbytes();
   view->rank = static_cast<int32_t>(tensor.dim());

@@ -2,6 +2,7 @@
  * exact message. */
 #include "kiln/kiln.h"
 #include "check.h"
+#include "core/alloc.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -225,11 +226,39 @@ static void test_writer(void) {
   CHECK_STR(err.message, "kiln_blob_write needs out and out_size: pass where to store the blob");
 }
 
+/* Failing the n-th allocation of the writer, for every n: out of memory with a message and
+ * nothing written, until n passes the writer's allocations and it succeeds. */
+static void test_writer_allocation_failures(void) {
+  const char meta[] = "{\"m\": 1}";
+  uint8_t plan[16] = {1}, weights[64] = {2};
+  int failures = 0, n;
+  for (n = 1; n < 50; n++) {
+    kiln_error err = {0, ""};
+    void *out = NULL;
+    size_t size = 0;
+    kiln_test_fail_allocations = n;
+    kiln_status s = kiln_blob_write(meta, 8, plan, sizeof plan, weights, sizeof weights, &out,
+                                    &size, &err);
+    if (kiln_test_fail_allocations > 0) { /* the n-th allocation never came */
+      kiln_test_fail_allocations = 0;
+      CHECK(s == KILN_OK && out != NULL);
+      kiln_free(out);
+      break;
+    }
+    CHECK(s == KILN_ERR_OUT_OF_MEMORY && out == NULL);
+    CHECK_STR(err.message, "out of host memory writing a 192-byte blob: free memory and retry");
+    failures++;
+  }
+  kiln_test_fail_allocations = 0;
+  CHECK(failures == 1 && n == 2);
+}
+
 int main(void) {
   test_handmade();
   test_header();
   test_sections();
   test_truncated();
   test_writer();
+  test_writer_allocation_failures();
   return check_report("test_blob");
 }

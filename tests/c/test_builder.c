@@ -392,8 +392,25 @@ static void test_api_refusals(void) {
   long_name[63] = '\0';
   CHECK(kiln_builder_add_input(b, long_name, KILN_F32, 1, D(2), &err) == 0);
   CHECK(kiln_builder_add_input(b, "a\nb", KILN_F32, 1, D(2), &err) == -1);
-  CHECK_STR(err.message, "builder: a binding name has a control character at byte 1; use "
-                         "printable characters");
+  CHECK_STR(err.message, "builder: a binding name has a control character or malformed UTF-8 "
+                         "at byte 1; use printable UTF-8 text");
+  {
+    static const char *const bad[] = {"\xff\xfe", "\xc0\xaf", "a\x7f", "a\xc2\x85",
+                                      "a\xed\xa0\x80", "a\xf4\x90\x80\x80", "a\xe2\x82"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+      char want[128];
+      snprintf(want, sizeof want,
+               "builder: a binding name has a control character or malformed UTF-8 at byte %d; "
+               "use printable UTF-8 text",
+               bad[i][0] == 'a');
+      CHECK(kiln_builder_add_input(b, bad[i], KILN_F32, 1, D(2), &err) == -1);
+      CHECK_STR(err.message, want);
+    }
+    kiln_builder *other = kiln_builder_create();
+    CHECK(kiln_builder_add_input(other, "gr\xc3\xb6\xc3\x9f" "e\xf0\x9f\x94\xa5", KILN_F32, 1,
+                                 D(2), &err) == 0);
+    kiln_builder_destroy(other);
+  }
   x = kiln_builder_add_input(b, "x", KILN_F32, 2, D(2, 3), &err);
   CHECK(x == 1);
   CHECK(kiln_builder_add_input(b, "x", KILN_F32, 1, D(2), &err) == -1);

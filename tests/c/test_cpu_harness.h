@@ -10,8 +10,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-#define G_MAX_TENSORS 24
-#define G_MAX_OPS 8
+#define G_MAX_TENSORS 40
+#define G_MAX_OPS 32
 #define G_MAX_IO 8
 #define G_WEIGHT_BYTES 4096
 

@@ -1,5 +1,6 @@
 /* execute allocates nothing: this program replaces malloc and its relatives with counting
- * wrappers around glibc's allocator and runs plans that touch every op family. Under
+ * wrappers around glibc's allocator and runs plans that together touch every op kind (checked
+ * against the op enum, so a new kind fails here until a plan runs it). Under
  * AddressSanitizer, which owns malloc, the count is not taken and the runs still are. */
 #include "test_cpu_harness.h"
 
@@ -47,6 +48,7 @@ int posix_memalign(void **out, size_t alignment, size_t size) {
 #endif
 
 static kiln_error err;
+static int kind_ran[KILN_OP_COUNT]; /* op kinds the counted executes ran */
 
 #define DIMS(...) ((const int64_t[]){__VA_ARGS__})
 #define IDS(...) ((const uint32_t[]){__VA_ARGS__})
@@ -55,11 +57,14 @@ static kiln_error err;
 /* Runs g once uncounted (init) and then counts the allocations of two executes. */
 static long count_execute(graph *g, void *const *in, void *const *out) {
   kiln_engine *e = g_engine(g);
-  CHECK(kiln_cpu_backend.init(e, &err) == KILN_OK);
+  kiln_status st = kiln_cpu_backend.init(e, &err);
+  if (st != KILN_OK) fprintf(stderr, "init: %s\n", err.message);
+  CHECK(st == KILN_OK);
   counting = 1;
   allocations = 0;
   for (int run = 0; run < 2; run++) CHECK(g_execute(e, g, in, out, &err) == KILN_OK);
   counting = 0;
+  for (uint32_t i = 0; i < g->n_ops; i++) kind_ran[g->ops[i].kind] = 1;
   kiln_cpu_backend.destroy(e);
   free(e);
   return allocations;
@@ -119,6 +124,63 @@ static void test_attention_gather(void) {
   free(g);
 }
 
+/* The kinds the other plans leave out, in one chain of f32 [2,3] tensors. */
+static void test_remaining_kinds(void) {
+  static const float w[12] = {1, 2, 3, 4, -1, 0.5f, 2, 1, 0, 1, -2, 3}, bias[3] = {0.5f, -1, 2},
+                     den[3] = {2, 4, -8};
+  static const int64_t pick[2] = {2, 0};
+  float x[8], y[6] = {0}, z[4] = {0};
+  uint32_t seed = 3, t[24];
+  for (int i = 0; i < 8; i++) x[i] = (float)next_random(&seed);
+  graph *g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, DIMS(2, 4));
+  uint32_t tw = g_weight(g, KILN_F32, 2, DIMS(3, 4), w);
+  uint32_t tb = g_weight(g, KILN_F32, 1, DIMS(3), bias);
+  uint32_t td = g_weight(g, KILN_F32, 1, DIMS(3), den);
+  uint32_t ti = g_weight(g, KILN_I64, 1, DIMS(2), pick);
+  for (int i = 0; i < 17; i++) t[i] = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 2, DIMS(2, 3));
+  uint32_t sum = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 2, DIMS(2, 1));
+  uint32_t mean = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 1, DIMS(3));
+  uint32_t flat = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 2, DIMS(3, 2));
+  uint32_t row = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 1, DIMS(2));
+  uint32_t wide = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 2, DIMS(2, 3));
+  uint32_t out = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(2, 3));
+  uint32_t cols = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(2, 2));
+  static const kiln_op_kind unary[] = {KILN_OP_RELU, KILN_OP_SILU, KILN_OP_SIGMOID, KILN_OP_TANH,
+                                       KILN_OP_EXP,  KILN_OP_SQRT, KILN_OP_RSQRT,   KILN_OP_NEG};
+  g_op(g, KILN_OP_LINEAR, 3, IDS(tx, tw, tb), t[0], 1, DIMS(KILN_ACT_NONE), 0);
+  g_op(g, KILN_OP_ADD, 2, IDS(t[0], t[0]), t[1], 0, NULL, 1.0);
+  g_op(g, KILN_OP_SUB, 2, IDS(t[1], t[0]), t[2], 0, NULL, 0.5);
+  g_op(g, KILN_OP_MUL, 2, IDS(t[2], t[1]), t[3], 0, NULL, 0);
+  g_op(g, KILN_OP_DIV, 2, IDS(t[3], td), t[4], 0, NULL, 0);
+  for (int i = 0; i < 8; i++) g_op(g, unary[i], 1, IDS(t[4 + i]), t[5 + i], 0, NULL, 0);
+  g_op(g, KILN_OP_POW, 1, IDS(t[12]), t[13], 0, NULL, 2.0);
+  g_op(g, KILN_OP_LOG_SOFTMAX, 1, IDS(t[13]), t[14], 1, DIMS(1), 0);
+  g_op(g, KILN_OP_RMS_NORM, 1, IDS(t[14]), t[15], 2, DIMS(1, 0), 1e-6);
+  g_op(g, KILN_OP_SUM, 1, IDS(t[15]), sum, 2, DIMS(2, 1), 0);
+  g_op(g, KILN_OP_MEAN, 1, IDS(t[15]), mean, 2, DIMS(1, 0), 0);
+  g_op(g, KILN_OP_RESHAPE, 1, IDS(t[15]), flat, 2, DIMS(3, 2), 0);
+  g_op(g, KILN_OP_SELECT, 1, IDS(flat), row, 2, DIMS(0, 1), 0);
+  g_op(g, KILN_OP_EXPAND, 1, IDS(mean), wide, 2, DIMS(2, 3), 0);
+  g_op(g, KILN_OP_COPY, 1, IDS(wide), t[16], 0, NULL, 0);
+  g_op(g, KILN_OP_INDEX_SELECT, 2, IDS(t[16], ti), cols, 1, DIMS(1), 0);
+  t[17] = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 2, DIMS(2, 3));
+  g_op(g, KILN_OP_MINIMUM, 2, IDS(t[16], t[15]), t[17], 0, NULL, 0);
+  g_op(g, KILN_OP_POINTWISE, 2, IDS(t[16], t[15]), out, 2,
+       DIMS(KILN_PW_STEP(KILN_OP_RELU, 0, 0), KILN_PW_STEP(KILN_OP_ADD, 1, 0)), 0);
+  CHECK(count_execute(g, BUFS(x), BUFS(y, z)) == 0);
+  CHECK(z[0] != 0.0f || z[1] != 0.0f); /* the plan ran */
+  free(g);
+}
+
+/* Every op kind of the enum ran in a counted execute. */
+static void test_every_kind_ran(void) {
+  int missing = 0;
+  for (int k = 0; k < KILN_OP_COUNT; k++)
+    if (!kind_ran[k]) missing++, fprintf(stderr, "no plan here runs op kind %s\n", kiln_op_name((kiln_op_kind)k));
+  CHECK(missing == 0);
+}
+
 /* A mask from comparisons and boolean ops on positions; every new float unary op in a row. */
 static void test_logic_and_math(void) {
   float x[6] = {-2.0f, -0.5f, 0.0f, 0.5f, 1.0f, 4.0f}, y[6] = {0};
@@ -156,6 +218,48 @@ static void test_logic_and_math(void) {
   free(h);
 }
 
+static void test_vision(void) {
+  float x[2 * 6 * 6], w[3 * 2 * 3 * 3], y[3 * 2 * 2] = {0};
+  float stats[3] = {0.5f, 1.0f, 2.0f};
+  uint32_t seed = 3;
+  for (int i = 0; i < 72; i++) x[i] = (float)next_random(&seed);
+  for (int i = 0; i < 54; i++) w[i] = (float)next_random(&seed);
+  graph *g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 4, DIMS(1, 2, 6, 6));
+  uint32_t tw = g_weight(g, KILN_F32, 4, DIMS(3, 2, 3, 3), w);
+  uint32_t ts = g_weight(g, KILN_F32, 1, DIMS(3), stats);
+  uint32_t c1 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 4, DIMS(1, 3, 6, 6));
+  uint32_t c2 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 4, DIMS(1, 3, 6, 6));
+  uint32_t c3 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 4, DIMS(1, 3, 3, 3));
+  uint32_t c4 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 4, DIMS(1, 3, 6, 6));
+  uint32_t c5 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 4, DIMS(1, 3, 6, 6));
+  uint32_t c6 = g_tensor(g, KILN_STORE_ARENA, KILN_F32, 4, DIMS(1, 3, 3, 3));
+  uint32_t ty = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 4, DIMS(1, 3, 2, 2));
+  g_op(g, KILN_OP_CONV, 2, IDS(tx, tw), c1, 5,
+       DIMS(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 0), 0);
+  g_op(g, KILN_OP_BATCH_NORM, 3, IDS(c1, ts, ts), c2, 1, DIMS(0), 1e-5);
+  g_op(g, KILN_OP_MAX_POOL2D, 1, IDS(c2), c3, 5,
+       DIMS(KILN_PAIR(3, 3), KILN_PAIR(2, 2), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 0), 0);
+  g_op(g, KILN_OP_UPSAMPLE_BILINEAR2D, 1, IDS(c3), c4, 2, DIMS(KILN_PAIR(6, 6), 0), 0);
+  g_op(g, KILN_OP_UPSAMPLE_NEAREST2D, 1, IDS(c4), c5, 1, DIMS(KILN_PAIR(6, 6)), 0);
+  g_op(g, KILN_OP_AVG_POOL2D, 1, IDS(c5), c6, 6,
+       DIMS(KILN_PAIR(2, 2), KILN_PAIR(2, 2), KILN_PAIR(0, 0), 0, 1, 0), 0);
+  g_op(g, KILN_OP_ADAPTIVE_AVG_POOL2D, 1, IDS(c6), ty, 1, DIMS(KILN_PAIR(2, 2)), 0);
+  CHECK(count_execute(g, BUFS(x), BUFS(y)) == 0);
+  CHECK(y[0] != 0.0f);
+  free(g);
+
+  graph *h = g_new(); /* the transposed convolution */
+  uint32_t hx = g_tensor(h, KILN_STORE_INPUT, KILN_F32, 4, DIMS(1, 3, 2, 2));
+  uint32_t hw = g_weight(h, KILN_F32, 4, DIMS(3, 2, 3, 3), w);
+  uint32_t hy = g_tensor(h, KILN_STORE_OUTPUT, KILN_F32, 4, DIMS(1, 2, 3, 3));
+  float out[18] = {0};
+  g_op(h, KILN_OP_CONV_TRANSPOSE, 2, IDS(hx, hw), hy, 6,
+       DIMS(KILN_PAIR(2, 2), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 0, KILN_PAIR(0, 0)), 0);
+  CHECK(count_execute(h, BUFS(x), BUFS(out)) == 0);
+  free(h);
+}
+
 int main(void) {
 #ifdef SANITIZED
   printf("test_cpu_noalloc: AddressSanitizer owns malloc; allocations are not counted here\n");
@@ -168,7 +272,10 @@ int main(void) {
   CHECK(allocations == 1);
 #endif
   test_gemm_norm_layout();
+  test_vision();
   test_attention_gather();
+  test_remaining_kinds();
   test_logic_and_math();
+  test_every_kind_ran();
   return check_report("test_cpu_noalloc");
 }

@@ -405,6 +405,88 @@ static void test_view_checks(void) {
   kiln_free(blob);
 }
 
+/* y = x.permute(1, 0) for x [2,2]. */
+static void *permute_blob(size_t *size) {
+  kiln_builder *b = kiln_builder_create();
+  kiln_error err = {KILN_OK, ""};
+  void *blob = NULL;
+  int32_t x = kiln_builder_add_input(b, "x", KILN_F32, 2, D(2, 2), &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_PERMUTE, &x, 1, D(1, 0), 2, NULL, 0, &err);
+  CHECK(kiln_builder_mark_output(b, y, "y", &err) == KILN_OK);
+  CHECK(kiln_builder_build(b, NULL, &blob, size, &err) == KILN_OK);
+  kiln_builder_destroy(b);
+  return blob;
+}
+
+static void alias_output_to_input(kiln_metadata *md) {
+  md->aliases[0] = (kiln_alias){0, 0, "inplace"};
+  md->n_aliases = 1;
+}
+
+/* Caller buffers that share bytes between an output and any other binding are refused: the
+ * engines read inputs while writing outputs, so a shared pair gave wrong values. */
+static void test_overlapping_views(void) {
+  size_t size = 0, permute_size = 0, alias_size = 0;
+  void *blob = mlp_blob(&size), *permute = permute_blob(&permute_size), *aliased;
+  kiln_error err = {KILN_OK, ""};
+  kiln_engine *e = load_cpu(blob, size);
+  float buf[8] = {0}, px[4] = {1, 2, 3, 4}, py[4] = {0};
+  kiln_tensor_view pin, pout;
+  mlp_io io;
+  if (e) {
+    mlp_views(&io);
+    io.out[1].data = io.x;
+    expect_exec_refusal(e, &io, 1, 2,
+                        "output 1 (\"z\") shares bytes with input 0 (\"x\"); pass disjoint "
+                        "buffers (an aliased output is copied back after)");
+    mlp_views(&io);
+    io.out[0].data = io.x + 3;
+    expect_exec_refusal(e, &io, 1, 2,
+                        "output 0 (\"y\") shares bytes with input 0 (\"x\"); pass disjoint "
+                        "buffers (an aliased output is copied back after)");
+    mlp_views(&io);
+    io.out[0].data = io.z + 3;
+    expect_exec_refusal(e, &io, 1, 2,
+                        "output 1 (\"z\") shares bytes with output 0 (\"y\"); pass disjoint "
+                        "buffers (an aliased output is copied back after)");
+    /* Touching is not sharing. */
+    mlp_views(&io);
+    io.out[1].data = buf;
+    io.out[0].data = buf + 4;
+    io.in[0].data = buf + 6;
+    memcpy(buf + 6, (const float[]){1, -2}, 8);
+    io.in[0].nbytes = 8; /* too short, but refused only after the overlap rule passed */
+    expect_exec_refusal(e, &io, 1, 2,
+                        "input 0 (\"x\") has a 8-byte buffer but its shape needs 16 bytes; pass "
+                        "a large enough buffer");
+    mlp_views(&io);
+    io.out[1].data = buf;
+    io.out[0].data = buf + 4;
+    CHECK(kiln_engine_execute(e, io.in, 1, io.out, 2, &err) == KILN_OK);
+    CHECK(buf[4] == 1.0f && buf[5] == 6.0f && buf[0] == 2.0f && buf[3] == 2.0f);
+    kiln_engine_destroy(e);
+  }
+  /* A declared in-place alias is no exception: the permute came out [1,3,3,4]. */
+  aliased = reblob(permute, permute_size, alias_output_to_input, &alias_size);
+  e = load_cpu(aliased, alias_size);
+  if (e) {
+    pin = view(px, sizeof px, KILN_F32, 2, D(2, 2));
+    pout = view(px, sizeof px, KILN_F32, 2, D(2, 2));
+    CHECK(kiln_engine_execute(e, &pin, 1, &pout, 1, &err) == KILN_ERR_INVALID_ARGUMENT);
+    CHECK_STR(err.message, "output 0 (\"y\") shares bytes with input 0 (\"x\"); pass disjoint "
+                           "buffers (an aliased output is copied back after)");
+    CHECK(px[1] == 2.0f && px[2] == 3.0f);
+    pout = view(py, sizeof py, KILN_F32, 2, D(2, 2));
+    CHECK(kiln_engine_execute(e, &pin, 1, &pout, 1, &err) == KILN_OK);
+    CHECK(py[0] == 1.0f && py[1] == 3.0f && py[2] == 2.0f && py[3] == 4.0f);
+    CHECK(px[0] == 1.0f && px[1] == 3.0f && px[2] == 2.0f && px[3] == 4.0f);
+    kiln_engine_destroy(e);
+  }
+  kiln_free(aliased);
+  kiln_free(permute);
+  kiln_free(blob);
+}
+
 /* Where a GPU exists, the same blob runs there with the same result. */
 static void test_cuda_execute(void) {
   size_t size = 0;
@@ -506,6 +588,7 @@ int main(void) {
   test_device_selection();
   test_binding_checks();
   test_view_checks();
+  test_overlapping_views();
   test_execute_holds_lock();
   test_cuda_execute();
   test_load_allocation_failures();

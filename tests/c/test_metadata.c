@@ -1,5 +1,7 @@
 /* The strict metadata reader: every rule of the schema refuses with its exact message, and the
  * writer's output reads back to the same metadata. */
+#include "core/alloc.h"
+#include "core/utf8.h"
 #include "kiln/kiln.h"
 #include "check.h"
 
@@ -373,6 +375,77 @@ static void test_strings(void) {
              offset_of(d, "\"ends", 1));
 }
 
+/* A document whose binding is named `name` (raw bytes, as written into the JSON). */
+static const char *named(const char *name) {
+  static char doc[256];
+  snprintf(doc, sizeof doc,
+           "{\"producer\": \"p\", \"device_id\": 0, \"io\": [{\"name\": \"%s\", \"kind\": "
+           "\"input\", \"dtype\": \"f32\", \"shape\": [1]}]}",
+           name);
+  return doc;
+}
+
+/* JSON is UTF-8: malformed sequences anywhere in a string, and control characters in a name,
+ * are refused; well-formed text of any plane is kept byte for byte. */
+static void test_utf8(void) {
+  static const char *const malformed[] = {
+      "\xff\xfe",          /* bytes never in UTF-8 */
+      "\xc0\xaf",          /* overlong '/' */
+      "\xe0\x80\xaf",      /* overlong '/' in three bytes */
+      "\xed\xa0\x80",      /* the surrogate U+D800 */
+      "\xf4\x90\x80\x80",  /* U+110000 */
+      "a\x80",             /* a stray continuation byte */
+      "\xe2\x82",          /* a truncated sequence */
+  };
+  static const char *const controls[] = {"a\x7f", "a\xc2\x85", "a\\u007f", "a\\u0085", "a\\u0000"};
+  kiln_error err = {0, ""};
+  const char *d;
+  for (size_t i = 0; i < sizeof malformed / sizeof *malformed; i++) {
+    d = named(malformed[i]);
+    refused_as(d, "metadata string has a byte sequence at byte %ld that is not UTF-8 (overlong, "
+                  "surrogate or past U+10FFFF); re-export the program",
+               (long)(strstr(d, malformed[i]) - d) + (malformed[i][0] == 'a'));
+  }
+  for (size_t i = 0; i < sizeof controls / sizeof *controls; i++) {
+    d = named(controls[i]);
+    refused_as(d, "metadata io[0].name at byte %ld contains a control character: re-export the "
+                  "program", (long)(strstr(d, controls[i]) - d) - 1);
+  }
+  /* Also in strings the reader only skips, such as an annotation. */
+  d = "{\"producer\": \"p\", \"device_id\": 0, " IO_X ", \"annotations\": [\"\xc0\xaf\"]}";
+  refused_as(d, "metadata string has a byte sequence at byte %ld that is not UTF-8 (overlong, "
+                "surrogate or past U+10FFFF); re-export the program", offset_of(d, "\xc0", 1));
+  /* A key: refused before its bytes could reach a message. */
+  d = "{\"\xf0roducer\": \"p\", \"device_id\": 0, " IO_X "}";
+  refused_as(d, "metadata string has a byte sequence at byte %ld that is not UTF-8 (overlong, "
+                "surrogate or past U+10FFFF); re-export the program", offset_of(d, "\xf0", 1));
+  /* Well-formed UTF-8 is kept, and shown in messages as '?' per byte. */
+  CHECK(parse(named("gr\xc3\xb6\xc3\x9f" "e \xe2\x82\xac \xf0\x9f\x94\xa5"), &err) == KILN_OK);
+  CHECK_STR(md.bindings[0].name, "gr\xc3\xb6\xc3\x9f" "e \xe2\x82\xac \xf0\x9f\x94\xa5");
+  CHECK(parse(named("\\u00e9\\ud83d\\udd25"), &err) == KILN_OK);
+  CHECK_STR(md.bindings[0].name, "\xc3\xa9\xf0\x9f\x94\xa5");
+  d = "{\"pr\xc3\xb6" "ducer\": \"p\", \"device_id\": 0, " IO_X "}";
+  refused_as(d, "metadata has unknown key \"pr??ducer\" at byte %ld: a misspelled or newer key; "
+                "re-export the program with this Kiln release", offset_of(d, "\"pr", 1));
+}
+
+/* The decoder never reads past the bytes it is given, however the sequence continues. */
+static void test_utf8_bounds(void) {
+  uint32_t cp = 0;
+  CHECK(kiln_utf8_next((const unsigned char *)"\xe2\x82\xac", 3, &cp) == 3 && cp == 0x20AC);
+  CHECK(kiln_utf8_next((const unsigned char *)"\xe2\x82\xac", 2, &cp) == 0);
+  CHECK(kiln_utf8_next((const unsigned char *)"\xf0\x9f\x94\xa5", 3, &cp) == 0);
+  CHECK(kiln_utf8_next((const unsigned char *)"a", 0, &cp) == 0);
+}
+
+/* kiln_fail keeps every message to printable ASCII, whatever its arguments hold. */
+static void test_message_bytes(void) {
+  kiln_error err = {0, ""};
+  CHECK(kiln_fail(&err, KILN_ERR_INVALID_ARGUMENT, "name \"%s\"; pass another",
+                  "a\xf0\x01\x7f\n\xc3\xb6z") == KILN_ERR_INVALID_ARGUMENT);
+  CHECK_STR(err.message, "name \"a??????z\"; pass another");
+}
+
 static void test_truncation(void) {
   refused_as("", "metadata ends early at byte 0 (truncated document): re-export the program");
   refused_as("  \n", "metadata ends early at byte 3 (truncated document): re-export the program");
@@ -526,7 +599,14 @@ static void test_round_trip(void) {
   written.bindings[1].dtype = KILN_BF16;
   written.bindings[0].name[0] = '\0';
   CHECK(kiln_metadata_write(&written, &json, &len, &err) == KILN_ERR_INVALID_ARGUMENT);
-  CHECK_STR(err.message, "metadata io[0] name must be 1 to 63 printable bytes: name the binding");
+  CHECK_STR(err.message, "metadata io[0] name must be 1 to 63 bytes of printable UTF-8: name the "
+                         "binding");
+  memcpy(written.bindings[0].name, "a\xc0\xaf", 4); /* the reader refuses it: so does the writer */
+  CHECK(kiln_metadata_write(&written, &json, &len, &err) == KILN_ERR_INVALID_ARGUMENT);
+  CHECK_STR(err.message, "metadata io[0] name must be 1 to 63 bytes of printable UTF-8: name the "
+                         "binding");
+  memcpy(written.bindings[0].name, "a\x7f", 3);
+  CHECK(kiln_metadata_write(&written, &json, &len, &err) == KILN_ERR_INVALID_ARGUMENT);
   snprintf(written.bindings[0].name, sizeof written.bindings[0].name, "tokens");
   written.device_id = -1;
   CHECK(kiln_metadata_write(&written, &json, &len, &err) == KILN_ERR_INVALID_ARGUMENT);
@@ -537,6 +617,42 @@ static void test_round_trip(void) {
   CHECK(kiln_metadata_write(&written, &json, &len, &err) == KILN_ERR_INVALID_ARGUMENT);
   CHECK_STR(err.message, "metadata io[0] (\"tokens\") max_shape[1] = 6 is below shape[1] = 7: "
                          "re-export the program");
+}
+
+/* Failing the n-th allocation of the writer, for every n: out of memory with a message and
+ * nothing returned, until n passes the writer's allocations. 200 bindings grow its buffer
+ * several times. */
+static void test_writer_allocation_failures(void) {
+  int failures = 0, n;
+  memset(&written, 0, sizeof written);
+  snprintf(written.producer, sizeof written.producer, "p");
+  written.n_bindings = 200;
+  for (uint32_t i = 0; i < written.n_bindings; i++) {
+    kiln_binding *b = &written.bindings[i];
+    snprintf(b->name, sizeof b->name, "binding_%u", (unsigned)i);
+    b->kind = i ? KILN_IO_OUTPUT : KILN_IO_INPUT;
+    b->rank = 1;
+    b->shape[0] = b->max_shape[0] = 4;
+  }
+  for (n = 1; n < 50; n++) {
+    kiln_error err = {0, ""};
+    char *json = NULL;
+    size_t len = 0;
+    kiln_test_fail_allocations = n;
+    kiln_status st = kiln_metadata_write(&written, &json, &len, &err);
+    if (kiln_test_fail_allocations > 0) { /* the n-th allocation never came */
+      kiln_test_fail_allocations = 0;
+      CHECK(st == KILN_OK && json != NULL && len > 10000);
+      kiln_free(json);
+      break;
+    }
+    CHECK(st == KILN_ERR_OUT_OF_MEMORY && json == NULL && len == 0);
+    CHECK_STR(err.message, "out of host memory writing the metadata of 200 bindings: free memory "
+                           "and retry");
+    failures++;
+  }
+  kiln_test_fail_allocations = 0;
+  CHECK(failures >= 4 && n < 50);
 }
 
 int main(void) {
@@ -550,10 +666,14 @@ int main(void) {
   test_bindings();
   test_counts();
   test_strings();
+  test_utf8();
+  test_utf8_bounds();
+  test_message_bytes();
   test_truncation();
   test_nesting();
   test_annotations();
   test_arguments();
   test_round_trip();
+  test_writer_allocation_failures();
   return check_report("test_metadata");
 }

@@ -377,6 +377,76 @@ static void test_shape_refusals(void) {
          "first; re-export the program");
 }
 
+static void accept(const fixture *f) {
+  size_t size = 0;
+  uint8_t *bytes = encode(f, &size);
+  kiln_plan out;
+  kiln_error err = {KILN_OK, ""};
+  CHECK(kiln_plan_parse(bytes, size, WEIGHTS_SIZE, &out, &err) == KILN_OK);
+  CHECK_STR(err.message, "");
+  kiln_plan_release(&out);
+  free(bytes);
+}
+
+/* linear -> t3, then op 1 (relu or a view) t3 -> t5 at arena offset `at`, relu t5 -> out. */
+static void chain(fixture *f, kiln_op_kind kind, uint64_t at) {
+  fresh(f);
+  set_tensor(&f->tensors[5], KILN_F32, 2, (int64_t[]){2, 4}, KILN_STORE_ARENA, 0, at);
+  f->ops[1] = (kiln_op){kind, 1, {3}, 5, 0, {0}, {0, 0}};
+  if (kind == KILN_OP_RESHAPE) f->ops[1].n_iattr = 2, f->ops[1].iattr[0] = 2, f->ops[1].iattr[1] = 4;
+  f->ops[2] = (kiln_op){KILN_OP_RELU, 1, {5}, 4, 0, {0}, {0, 0}};
+  f->plan.n_tensors = 6;
+  f->plan.n_ops = 3;
+  f->plan.arena_size = at + 32 > 32 ? at + 32 : 32;
+}
+
+static void test_memory_refusals(void) {
+  fixture f;
+  /* An op writing onto bytes it reads: the engines' kernels assume they do not meet. */
+  chain(&f, KILN_OP_RELU, 16);
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 1 (relu): output tensor 5 (arena 16 +32) overlaps input 0, tensor 3 (arena 0 "
+         "+32); re-export the program");
+  chain(&f, KILN_OP_RELU, 0);
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 1 (relu): output tensor 5 (arena 0 +32) overlaps input 0, tensor 3 (arena 0 "
+         "+32); re-export the program");
+  chain(&f, KILN_OP_RELU, 32);
+  accept(&f);
+  /* A view the memory plan placed on its input's bytes is the one legitimate overlap... */
+  chain(&f, KILN_OP_RESHAPE, 0);
+  accept(&f);
+  /* ...but not one shifted off them (the select at 0 of an input at 8, as found by fuzzing). */
+  chain(&f, KILN_OP_RESHAPE, 8);
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 1 (reshape): output tensor 5 (arena 8 +32) overlaps input 0, tensor 3 (arena 0 "
+         "+32); re-export the program");
+  chain(&f, KILN_OP_SELECT, 0);
+  set_tensor(&f.tensors[3], KILN_F32, 2, (int64_t[]){2, 4}, KILN_STORE_ARENA, 0, 8);
+  set_tensor(&f.tensors[5], KILN_F32, 1, (int64_t[]){4}, KILN_STORE_ARENA, 0, 0);
+  set_tensor(&f.tensors[4], KILN_F32, 1, (int64_t[]){4}, KILN_STORE_OUTPUT, 0, 0);
+  f.ops[1].n_iattr = 2;
+  f.ops[1].iattr[1] = 1;
+  f.plan.arena_size = 40;
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 1 (select): output tensor 5 (arena 0 +16) overlaps input 0, tensor 3 (arena 8 "
+         "+32); re-export the program");
+  f.tensors[5].offset = 24;
+  accept(&f);
+  /* The arena is at most its tensors' reach rounded up to the arena alignment. */
+  fresh(&f);
+  f.plan.arena_size = 256;
+  accept(&f);
+  f.plan.arena_size = 257;
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan arena size 257 exceeds the 256 bytes its tensors reach (aligned to 256); "
+         "re-export the program");
+  f.plan.arena_size = 21000000000ull;
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan arena size 21000000000 exceeds the 256 bytes its tensors reach (aligned to 256); "
+         "re-export the program");
+}
+
 /* A byte whose bits may change without making the fixture invalid: the arena size, the
  * weights' offsets (weights may share bytes), the linear's activation and attribute count,
  * the relu's kind (silu and neg take the same shapes) and both ops' reals. */
@@ -451,6 +521,7 @@ int main(void) {
   test_op_refusals();
   test_order_refusals();
   test_shape_refusals();
+  test_memory_refusals();
   test_corruption_never_crashes();
   test_serialize_arguments();
   return check_report("test_plan");

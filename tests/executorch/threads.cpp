@@ -53,7 +53,9 @@ bool run_program(const std::string &model, const std::string &input, int runs,
     return false;
   }
   tensor_io::Inputs inputs;
-  if (!tensor_io::make_inputs(module, "forward", input, &inputs, &outcome->error)) {
+  tensor_io::Outputs output_buffers;
+  if (!tensor_io::make_inputs(module, "forward", input, &inputs, &outcome->error) ||
+      !tensor_io::bind_outputs(module, "forward", &output_buffers, &outcome->error)) {
     return false;
   }
   if (waiting != nullptr) {

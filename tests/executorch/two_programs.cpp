@@ -18,6 +18,7 @@ namespace {
 struct Program {
   std::unique_ptr<Module> module;
   tensor_io::Inputs inputs;
+  tensor_io::Outputs outputs;
   std::vector<uint8_t> first;
   int equal = 0;
 };
@@ -29,7 +30,8 @@ bool load(const std::string &model, const std::string &input, Program *program, 
     *error = model + ": load_method failed: " + tensor_io::error_name(status);
     return false;
   }
-  return tensor_io::make_inputs(*program->module, "forward", input, &program->inputs, error);
+  return tensor_io::make_inputs(*program->module, "forward", input, &program->inputs, error) &&
+         tensor_io::bind_outputs(*program->module, "forward", &program->outputs, error);
 }
 
 bool run(Program *program, std::string *error) {

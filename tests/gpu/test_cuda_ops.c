@@ -11,6 +11,7 @@
 #include "core/pointwise_steps.h"
 #include "cuda/cuda_attention_gemm.h"
 #include "cuda/cuda_ops.h"
+#include "cuda/cuda_staging.h"
 
 #include <cuda.h>
 
@@ -1193,6 +1194,14 @@ static void test_residency(void) {
   CHECK(s2.staged == s1.staged && s2.bound - s1.bound == 4);
   CHECK(s2.graph_updates - s1.graph_updates == 1 && s2.graph_replays - s1.graph_replays == 2);
 
+  /* The CPU reference engine refuses device memory (what a CUDA tensor passed through
+   * ExecuTorch's Python runtime becomes) rather than read it as host memory. */
+  kiln_engine *cpu = p_load(p, &kiln_cpu_backend, 0, &err);
+  kiln_status cpu_st = cpu ? p_execute(cpu, p, din, dout, &err) : KILN_ERR_INTERNAL;
+  printf("device buffers on the CPU engine: %s: %s\n", kiln_status_name(cpu_st), err.message);
+  CHECK(cpu_st == KILN_ERR_INVALID_ARGUMENT && strstr(err.message, "is memory of cuda:0") != NULL);
+  p_unload(cpu);
+
   /* An unaligned device buffer is usable but copied once into aligned engine memory. */
   float *dx2;
   cudaMalloc((void **)&dx2, sizeof hx + 16);
@@ -1260,6 +1269,78 @@ static void test_residency(void) {
   p_free(p);
 }
 
+/* Host buffers larger than the staging ring and of odd sizes move through it in chunks and
+ * arrive whole: out0 = x + x with x 12,000,036 bytes (5.7 ring slots, not a multiple of 256),
+ * out1 = y + y with y 7 halves; on host, device and mixed buffers, and with every allocation
+ * failing (execute allocates nothing). */
+static void test_chunked_staging(void) {
+  kiln_error err;
+  prog *p = p_new();
+  uint32_t x = IN(p, KILN_F32, 2, 3, 1000003);
+  uint32_t y = IN(p, KILN_F16, 1, 7);
+  p_op(p, KILN_OP_ADD, 2, OPS(x, x), OUT(p, KILN_F32, 2, 3, 1000003), 0, NULL, 1.0);
+  p_op(p, KILN_OP_ADD, 2, OPS(y, y), OUT(p, KILN_F16, 1, 7), 0, NULL, 1.0);
+  const size_t nx = 3 * 1000003 * sizeof(float), ny = 7 * 2;
+  const size_t slot = kcu_staging_bytes(nx) / KCU_STAGE_SLOTS;
+  const unsigned long long per_run = 2 * ((nx + slot - 1) / slot) + 2;
+  kiln_engine *e = p_load(p, &kiln_cuda_backend, 0, &err);
+  kiln_engine *cpu = p_load(p, &kiln_cpu_backend, 0, &err);
+  CHECK(e && cpu);
+  float *hx = malloc(nx), *want = malloc(nx), *got = malloc(nx);
+  uint16_t hy[7], want_y[7], got_y[7];
+  void *dx = NULL, *dout = NULL;
+  CHECK(cuda_ok(cudaMalloc(&dx, nx), "cudaMalloc") && cuda_ok(cudaMalloc(&dout, nx), "cudaMalloc"));
+  if (!e || !cpu || !hx || !want || !got || !dx || !dout) goto done;
+  fill(hx, KILN_F32, nx / 4, -1, 1);
+  fill(hy, KILN_F16, 7, -1, 1);
+  cudaMemcpy(dx, hx, nx, cudaMemcpyHostToDevice);
+  void *in[2] = {hx, hy}, *wo[2] = {want, want_y};
+  CHECK(p_execute(cpu, p, in, wo, &err) == KILN_OK);
+  /* Four ways in: all host, twice (the ring's slots turn over), device x, device out0. */
+  void *ins[4][2] = {{hx, hy}, {hx, hy}, {dx, hy}, {hx, hy}};
+  for (int way = 0; way < 4; way++) {
+    void *outs[2] = {way == 3 ? dout : (void *)got, got_y};
+    memset(got, 0xff, nx);
+    memset(got_y, 0xff, ny);
+    cudaMemset(dout, 0xff, nx);
+    kiln_cuda_stats a, b;
+    kiln_cuda_engine_stats(e, &a, &err);
+    kiln_status st = p_execute(e, p, ins[way], outs, &err);
+    if (st != KILN_OK) fprintf(stderr, "chunked staging, way %d: %s\n", way, err.message);
+    CHECK(st == KILN_OK);
+    kiln_cuda_engine_stats(e, &b, &err);
+    if (way == 3) cudaMemcpy(got, dout, nx, cudaMemcpyDeviceToHost);
+    unsigned long long chunks = b.stage_chunks - a.stage_chunks;
+    unsigned long long expect = way < 2 ? per_run : per_run - (nx + slot - 1) / slot;
+    int same = memcmp(got, want, nx) == 0 && memcmp(got_y, want_y, ny) == 0;
+    printf("chunked staging, way %d: %llu chunks of %zu bytes (expected %llu), outputs %s\n", way,
+           chunks, slot, expect, same ? "equal to the CPU engine's" : "DIFFER");
+    CHECK(same && chunks == expect);
+  }
+  size_t free0 = 0, free1 = 0, total = 0;
+  cudaMemGetInfo(&free0, &total);
+  kiln_cuda_fail_allocations_after(0);
+  int all_ok = 1;
+  for (int i = 0; i < 5; i++) {
+    void *outs[2] = {got, got_y};
+    all_ok &= p_execute(e, p, in, outs, &err) == KILN_OK && memcmp(got, want, nx) == 0;
+  }
+  kiln_cuda_fail_allocations_after(-1);
+  cudaMemGetInfo(&free1, &total);
+  printf("chunked staging with allocation failure injected: %s; device free memory %s\n",
+         all_ok ? "all ok" : "FAILED", free0 == free1 ? "unchanged" : "CHANGED");
+  CHECK(all_ok && free0 == free1);
+done:
+  free(hx);
+  free(want);
+  free(got);
+  cudaFree(dx);
+  cudaFree(dout);
+  p_unload(e);
+  p_unload(cpu);
+  p_free(p);
+}
+
 /* Refusals: a plan whose shapes disagree is refused at init (never a device fault), and an
  * index out of its table is reported after the run, leaving the engine usable. */
 static void test_refusals(void) {
@@ -1282,6 +1363,30 @@ static void test_refusals(void) {
   CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM);
   p_unload(e);
   p_free(p);
+
+  /* The vision ops run on the CPU engine; the CUDA engine refuses each at load, naming it. */
+  static const kiln_op_kind vision[] = {KILN_OP_CONV, KILN_OP_MAX_POOL2D};
+  for (int v = 0; v < 2; v++) {
+    p = p_new();
+    x = IN(p, KILN_F32, 4, 1, 2, 5, 5);
+    if (vision[v] == KILN_OP_CONV) {
+      w = IN(p, KILN_F32, 4, 3, 2, 3, 3);
+      p_op(p, KILN_OP_CONV, 2, OPS(x, w), OUT(p, KILN_F32, 4, 1, 3, 3, 3), 5,
+           ATTR(KILN_PAIR(1, 1), KILN_PAIR(0, 0), KILN_PAIR(1, 1), 1, 0), 0);
+    } else {
+      p_op(p, KILN_OP_MAX_POOL2D, 1, OPS(x), OUT(p, KILN_F32, 4, 1, 2, 2, 2), 5,
+           ATTR(KILN_PAIR(2, 2), KILN_PAIR(2, 2), KILN_PAIR(0, 0), KILN_PAIR(1, 1), 0), 0);
+    }
+    e = p_load(p, &kiln_cpu_backend, 0, &err);
+    CHECK(e != NULL);
+    p_unload(e);
+    e = p_load(p, &kiln_cuda_backend, 0, &err);
+    printf("%s on CUDA: %s: %s\n", kiln_op_name(vision[v]), kiln_status_name(err.status), err.message);
+    CHECK(e == NULL && err.status == KILN_ERR_UNSUPPORTED && strstr(err.message, "no kernel for it yet") &&
+          strstr(err.message, kiln_op_name(vision[v])));
+    p_unload(e);
+    p_free(p);
+  }
 
   p = p_new(); /* a logical not given two inputs */
   x = IN(p, KILN_BOOL, 2, 4, 10);
@@ -1456,6 +1561,7 @@ int main(int argc, char **argv) {
   test_grouped_attention();
   if (only_filter) return check_report("test_cuda_ops --only");
   test_residency();
+  test_chunked_staging();
   test_refusals();
   test_init_failures();
   return check_report("test_cuda_ops");

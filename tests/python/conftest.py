@@ -21,3 +21,19 @@ def pytest_sessionstart(session):
             "into python/kiln) or point KILN_LIBRARY at a built libkiln.so",
             returncode=1,
         )
+
+
+@pytest.fixture(scope="session")
+def real_zoo(tmp_path_factory):
+    """zoo_models' architectures, each exported once on first use: real_zoo(name) -> ExportedRealModel."""
+    import zoo_models
+
+    directory = tmp_path_factory.mktemp("real_zoo")
+    exported = {}
+
+    def get(name):
+        if name not in exported:
+            exported[name] = zoo_models.ExportedRealModel(zoo_models.REAL_BY_NAME[name], directory)
+        return exported[name]
+
+    return get

@@ -304,3 +304,72 @@ ZOO = [
 ]
 
 BY_NAME = {model.name: model for model in ZOO}
+
+
+# ------------------------------------------------------------------ convolutional networks
+
+
+def _calibrated(factory, shape, seed=0, batches=3):
+    """A vision model with random weights whose batch-norm running statistics are those of
+    random images (momentum None: the plain average over the batches), so that no layer's
+    output collapses to its bias; then in eval mode."""
+
+    def make():
+        torch.manual_seed(seed)
+        model = factory()
+        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        for norm in norms:
+            norm.momentum = None
+            norm.reset_running_stats()
+        model.train()
+        with torch.no_grad():
+            for index in range(batches):
+                model(_randn(4, *shape, seed=100 + index))
+        return model.eval()
+
+    return make
+
+
+def _torchvision(name):
+    def factory():
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None)
+
+    return factory
+
+
+class ViTLogits(nn.Module):
+    """transformers' ViT image classifier (its patch embedding is a convolution), logits only."""
+
+    def __init__(self):
+        super().__init__()
+        from transformers import ViTConfig, ViTForImageClassification
+
+        config = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=64,
+                           num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                           num_labels=10, attn_implementation="eager")
+        self.vit = ViTForImageClassification(config)
+
+    def forward(self, pixels):
+        return self.vit(pixel_values=pixels).logits
+
+
+def _images(size, batch=2):
+    return lambda: (_randn(batch, 3, size, size, seed=7),)
+
+
+# Each is one Kiln blob holding all compute; inputs small enough for the CPU engine in CI.
+CNN_ZOO = [
+    ZooModel("resnet18", _calibrated(_torchvision("resnet18"), (3, 64, 64)), _images(64), F32_TOLERANCE),
+    ZooModel("resnet50", _calibrated(_torchvision("resnet50"), (3, 32, 32)), _images(32), F32_TOLERANCE),
+    ZooModel("mobilenet_v3_small", _calibrated(_torchvision("mobilenet_v3_small"), (3, 64, 64)),
+             _images(64), F32_TOLERANCE),
+    ZooModel("mobilenet_v3_large", _calibrated(_torchvision("mobilenet_v3_large"), (3, 64, 64)),
+             _images(64), F32_TOLERANCE),
+    ZooModel("convnext_tiny", _calibrated(_torchvision("convnext_tiny"), (3, 32, 32)), _images(32),
+             F32_TOLERANCE),
+    ZooModel("vit", _seeded(ViTLogits), _images(32), F32_TOLERANCE),
+]
+
+CNN_BY_NAME = {model.name: model for model in CNN_ZOO}

@@ -392,6 +392,16 @@ class LayerNormOutput(nn.Module):
         return out * 2.0
 
 
+def test_as_strided_out_of_order_is_refused():
+    graph = torch.fx.Graph()
+    x = _placeholder(graph, "x", torch.randn(3, 4))
+    op = torch.ops.aten.as_strided_copy.default
+    transposed = _node(graph, op, (x, [4, 3], [1, 4]), torch.empty(4, 3))
+    offset = _node(graph, op, (x, [2, 4], [4, 1], 4), torch.empty(2, 4))
+    assert "only in-order views" in lowering.refusal(transposed)
+    assert "only in-order views" in lowering.refusal(offset)
+
+
 def test_native_layer_norm_output_is_delegated():
     x = torch.randn(3, 8)
     edge, _ = lower(LayerNormOutput(), (x,))
@@ -399,6 +409,44 @@ def test_native_layer_norm_output_is_delegated():
     assert "aten.native_layer_norm" in delegated_ops(blob)
     expected = [LayerNormOutput()(x)]
     assert_close(kiln.run_blob(blob.processed_bytes, [x]), expected, models.F32_TOLERANCE, "layer norm")
+
+
+class PoolIndices(nn.Module):
+    def forward(self, x):
+        values, indices = F.max_pool2d(x, 2, return_indices=True)
+        return values * 2.0, indices
+
+
+def test_max_pool_with_used_indices_stays_on_cpu():
+    edge, partitioner = lower(PoolIndices(), (torch.randn(1, 2, 4, 4),))
+    assert "aten.max_pool2d_with_indices" in cpu_ops_of_edge(edge)
+    assert any("indices output is used" in r for r in refusals_of(partitioner, "aten_max_pool2d"))
+
+
+class Conv3d(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv3d(2, 3, 2)
+
+    def forward(self, x):
+        return self.conv(x).relu()
+
+
+def test_convolution_kiln_cannot_run_is_refused_with_its_reason():
+    edge, partitioner = lower(Conv3d(), (torch.randn(1, 2, 3, 3, 3),))
+    assert "aten.convolution" in cpu_ops_of_edge(edge)
+    assert any("3-d convolution" in r for r in refusals_of(partitioner, "aten_convolution"))
+
+
+def test_convolution_attributes_the_builder_refuses_name_the_fault():
+    graph = torch.fx.Graph()
+    x = _placeholder(graph, "x", torch.randn(1, 2, 5, 5))
+    w = _placeholder(graph, "w", torch.randn(3, 2, 3, 3))
+    conv = torch.ops.aten.convolution.default
+    fits = _node(graph, conv, (x, w, None, [1, 1], [0, 0], [2, 2], False, [0, 0], 1), torch.empty(1, 3, 1, 1))
+    spans_past = _node(graph, conv, (x, w, None, [1, 1], [0, 0], [3, 3], False, [0, 0], 1), torch.empty(1, 3, 1, 1))
+    assert lowering.refusal(fits) is None
+    assert "too small for its kernel, padding and dilation" in lowering.refusal(spans_past)
 
 
 class ConstantOutput(nn.Module):
@@ -543,12 +591,14 @@ OP_CASES = [
     ("ne", aten.ne.Tensor, (rand(2, 3) > 0, rand(2, 1, seed=1) > 0), {}),
     ("ne_scalar", aten.ne.Scalar, (ids(2, 3, high=3), 0), {}),
     ("lt", aten.lt.Tensor, (rand(2, 3), rand(2, 1, seed=1)), {}),
-    ("lt_scalar", aten.lt.Scalar, (ids(2, 3, high=5), 2.5), {}),
+    ("lt_scalar", aten.lt.Scalar, (torch.arange(6).view(2, 3), 2.5), {}),  # 2 < 2.5, not < 2
     ("le", aten.le.Tensor, (ids(4, 1, high=4), ids(4, high=4, seed=1)), {}),
     ("le_scalar", aten.le.Scalar, (rand(2, 3, dtype=torch.float16), 0.1), {}),
-    ("gt", aten.gt.Tensor, (ids(2, 3, high=5), rand(3, seed=1) * 5), {}),
+    ("gt", aten.gt.Tensor, (rand(2, 3, dtype=torch.float16), rand(seed=1)), {}),  # stays f16
     ("gt_scalar", aten.gt.Scalar, (rand(2, 3, dtype=torch.bfloat16), -0.25), {}),
-    ("ge", aten.ge.Tensor, (rand(2, 3, dtype=torch.float16), rand(seed=1)), {}),
+    ("ge", aten.ge.Tensor, (torch.arange(6).view(2, 3), torch.tensor([0.5, 1.5, 2.5])), {}),  # in f32
+    # a 0-dim f32 operand promotes like a number: compared in f16, where 0.1 rounds down
+    ("ge_zero_dim", aten.ge.Tensor, (torch.tensor([0.1, 0.2], dtype=torch.float16), torch.tensor(0.1)), {}),
     ("ge_scalar", aten.ge.Scalar, (ids(2, 3, high=5).int(), 2), {}),
     ("logical_and", aten.logical_and.default, (rand(2, 3) > 0, ids(3, high=2)), {}),
     ("logical_or", aten.logical_or.default, (rand(2, 3), rand(2, 1, seed=1) > 0), {}),
@@ -607,6 +657,8 @@ OP_CASES = [
     ("_to_copy_int", aten._to_copy.default, (ids(2, 3, high=9),), {"dtype": torch.float32}),
     ("_clone_dim_order", dim_order_ops._clone_dim_order.default, (rand(2, 3),), {"dim_order": [0, 1]}),
     ("_to_dim_order_copy", dim_order_ops._to_dim_order_copy.default, (rand(2, 3),), {"dtype": torch.bfloat16}),
+    ("as_strided_copy", aten.as_strided_copy.default, (rand(2, 6, 1, 1), [2, 6, 1, 1], [6, 1, 6, 6]), {}),
+    ("as_strided", aten.as_strided.default, (rand(3, 4), [2, 6]), {"stride": [6, 1]}),
     ("embedding", aten.embedding.default, (rand(10, 4), ids(2, 3, high=10)), {}),
     ("embedding_i32", aten.embedding.default, (rand(10, 4), ids(5, high=10).int()), {}),
     ("index_select", aten.index_select.default, (rand(2, 5), -1, ids(3, high=5)), {}),
@@ -620,6 +672,36 @@ OP_CASES = [
      (rand(2, 4, 8), rand(2, 4, 8, seed=1), rand(2, 4, 8, seed=2), causal_mask(4)), {"scale": 0.3}),
     ("sdpa_float_mask", aten.scaled_dot_product_attention.default,
      (rand(2, 4, 8), rand(2, 6, 8, seed=1), rand(2, 6, 4, seed=2), rand(4, 6, seed=3)), {}),
+    ("conv2d", aten.convolution.default,
+     (rand(2, 4, 7, 6), rand(6, 2, 3, 2, seed=1), rand(6, seed=2), [2, 1], [1, 1], [2, 1], False, [0, 0], 2), {}),
+    ("conv2d_depthwise", aten.convolution.default,
+     (rand(1, 3, 5, 5), rand(3, 1, 3, 3, seed=1), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 3), {}),
+    ("conv1d", aten.convolution.default,
+     (rand(2, 3, 9), rand(4, 3, 3, seed=1), rand(4, seed=2), [2], [1], [2], False, [0], 1), {}),
+    ("conv_transpose2d", aten.convolution.default,
+     (rand(1, 4, 3, 4), rand(4, 3, 3, 3, seed=1), rand(6, seed=2), [2, 2], [1, 1], [1, 1], True, [1, 1], 2), {}),
+    ("conv_transpose1d", aten.convolution.default,
+     (rand(1, 2, 5), rand(2, 3, 4, seed=1), None, [3], [1], [1], True, [2], 1), {}),
+    ("batch_norm", aten._native_batch_norm_legit_no_training.default,
+     (rand(2, 3, 4, 5), rand(3, seed=1), rand(3, seed=2), rand(3, seed=3), rand(3, seed=4, positive=True), 0.1, 1e-5), {}),
+    ("batch_norm_bare", aten._native_batch_norm_legit_no_training.default,
+     (rand(2, 3, 4), None, None, rand(3, seed=3), rand(3, seed=4, positive=True), 0.1, 1e-3), {}),
+    ("max_pool2d_with_indices", aten.max_pool2d_with_indices.default, (rand(2, 3, 9, 8), [3, 3], [2, 2], [1, 1]), {}),
+    ("max_pool2d_ceil", aten.max_pool2d_with_indices.default,
+     (rand(1, 2, 8, 7), [3, 2], [2, 2], [0, 1], [1, 2], True), {}),
+    ("max_pool2d", aten.max_pool2d.default, (rand(1, 2, 6, 6), [2, 2]), {}),
+    ("avg_pool2d", aten.avg_pool2d.default, (rand(2, 3, 7, 7), [3, 3], [2, 2], [1, 1]), {}),
+    ("avg_pool2d_exclude_pad_ceil", aten.avg_pool2d.default,
+     (rand(1, 2, 8, 7), [3, 3], [2, 2], [1, 1], True, False), {}),
+    ("avg_pool2d_ceil_last_window_dropped", aten.avg_pool2d.default, (rand(1, 1, 5, 5), [2, 2], [2, 2], [1, 1], True), {}),
+    ("avg_pool2d_divisor", aten.avg_pool2d.default, (rand(1, 2, 6, 6), [2, 3], [], [0, 1], False, True, 5), {}),
+    ("_adaptive_avg_pool2d", aten._adaptive_avg_pool2d.default, (rand(2, 3, 7, 5), [3, 4]), {}),
+    ("adaptive_avg_pool2d_global", aten.adaptive_avg_pool2d.default, (rand(2, 3, 7, 5), [1, 1]), {}),
+    ("upsample_nearest2d_vec", aten.upsample_nearest2d.vec, (rand(1, 2, 3, 5), None, [2.0, 1.7]), {}),
+    ("upsample_nearest2d", aten.upsample_nearest2d.default, (rand(1, 2, 3, 5), [7, 9]), {}),
+    ("upsample_bilinear2d_vec", aten.upsample_bilinear2d.vec, (rand(1, 2, 3, 5), [6, 7], False, None), {}),
+    ("upsample_bilinear2d_align", aten.upsample_bilinear2d.vec, (rand(1, 2, 3, 5), None, True, [2.0, 1.5]), {}),
+    ("upsample_bilinear2d", aten.upsample_bilinear2d.default, (rand(1, 2, 4, 3), [5, 8], False), {}),
     ("full", aten.full.default, ([2, 3], 1.5), {"dtype": torch.float32}),
     ("scalar_tensor", aten.scalar_tensor.default, (-2.0,), {"dtype": torch.float32}),
 ]

@@ -130,7 +130,8 @@ def test_lists_the_xnnpack_delegate_with_its_size_and_bytes(kiln, xnnpack):
     assert (index, backend) == ("0", "XnnpackBackend")
     assert int(size) == len(payload)
     assert data[int(at):int(at) + int(size)] == payload  # the bytes it points at are the payload
-    assert "Kiln blob" not in r.stdout
+    assert "Kiln blob:" not in r.stdout  # no blob printed
+    assert "  delegation: 0 Kiln blobs with 0 ops; 0 ops on ExecuTorch; 1 delegate calls\n" in r.stdout
 
 
 def blob_header(data):
@@ -218,6 +219,29 @@ def test_refuses_a_bad_kiln_blob_inside_a_pte_naming_the_delegate(kiln, xnnpack,
     assert refusal(kiln, path) == (
         "ExecuTorch program delegate 0 of plan 0 (KilnBackend): metadata at byte 0 is not a JSON "
         "object: re-export the program")
+
+
+def retyped_input(blob):
+    """The blob with its metadata declaring input x f16 while the plan's tensor stays f32."""
+    metadata_offset, metadata_size = struct.unpack_from("<QQ", blob, 16)
+    json = blob[metadata_offset:metadata_offset + metadata_size]
+    assert json.count(b'"dtype": "f32"') == 2
+    return blob.replace(json, json.replace(b'"dtype": "f32"', b'"dtype": "f16"', 1))
+
+
+@pytest.mark.parametrize("kiln", kilns())
+def test_refuses_what_the_loader_refuses(kiln, xnnpack, demo_blob, tmp_path):
+    """inspect runs the loader's checks: bindings that disagree with the plan are refused with
+    the loader's own message, alone and inside a program."""
+    loader_says = ('metadata input 0 ("x") is f16 [2,16] but the plan\'s tensor is f32 [2,16]; '
+                   're-export the program')
+    bad = retyped_input(demo_blob.read_bytes())
+    path = tmp_path / "retyped.blob"
+    path.write_bytes(bad)
+    assert refusal(kiln, path) == loader_says
+    path = with_kiln_delegate(xnnpack[0], bad, tmp_path / "retyped.pte", True)
+    assert refusal(kiln, path) == (
+        "ExecuTorch program delegate 0 of plan 0 (KilnBackend): " + loader_says)
 
 
 @pytest.mark.parametrize("kiln", kilns())
@@ -390,7 +414,13 @@ def test_profile_needs_a_gpu_and_a_kiln_blob(xnnpack, demo_blob):
         assert re.search(r"^blob on cuda:\d+: \d+ ops", r.stdout, re.M), r.stdout
     else:
         assert r.returncode == 1 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
-        assert r.stderr.startswith("no CUDA GPU found") or "without the CUDA engine" in r.stderr
+        assert re.fullmatch(r"kiln profile needs a CUDA GPU and found none \(.+\): run it on a "
+                            r"machine with a GPU\n", r.stderr), r.stderr
+        # The CPU engine is no remedy here, whatever KILN_DEVICE says.
+        env = dict(os.environ, KILN_DEVICE="cpu")
+        cpu = subprocess.run([KILN, "profile", str(demo_blob)], capture_output=True, text=True,
+                             env=env, timeout=60)
+        assert cpu.returncode == 1 and cpu.stderr == r.stderr, cpu.stderr
     r = run(KILN, "profile", str(xnnpack[0]))
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr == "the program holds no KilnBackend blob: export it with Kiln's partitioner " \
