@@ -570,9 +570,12 @@ def test_sdpa_refusals():
     plain = _node(graph, sdpa, (q, q, q), val)
     dropout = _node(graph, sdpa, (q, q, q, None, 0.1), val)
     gqa = _node(graph, sdpa, (q, kv, kv), val, {"enable_gqa": True})
+    kv3 = _placeholder(graph, "kv3", torch.randn(1, 3, 4, 8))
+    uneven = _node(graph, sdpa, (q, kv3, kv3), val, {"enable_gqa": True})
     assert lowering.refusal(plain) is None
     assert "dropout_p=0.1" in lowering.refusal(dropout)
-    assert "enable_gqa" in lowering.refusal(gqa)
+    assert lowering.refusal(gqa) is None  # grouped-query heads: 2 query heads share 1 k,v head
+    assert "k,v heads (dim -3) may divide q's" in lowering.refusal(uneven)
 
 
 def test_softmax_to_another_dtype_is_refused_by_the_inferred_dtype():
