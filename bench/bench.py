@@ -3,7 +3,8 @@
 For an MLP (four 4096-wide layers with GELU), a transformer encoder block (d_model 1024,
 16 heads, sequence 128) and a GPT-style block (d_model 2048, causal, sequence 512), at batch
 1 and 32, in fp16 and fp32, and a Llama-family block (d_model 4096, 32 query and 8 key/value
-heads, sequence 1 and 128) in fp16 and bf16: the median latency and spread of synchronized calls of PyTorch
+heads, sequence 1 and 128) in fp16 and bf16, and whole GPT-2 (124M, with its LM head) and BERT-base at
+sequence 128, batch 1 and 8, in fp16: the median latency and spread of synchronized calls of PyTorch
 eager, torch.compile(mode="reduce-overhead"), Kiln through ExecuTorch's Module API on host and on
 device tensors and Kiln through its C API alone; the achieved fraction of memory bandwidth (bytes
 that must move, over time, against a device-to-device copy rate measured in this run) and of the
@@ -32,7 +33,7 @@ os.environ.setdefault("KILN_LIBRARY", os.path.join(ROOT, "build-gpu", "libkiln.s
 
 import kiln  # noqa: E402
 
-ET_DTYPE = {torch.float32: 6, torch.float16: 5, torch.bfloat16: 15}
+ET_DTYPE = {torch.float32: 6, torch.float16: 5, torch.bfloat16: 15, torch.int64: 4, torch.int32: 3, torch.bool: 11}
 
 
 class MLP(nn.Module):
@@ -145,15 +146,58 @@ class LlamaBlock(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
+class GPT2(nn.Module):
+    """Whole GPT-2 (the 124M configuration) with its LM head, random weights: ids to logits."""
+
+    def __init__(self):
+        super().__init__()
+        import transformers
+
+        self.model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+class Bert(nn.Module):
+    """Whole BERT-base, random weights: ids and attention mask to the last hidden state."""
+
+    def __init__(self):
+        super().__init__()
+        import transformers
+
+        self.model = transformers.BertModel(transformers.BertConfig(), add_pooling_layer=False)
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def activations(shape):
+    """One input of shape(batch), uniform in [-1, 1) in the case's dtype."""
+    return lambda batch, dtype: ((torch.rand(shape(batch)) * 2 - 1).to(dtype),)
+
+
+def tokens(vocab, seq, mask):
+    """Token ids (and an all-ones attention mask) for a batch of seq tokens."""
+    def make(batch, dtype):
+        ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+        return (ids, torch.ones(batch, seq, dtype=torch.long)) if mask else (ids,)
+    return make
+
+
 CASES = {
-    "mlp": (MLP, lambda b: (b, 4096)),
-    "encoder": (EncoderBlock, lambda b: (b, 128, 1024)),
-    "gpt_block": (GPTBlock, lambda b: (b, 512, 2048)),
-    "llama_s1": (lambda: LlamaBlock(seq=1), lambda b: (b, 1, 4096)),
-    "llama_s128": (lambda: LlamaBlock(seq=128), lambda b: (b, 128, 4096)),
+    "mlp": (MLP, activations(lambda b: (b, 4096))),
+    "encoder": (EncoderBlock, activations(lambda b: (b, 128, 1024))),
+    "gpt_block": (GPTBlock, activations(lambda b: (b, 512, 2048))),
+    "llama_s1": (lambda: LlamaBlock(seq=1), activations(lambda b: (b, 1, 4096))),
+    "llama_s128": (lambda: LlamaBlock(seq=128), activations(lambda b: (b, 128, 4096))),
+    "gpt2": (GPT2, tokens(50257, 128, mask=False)),
+    "bert": (Bert, tokens(30522, 128, mask=True)),
 }
-# The dtypes each case runs in, where not fp16 and fp32.
-CASE_DTYPES = {"llama_s1": (torch.float16, torch.bfloat16), "llama_s128": (torch.float16, torch.bfloat16)}
+# The dtypes and batches each case runs in, where not fp16 and fp32 at batch 1 and 32.
+CASE_DTYPES = {"llama_s1": (torch.float16, torch.bfloat16), "llama_s128": (torch.float16, torch.bfloat16),
+               "gpt2": (torch.float16,), "bert": (torch.float16,)}
+CASE_BATCHES = {"gpt2": (1, 8), "bert": (1, 8)}
 
 # Goals (not assertions): Kiln over the faster of eager and compile.
 def goal(batch, dtype):
@@ -167,14 +211,14 @@ def spread(times):
     return times[len(times) // 2], times[int(len(times) * 0.1)], times[int(len(times) * 0.9) - 1]
 
 
-def time_torch(fn, x, iters):
+def time_torch(fn, xs, iters):
     for _ in range(5):
-        fn(x)
+        fn(*xs)
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
-        fn(x)
+        fn(*xs)
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e6)
     return times
@@ -231,80 +275,82 @@ def host_copy_rates(lib, nbytes=1 << 26):
     return rates
 
 
+def _pointers(tensors):
+    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+
+
 def run_case(lib, name, batch, dtype, iters, workdir):
-    factory, shape = CASES[name]
+    factory, make_inputs = CASES[name]
     torch.manual_seed(0)
     model = factory().eval().to(dtype)
-    x_cpu = (torch.rand(shape(batch)) * 2 - 1).to(dtype)
+    xs_cpu = tuple(t.contiguous() for t in make_inputs(batch, dtype))
     row = {"model": name, "batch": batch, "dtype": str(dtype).replace("torch.", "")}
     row["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-    io_bytes = 2 * x_cpu.numel() * x_cpu.element_size()
-    row["in_bytes"] = row["out_bytes"] = io_bytes // 2  # every case maps its input shape to the same shape
-    row["bytes"] = row["param_bytes"] + io_bytes
 
     # Kiln: export on this machine (the large programs cannot travel), then time.
     path = os.path.join(workdir, f"{name}_b{batch}_{row['dtype']}.pte")
     t0 = time.perf_counter()
-    program = kiln.export(model, (x_cpu,), path)
+    program = kiln.export(model, xs_cpu, path)
     row["export_s"] = time.perf_counter() - t0
     blobs = kiln.blobs(program)
     row["blobs"] = len(blobs)
-    x_host = x_cpu.contiguous()
-    sizes = (ctypes.c_int64 * x_host.dim())(*x_host.shape)
-    ranks = (ctypes.c_int * 1)(x_host.dim())
-    dtypes = (ctypes.c_int * 1)(ET_DTYPE[dtype])
-    data = (ctypes.c_void_p * 1)(x_host.data_ptr())
+    output_node = next(n for n in program.exported_program().graph.nodes if n.op == "output")
+    outs = [a.meta["val"] for a in output_node.args[0]]
+    ys_cpu = [torch.empty(tuple(v.shape), dtype=v.dtype) for v in outs]
+    row["in_bytes"] = sum(t.numel() * t.element_size() for t in xs_cpu)
+    row["out_bytes"] = sum(t.numel() * t.element_size() for t in ys_cpu)
+    row["bytes"] = row["param_bytes"] + row["in_bytes"] + row["out_bytes"]
+    sizes = (ctypes.c_int64 * sum(t.dim() for t in xs_cpu))(*[d for t in xs_cpu for d in t.shape])
+    ranks = (ctypes.c_int * len(xs_cpu))(*[t.dim() for t in xs_cpu])
+    dtypes = (ctypes.c_int * len(xs_cpu))(*[ET_DTYPE[t.dtype] for t in xs_cpu])
     times = (ctypes.c_double * iters)()
     msg = ctypes.create_string_buffer(256)
-    rc = lib.kb_time_pte(path.encode(), 1, data, sizes, ranks, dtypes, 0, None, 5, iters, times, msg, 256)
+    rc = lib.kb_time_pte(path.encode(), len(xs_cpu), _pointers(xs_cpu), sizes, ranks, dtypes, 0, None, 5, iters,
+                         times, msg, 256)
     if rc != 0:
         raise RuntimeError(f"{name}: kb_time_pte: {msg.value.decode()}")
     row["kiln_et"] = list(times)
-    # The same program through Module on device tensors: from_blob on CUDA memory, the output
+    # The same program through Module on device tensors: from_blob on CUDA memory, the outputs
     # given with set_output; both reach the engine, which binds them in place.
-    x_et = x_cpu.cuda()
-    y_et = torch.empty_like(x_et)
-    dev_data = (ctypes.c_void_p * 1)(x_et.data_ptr())
-    dev_out = (ctypes.c_void_p * 1)(y_et.data_ptr())
-    rc = lib.kb_time_pte(path.encode(), 1, dev_data, sizes, ranks, dtypes, 1, dev_out, 5, iters, times, msg, 256)
+    xs_dev = [t.cuda() for t in xs_cpu]
+    ys_dev = [t.cuda() for t in ys_cpu]
+    rc = lib.kb_time_pte(path.encode(), len(xs_dev), _pointers(xs_dev), sizes, ranks, dtypes, len(ys_dev),
+                         _pointers(ys_dev), 5, iters, times, msg, 256)
     if rc == 0:
         row["kiln_et_dev"] = list(times)
-    else:  # a case of several outputs, or a program ExecuTorch plans: the other columns stand
+    else:  # a program ExecuTorch plans: the other columns stand
         print(f"{name}: kb_time_pte on device: {msg.value.decode()}", flush=True)
-    del x_et, y_et
     if len(blobs) == 1:
-        rc = lib.kb_time_blob(blobs[0], len(blobs[0]), None, 5, iters, times, msg, 256)
+        # The C API alone on host buffers (staged), then on device buffers (bound in place,
+        # graph replay only, as eager has them).
+        rc = lib.kb_time_blob(blobs[0], len(blobs[0]), _pointers(list(xs_cpu) + ys_cpu), 5, iters, times, msg, 256)
         if rc != 0:
             raise RuntimeError(f"{name}: kb_time_blob: {msg.value.decode()}")
         row["kiln_c"] = list(times)
-        # Device-resident input and output, as eager has them: bound in place, graph replay only.
-        x_dev = x_cpu.cuda()
-        y_dev = torch.empty_like(x_dev)  # every case maps its input shape to the same shape
-        ptrs = (ctypes.c_void_p * 2)(x_dev.data_ptr(), y_dev.data_ptr())
-        rc = lib.kb_time_blob(blobs[0], len(blobs[0]), ptrs, 5, iters, times, msg, 256)
+        rc = lib.kb_time_blob(blobs[0], len(blobs[0]), _pointers(xs_dev + ys_dev), 5, iters, times, msg, 256)
         if rc != 0:
             raise RuntimeError(f"{name}: kb_time_blob on device: {msg.value.decode()}")
         row["kiln_dev"] = list(times)
-        del x_dev, y_dev
+    del xs_dev, ys_dev
     os.unlink(path)
 
     # PyTorch on the same GPU.
     cuda_model = model.cuda()
-    x = x_cpu.cuda()
+    xs = [t.cuda() for t in xs_cpu]
     with torch.no_grad():
-        eager_out = cuda_model(x)
+        eager_out = cuda_model(*xs)
         if len(blobs) == 1:
-            got = kiln.run_blob(blobs[0], [x], device="cuda")[0]
+            got = kiln.run_blob(blobs[0], xs, device="cuda")[0]
             peak = eager_out.double().abs().max().item()
             row["err"] = (got.double() - eager_out.double()).abs().max().item() / peak
-        row["eager"] = time_torch(cuda_model, x, iters)
+        row["eager"] = time_torch(cuda_model, xs, iters)
         t0 = time.perf_counter()
         compiled = torch.compile(cuda_model, mode="reduce-overhead")
         for _ in range(3):
-            compiled(x)
+            compiled(*xs)
         row["compile_s"] = time.perf_counter() - t0
-        row["compile"] = time_torch(compiled, x, iters)
-    del cuda_model, compiled, x
+        row["compile"] = time_torch(compiled, xs, iters)
+    del cuda_model, compiled, xs
     torch.cuda.empty_cache()
     torch._dynamo.reset()
     return row
@@ -419,12 +465,14 @@ def main():
     stem = os.path.join(args.out, f"bench_{args.date}_h200")
     started = time.perf_counter()
     # Batch 1 first, fp16 before fp32: a run cut short by its budget loses the least.
-    for batch, dtype in ((1, torch.float16), (1, torch.bfloat16), (1, torch.float32), (32, torch.float16),
-                         (32, torch.bfloat16), (32, torch.float32)):
+    for batch, dtype in ((1, torch.float16), (1, torch.bfloat16), (1, torch.float32), (8, torch.float16),
+                         (32, torch.float16), (32, torch.bfloat16), (32, torch.float32)):
         for name in CASES:
-            if args.only and name != args.only:
+            if args.only and name not in args.only.split(","):
                 continue
             if dtype not in CASE_DTYPES.get(name, (torch.float16, torch.float32)):
+                continue
+            if batch not in CASE_BATCHES.get(name, (1, 32)):
                 continue
             if time.perf_counter() - started > args.budget_s:
                 print(f"{name} b{batch} {dtype}: not run, over the time budget", flush=True)

@@ -1,0 +1,48 @@
+"""The real-architecture zoo (transformers' GPT-2, BERT, DistilBERT, Llama, Qwen2) on the CUDA
+engine in fp16 and bf16: each model is one Kiln blob, which runs on the GPU on CUDA tensors and
+matches PyTorch eager on the GPU, and whose CUDA result matches the CPU reference engine.
+
+Runs on a GPU machine only (scripts/gpu_test.sh); the CPU-only suite is tests/python."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+
+import kiln  # noqa: E402
+from zoo_models import REAL_ZOO  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# Against eager on the GPU, and CUDA against the CPU engine, at the project's tolerances.
+TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+def relative_error(got, want):
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    peak = want.abs().max().item()
+    return (got - want).abs().max().item() / (peak if peak > 0 else 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("spec", REAL_ZOO, ids=[m.name for m in REAL_ZOO])
+def test_real_model_cuda_matches_eager(spec, dtype):
+    model = spec.make().to(dtype)
+    inputs = spec.inputs(1)
+    program = kiln.to_executorch(model, inputs, require_whole=True)
+    (blob,) = kiln.blobs(program)
+    cuda_inputs = [t.cuda() for t in inputs]
+    with torch.no_grad():
+        eager = model.cuda()(*cuda_inputs)
+    (got,) = kiln.run_blob(blob, cuda_inputs, device="cuda")
+    assert got.is_cuda and got.shape == eager.shape and got.dtype == eager.dtype
+    (reference,) = kiln.run_blob(blob, inputs, device="cpu")
+    assert eager.float().std().item() > 1e-3, f"{spec.name}: degenerate output"
+    vs_eager, vs_cpu = relative_error(got, eager), relative_error(got, reference)
+    print(f"{spec.name} {dtype}: vs eager on cuda {vs_eager:.2e}, vs the CPU engine {vs_cpu:.2e} "
+          f"(tol {TOLERANCE[dtype]:.0e})")
+    assert vs_eager <= TOLERANCE[dtype]
+    assert vs_cpu <= TOLERANCE[dtype]
