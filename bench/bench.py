@@ -279,6 +279,19 @@ def _pointers(tensors):
     return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
 
 
+def blob_order(blob, model, tensors):
+    """tensors (in forward's order) in the order of the blob's input bindings, which are named
+    after forward's parameters but ordered as the delegated graph first reads them."""
+    import inspect
+
+    from kiln import _lib
+
+    by_name = dict(zip(inspect.signature(model.forward).parameters, tensors))
+    with _lib.Engine(blob, "cpu") as engine:
+        names = [b[0] for b in engine.bindings() if b[1] == _lib.IO_INPUT]
+    return [by_name[n] for n in names]
+
+
 def run_case(lib, name, batch, dtype, iters, workdir):
     factory, make_inputs = CASES[name]
     torch.manual_seed(0)
@@ -323,11 +336,13 @@ def run_case(lib, name, batch, dtype, iters, workdir):
     if len(blobs) == 1:
         # The C API alone on host buffers (staged), then on device buffers (bound in place,
         # graph replay only, as eager has them).
-        rc = lib.kb_time_blob(blobs[0], len(blobs[0]), _pointers(list(xs_cpu) + ys_cpu), 5, iters, times, msg, 256)
+        xs_blob = blob_order(blobs[0], model, xs_cpu)
+        rc = lib.kb_time_blob(blobs[0], len(blobs[0]), _pointers(xs_blob + ys_cpu), 5, iters, times, msg, 256)
         if rc != 0:
             raise RuntimeError(f"{name}: kb_time_blob: {msg.value.decode()}")
         row["kiln_c"] = list(times)
-        rc = lib.kb_time_blob(blobs[0], len(blobs[0]), _pointers(xs_dev + ys_dev), 5, iters, times, msg, 256)
+        rc = lib.kb_time_blob(blobs[0], len(blobs[0]), _pointers(blob_order(blobs[0], model, xs_dev) + ys_dev), 5,
+                              iters, times, msg, 256)
         if rc != 0:
             raise RuntimeError(f"{name}: kb_time_blob on device: {msg.value.decode()}")
         row["kiln_dev"] = list(times)
@@ -340,7 +355,7 @@ def run_case(lib, name, batch, dtype, iters, workdir):
     with torch.no_grad():
         eager_out = cuda_model(*xs)
         if len(blobs) == 1:
-            got = kiln.run_blob(blobs[0], xs, device="cuda")[0]
+            got = kiln.run_blob(blobs[0], blob_order(blobs[0], model, xs), device="cuda")[0]
             peak = eager_out.double().abs().max().item()
             row["err"] = (got.double() - eager_out.double()).abs().max().item() / peak
         row["eager"] = time_torch(cuda_model, xs, iters)

@@ -23,15 +23,15 @@ def main():
     parser.add_argument("dtype", choices=["float16", "float32", "bfloat16"])
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
-    factory, shape = bench.CASES[args.case]
+    factory, make_inputs = bench.CASES[args.case]
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     model = factory().eval().to(dtype)
-    x = (torch.rand(shape(args.batch)) * 2 - 1).to(dtype)
+    inputs = make_inputs(args.batch, dtype)
     kiln_cli = os.environ.get("KILN_CLI", os.path.join(bench.ROOT, "build-gpu", "kiln"))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, f"{args.case}.pte")
-        bench.kiln.export(model, (x,), path)
+        bench.kiln.export(model, inputs, path)
         sys.stdout.flush()
         rc = subprocess.run([kiln_cli, "profile", path, "--reps", str(args.reps)]).returncode
     sys.exit(rc)

@@ -43,7 +43,7 @@ static void run_one(const char *what, kiln_op_kind kind, kiln_dtype dt, uint32_t
                     int32_t out_rank, const int64_t *out_dims, uint32_t n_iattr,
                     const int64_t *iattr, double f0, double f1, const double *want) {
   graph *g = g_new();
-  uint32_t ids[4];
+  uint32_t ids[KILN_MAX_OP_INPUTS];
   for (uint32_t k = 0; k < n_in; k++) ids[k] = g_tensor(g, KILN_STORE_INPUT, dt, ranks[k], dims[k]);
   uint32_t out = g_tensor(g, KILN_STORE_OUTPUT, dt, out_rank, out_dims);
   kiln_op *op = g_op(g, kind, n_in, ids, out, n_iattr, iattr, f0);

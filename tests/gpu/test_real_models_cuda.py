@@ -4,6 +4,7 @@ matches PyTorch eager on the GPU, and whose CUDA result matches the CPU referenc
 
 Runs on a GPU machine only (scripts/gpu_test.sh); the CPU-only suite is tests/python."""
 
+import inspect
 import os
 import sys
 
@@ -13,6 +14,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 
 import kiln  # noqa: E402
+from kiln import _lib  # noqa: E402
 from zoo_models import REAL_ZOO  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -34,12 +36,16 @@ def test_real_model_cuda_matches_eager(spec, dtype):
     inputs = spec.inputs(1)
     program = kiln.to_executorch(model, inputs, require_whole=True)
     (blob,) = kiln.blobs(program)
+    # The blob's inputs are named after forward's parameters, in the order the graph reads them.
+    by_name = dict(zip(inspect.signature(model.forward).parameters, inputs))
+    with _lib.Engine(blob, "cpu") as engine:
+        ordered = [by_name[b[0]] for b in engine.bindings() if b[1] == _lib.IO_INPUT]
     cuda_inputs = [t.cuda() for t in inputs]
     with torch.no_grad():
         eager = model.cuda()(*cuda_inputs)
-    (got,) = kiln.run_blob(blob, cuda_inputs, device="cuda")
+    (got,) = kiln.run_blob(blob, [t.cuda() for t in ordered], device="cuda")
     assert got.is_cuda and got.shape == eager.shape and got.dtype == eager.dtype
-    (reference,) = kiln.run_blob(blob, inputs, device="cpu")
+    (reference,) = kiln.run_blob(blob, ordered, device="cpu")
     assert eager.float().std().item() > 1e-3, f"{spec.name}: degenerate output"
     vs_eager, vs_cpu = relative_error(got, eager), relative_error(got, reference)
     print(f"{spec.name} {dtype}: vs eager on cuda {vs_eager:.2e}, vs the CPU engine {vs_cpu:.2e} "
