@@ -118,6 +118,70 @@ static int layers_seed(const char *dir, kiln_error *err) {
   return rc;
 }
 
+/* The index, scan, grouped-attention, SwiGLU and vision kinds, so the executing fuzzer starts
+ * from valid plans of each. */
+static int later_kinds_seed(const char *dir, kiln_error *err) {
+  kiln_builder *b = kiln_builder_create();
+  if (!b) return -1;
+  static const float w[3 * 2 * 3 * 3] = {1, -1, 0.5f, 2, 0, 1, -0.5f, 1, 1, 0, 2, -1, 1, 1, 0.25f,
+                                         -2, 1, 0, 1, 0.5f, -1, 0, 1, 2, 1, -1, 0, 0.5f, 1, -2,
+                                         1, 0, 1, 2, -1, 0.5f, 1, 1, 0, -1, 2, 1, 0, 0.5f, 1,
+                                         -1, 1, 0, 2, 1, -0.5f, 1, 0, 1};
+  static const float stats[2] = {0.5f, 2.0f}, gate_up[8 * 4] = {1, 0, 0, 1, 0, 1, 1, 0,
+                                                                 1, 1, 0, 0, 0, 0, 1, 1,
+                                                                 0.5f, 1, -1, 0, 1, 0, 0.5f, 1,
+                                                                 -1, 1, 1, 0, 0, 2, 0, 1};
+  static const int64_t rows[2] = {1, 0}, cols[4] = {2, 0, 1, 1};
+  int64_t img[4] = {1, 2, 6, 6}, wd[4] = {3, 2, 3, 3}, cd[1] = {2}, rd[2] = {2, 1}, gd[2] = {2, 2};
+  int64_t md[2] = {2, 3}, q[4] = {1, 4, 3, 4}, kv[4] = {1, 2, 3, 4}, sw[2] = {8, 4}, xd[2] = {3, 4};
+  int64_t conv[5] = {KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 0}, bn[1] = {0};
+  int64_t pool[5] = {KILN_PAIR(3, 3), KILN_PAIR(2, 2), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 0};
+  int64_t up[2] = {KILN_PAIR(6, 6), 0}, near[1] = {KILN_PAIR(6, 6)}, ad[1] = {KILN_PAIR(2, 2)};
+  int64_t avg[6] = {KILN_PAIR(2, 2), KILN_PAIR(2, 2), KILN_PAIR(0, 0), 0, 1, 0};
+  int64_t tr[6] = {KILN_PAIR(2, 2), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 0, KILN_PAIR(0, 0)};
+  int64_t scan[2] = {1, KILN_I64}, dim1[1] = {1}, both[1] = {3}, arg[2] = {1, 0};
+  int64_t sdpa[2] = {1, 0}, swiglu[1] = {KILN_ACT_SWIGLU};
+  double eps[1] = {1e-5};
+  int32_t x = kiln_builder_add_input(b, "image", KILN_F32, 4, img, err);
+  int32_t keep = kiln_builder_add_input(b, "keep", KILN_BOOL, 2, md, err);
+  int32_t m = kiln_builder_add_input(b, "m", KILN_F32, 2, md, err);
+  int32_t qx = kiln_builder_add_input(b, "q", KILN_F32, 4, q, err);
+  int32_t kx = kiln_builder_add_input(b, "kv", KILN_F32, 4, kv, err);
+  int32_t h = kiln_builder_add_input(b, "h", KILN_F32, 2, xd, err);
+  int32_t tw = kiln_builder_add_constant(b, KILN_F32, 4, wd, w, sizeof w, err);
+  int32_t ts = kiln_builder_add_constant(b, KILN_F32, 1, cd, stats, sizeof stats, err);
+  int32_t tr_ = kiln_builder_add_constant(b, KILN_I64, 2, rd, rows, sizeof rows, err);
+  int32_t tc = kiln_builder_add_constant(b, KILN_I64, 2, gd, cols, sizeof cols, err);
+  int32_t tg = kiln_builder_add_constant(b, KILN_F32, 2, sw, gate_up, sizeof gate_up, err);
+  int32_t bn_ = kiln_builder_add_op(b, KILN_OP_BATCH_NORM, (int32_t[]){x, ts, ts}, 3, bn, 1, eps, 1, err);
+  int32_t c1 = kiln_builder_add_op(b, KILN_OP_CONV, (int32_t[]){bn_, tw}, 2, conv, 5, NULL, 0, err);
+  int32_t p1 = kiln_builder_add_op(b, KILN_OP_MAX_POOL2D, &c1, 1, pool, 5, NULL, 0, err);
+  int32_t u1 = kiln_builder_add_op(b, KILN_OP_UPSAMPLE_BILINEAR2D, &p1, 1, up, 2, NULL, 0, err);
+  int32_t u2 = kiln_builder_add_op(b, KILN_OP_UPSAMPLE_NEAREST2D, &u1, 1, near, 1, NULL, 0, err);
+  int32_t a1 = kiln_builder_add_op(b, KILN_OP_AVG_POOL2D, &u2, 1, avg, 6, NULL, 0, err);
+  int32_t a2 = kiln_builder_add_op(b, KILN_OP_ADAPTIVE_AVG_POOL2D, &a1, 1, ad, 1, NULL, 0, err);
+  int32_t t1 = kiln_builder_add_op(b, KILN_OP_CONV_TRANSPOSE, (int32_t[]){a1, tw}, 2, tr, 6, NULL, 0, err);
+  int32_t cs = kiln_builder_add_op(b, KILN_OP_CUMSUM, &keep, 1, scan, 2, NULL, 0, err);
+  int32_t ga = kiln_builder_add_op(b, KILN_OP_GATHER, (int32_t[]){m, tc}, 2, dim1, 1, NULL, 0, err);
+  int32_t ix = kiln_builder_add_op(b, KILN_OP_INDEX, (int32_t[]){m, tr_, tc}, 3, both, 1, NULL, 0, err);
+  int32_t am = kiln_builder_add_op(b, KILN_OP_ARGMAX, &ga, 1, arg, 2, NULL, 0, err);
+  int32_t at = kiln_builder_add_op(b, KILN_OP_SDPA, (int32_t[]){qx, kx, kx}, 3, sdpa, 2, NULL, 0, err);
+  int32_t sg = kiln_builder_add_op(b, KILN_OP_LINEAR, (int32_t[]){h, tg}, 2, swiglu, 1, NULL, 0, err);
+  int rc = a2 < 0 || t1 < 0 || cs < 0 || ix < 0 || am < 0 || at < 0 || sg < 0 ||
+                   kiln_builder_mark_output(b, a2, "pooled", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, t1, "widened", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, cs, "positions", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, ix, "picked", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, am, "best", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, at, "grouped", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, sg, "swiglu", err) != KILN_OK ||
+                   save(dir, "later_kinds.blob", b, err) != 0
+               ? -1
+               : 0;
+  kiln_builder_destroy(b);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   kiln_error err = {KILN_OK, ""};
   if (argc != 2) {
@@ -125,7 +189,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (linear_seed(argv[1], &err) != 0 || elementwise_seed(argv[1], &err) != 0 ||
-      layers_seed(argv[1], &err) != 0) {
+      layers_seed(argv[1], &err) != 0 || later_kinds_seed(argv[1], &err) != 0) {
     fprintf(stderr, "make_seeds: %s\n", err.message);
     return 1;
   }

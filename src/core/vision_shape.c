@@ -133,13 +133,17 @@ static int infer_conv(const kiln_op *op, const kiln_tensor_desc *const *in, kiln
   if (op->n_inputs != 2u + (uint32_t)win.bias)
     return refuse(why, size, "has %lld inputs but iattr4 (bias present) is %lld",
                   (long long)op->n_inputs, (long long)win.bias);
-  int64_t groups = win.groups, channels = x->dims[1];
-  int64_t per_group_in = transposed ? w->dims[0] : w->dims[1] * groups;
-  int64_t outputs = transposed ? w->dims[1] * groups : w->dims[0];
+  int64_t groups = win.groups, channels = x->dims[1], per_group_in, outputs;
   if (groups < 1 || groups > PAIR_LIMIT || channels % groups || w->dims[0] % groups)
     return refuse(why, size, "groups %lld must be 1 or more and divide the %lld input channels "
                   "and the weight's dim 0",
                   (long long)groups, (long long)channels);
+  /* A weight dim times groups may pass 2^63 in a damaged plan: refuse it, never wrap. */
+  if (__builtin_mul_overflow(w->dims[transposed ? 0 : 1], transposed ? 1 : groups, &per_group_in) ||
+      __builtin_mul_overflow(w->dims[transposed ? 1 : 0], transposed ? groups : 1, &outputs))
+    return refuse(why, size, "the weight's dims times %lld groups exceed 2^63; pass a smaller "
+                  "weight or fewer groups",
+                  (long long)groups);
   if (per_group_in != channels)
     return refuse(why, size, "the input has %lld channels but the weight with its groups "
                   "expects %lld",
@@ -248,8 +252,11 @@ static int infer_resize(const kiln_op *op, const kiln_tensor_desc *const *in,
   if (op->kind == KILN_OP_UPSAMPLE_BILINEAR2D && op->iattr[1] != 0 && op->iattr[1] != 1)
     return refuse(why, size, "iattr1 (align_corners) is %lld but must be 0 or 1",
                   (long long)op->iattr[1]);
-  if (op->fattr[0] < 0 || op->fattr[1] < 0)
-    return refuse(why, size, "scale factors must be 0 (from the sizes) or positive");
+  /* A source index is dst / scale in f32, then an integer: bound the scale so it stays one. */
+  for (int k = 0; k < 2; k++)
+    if (!(op->fattr[k] == 0 || (op->fattr[k] >= 1.0 / PAIR_LIMIT && op->fattr[k] <= PAIR_LIMIT)))
+      return refuse(why, size, "scale factor %g must be 0 (from the sizes) or 2^-31..2^31",
+                    op->fattr[k]);
   *out = *x;
   out->dims[x->rank - 2] = to.h;
   out->dims[x->rank - 1] = to.w;
