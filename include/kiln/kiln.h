@@ -253,13 +253,19 @@ typedef enum kiln_op_kind {
   KILN_OP_MAXIMUM,      /* as MINIMUM */
   /* Vision ops. Spatial dims are the last one (1-d) or two (2-d); each spatial attribute is a
      pair KILN_PAIR(h, w) (1-d ops use h = stride 1, padding 0, dilation 1). Inputs and
-     weights are NCHW (NCW for 1-d), contiguous. Sums accumulate in double, one rounding. */
-  KILN_OP_CONV,           /* x[N,C,(H,)W], w[O,C/g,(kh,)kw], bias[O]? -> [N,O,(OH,)OW]; iattr0 =
-                             stride, iattr1 = padding, iattr2 = dilation (pairs), iattr3 =
-                             groups g, iattr4 = 1 when the bias is present */
-  KILN_OP_CONV_TRANSPOSE, /* x[N,C,H,W], w[C,O/g,kh,kw], bias[O]? -> [N,O,OH,OW], OH = (H-1)*sh
-                             - 2*ph + dh*(kh-1) + oph + 1; iattr0..4 as CONV, iattr5 = output
-                             padding (pair) */
+     weights are NCHW (NCW for 1-d), contiguous, unless a channels_last attribute says NHWC.
+     Sums accumulate in double, one rounding. */
+  KILN_OP_CONV,           /* x[N,C,(H,)W], w[O,C/g,(kh,)kw], bias[O]?, residual? -> [N,O,(OH,)OW];
+                             iattr0 = stride, iattr1 = padding, iattr2 = dilation (pairs), iattr3
+                             = groups g, iattr4 = 1 when the bias is present. Optional, absent =
+                             0: iattr5 = channels_last (x [N,(H,)W,C], w [O,(kh,)kw,C/g], output
+                             [N,(OH,)OW,O]), iattr6 = kiln_activation (NONE or RELU), iattr7 = 1:
+                             the last input, of the output's shape and dtype, is added after the
+                             bias and before the activation */
+  KILN_OP_CONV_TRANSPOSE, /* x[N,C,(H,)W], w[C,O/g,(kh,)kw], bias[O]?, residual? -> [N,O,(OH,)OW],
+                             OH = (H-1)*sh - 2*ph + dh*(kh-1) + oph + 1; iattr0..4 as CONV, iattr5
+                             = output padding (pair); iattr6 = channels_last (w [C,(kh,)kw,O/g]),
+                             iattr7 = activation, iattr8 = residual, as CONV's iattr5..7 */
   KILN_OP_BATCH_NORM,     /* x[N,C,...], mean[C], var[C], weight[C]?, bias[C]? -> x's shape;
                              (x - mean) / sqrt(var + eps) * weight + bias per channel (dim 1),
                              in f32; iattr0 = bit0 weight present, bit1 bias present; fattr0 =
@@ -360,7 +366,7 @@ typedef struct kiln_tensor_desc {
 } kiln_tensor_desc;
 
 #define KILN_MAX_OP_INPUTS 8
-#define KILN_MAX_IATTR 8
+#define KILN_MAX_IATTR 12
 #define KILN_MAX_FATTR 2
 
 typedef struct kiln_op {
@@ -373,7 +379,8 @@ typedef struct kiln_op {
   double fattr[KILN_MAX_FATTR];
 } kiln_op;
 
-#define KILN_PLAN_VERSION 1u
+/* 2: twelve integer attributes per op; version 1 plans (eight) still load. */
+#define KILN_PLAN_VERSION 2u
 
 typedef struct kiln_plan {
   uint32_t version;

@@ -88,6 +88,14 @@ static kiln_status fold_one(kiln_graph *g, uint32_t conv_index, uint32_t bn_inde
   return KILN_OK;
 }
 
+/* 1 for an NCHW CONV with no fused epilogue: the norm's channel dim 1 is then its output
+ * channel, and nothing stands between the sums and the norm. */
+static int folds_into(const kiln_op *conv) {
+  for (uint32_t k = 5; k < conv->n_iattr; k++)
+    if (conv->iattr[k] != 0) return 0;
+  return conv->kind == KILN_OP_CONV;
+}
+
 kiln_status kiln_fold_batch_norm(kiln_graph *g, kiln_error *err) {
   uint32_t *uses;
   kiln_status s = KILN_OK;
@@ -101,7 +109,7 @@ kiln_status kiln_fold_batch_norm(kiln_graph *g, kiln_error *err) {
     const kiln_op *bn = &g->ops[i];
     if (g->dead[i] || bn->kind != KILN_OP_BATCH_NORM || !all_constant(g, bn, 1)) continue;
     int32_t conv = kiln_graph_producer(g, bn->inputs[0], uses, 1);
-    if (conv < 0 || g->ops[conv].kind != KILN_OP_CONV || !all_constant(g, &g->ops[conv], 1))
+    if (conv < 0 || !folds_into(&g->ops[conv]) || !all_constant(g, &g->ops[conv], 1))
       continue;
     s = fold_one(g, (uint32_t)conv, i, err);
   }

@@ -20,7 +20,7 @@ static int append_steps(kiln_op *f, const kiln_op *pw) {
   kiln_pw_span_of(f, &span);
   for (uint32_t s = 0; s < span.n_steps && has_pow(pw); s++)
     if (KILN_PW_STEP_KIND(span.steps[s]) == KILN_OP_POW) return 0; /* one exponent */
-  if (next.n_iattr + pw->n_iattr > KILN_MAX_IATTR) return 0;
+  if (next.n_iattr + pw->n_iattr > KILN_NORM_MAX_IATTR) return 0;
   for (uint32_t s = 0; s < pw->n_iattr; s++) {
     int64_t step = pw->iattr[s];
     uint32_t slot = KILN_PW_STEP_INPUT(step), at = 0;

@@ -6,9 +6,9 @@
  * then one 96-byte record per tensor
  *   0 u32 dtype  4 i32 rank  8 i64 dims[8]  72 u32 storage  76 u32 io_index
  *  80 u64 offset  88 u64 nbytes
- * then one 128-byte record per op
+ * then one 160-byte record per op (128 bytes with iattr[8] in version 1)
  *   0 u32 kind  4 u32 n_inputs  8 u32 inputs[8]  40 u32 output  44 u32 n_iattr
- *  48 i64 iattr[8]  112 f64 fattr[2]
+ *  48 i64 iattr[12]  144 f64 fattr[2]
  * then u32 tensor indices of the inputs, then of the outputs. Unused slots are zero. */
 #include "core/alloc.h"
 #include "core/internal.h"
@@ -21,15 +21,20 @@
 #define PLAN_MAGIC "KPLN"
 #define PLAN_HEADER_SIZE 32u
 #define PLAN_TENSOR_SIZE 96u
-#define PLAN_OP_SIZE 128u
+
+/* Integer attribute slots of an op record, and the record's size, in a plan of this version. */
+static uint32_t iattr_slots(uint32_t version) { return version >= 2 ? KILN_MAX_IATTR : 8u; }
+static uint32_t op_record_size(uint32_t version) {
+  return 48u + 8u * iattr_slots(version) + 8u * KILN_MAX_FATTR;
+}
 
 static const char *const storage_names[] = {"arena", "weight", "input", "output"};
 
-static uint64_t plan_bytes(uint32_t n_tensors, uint32_t n_ops, uint32_t n_inputs,
-                           uint32_t n_outputs) {
+static uint64_t plan_bytes(uint32_t version, uint32_t n_tensors, uint32_t n_ops,
+                           uint32_t n_inputs, uint32_t n_outputs) {
   /* Counts are 32-bit, so this sum stays far below 2^64. */
   return PLAN_HEADER_SIZE + (uint64_t)n_tensors * PLAN_TENSOR_SIZE +
-         (uint64_t)n_ops * PLAN_OP_SIZE + ((uint64_t)n_inputs + n_outputs) * 4u;
+         (uint64_t)n_ops * op_record_size(version) + ((uint64_t)n_inputs + n_outputs) * 4u;
 }
 
 static void put_tensor(uint8_t *p, const kiln_tensor_desc *t) {
@@ -52,7 +57,7 @@ static void put_op(uint8_t *p, const kiln_op *op) {
   for (int i = 0; i < KILN_MAX_FATTR; i++) {
     uint64_t bits;
     memcpy(&bits, &op->fattr[i], sizeof bits);
-    kiln_wr_u64(p + 112 + 8 * i, bits);
+    kiln_wr_u64(p + 48 + 8 * KILN_MAX_IATTR + 8 * i, bits);
   }
 }
 
@@ -66,7 +71,8 @@ kiln_status kiln_plan_serialize(const kiln_plan *plan, void **out, size_t *out_s
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                      "plan serialize: a NULL plan, output or array with a non-zero count; pass "
                      "a complete plan");
-  size = plan_bytes(plan->n_tensors, plan->n_ops, plan->n_inputs, plan->n_outputs);
+  size = plan_bytes(KILN_PLAN_VERSION, plan->n_tensors, plan->n_ops, plan->n_inputs,
+                    plan->n_outputs);
   if (size > SIZE_MAX || !(buf = kiln_malloc((size_t)size)))
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "plan serialize: out of memory for %llu bytes; free memory and retry",
@@ -81,7 +87,8 @@ kiln_status kiln_plan_serialize(const kiln_plan *plan, void **out, size_t *out_s
   p = buf + PLAN_HEADER_SIZE;
   for (uint32_t i = 0; i < plan->n_tensors; i++, p += PLAN_TENSOR_SIZE)
     put_tensor(p, &plan->tensors[i]);
-  for (uint32_t i = 0; i < plan->n_ops; i++, p += PLAN_OP_SIZE) put_op(p, &plan->ops[i]);
+  for (uint32_t i = 0; i < plan->n_ops; i++, p += op_record_size(KILN_PLAN_VERSION))
+    put_op(p, &plan->ops[i]);
   for (uint32_t i = 0; i < plan->n_inputs; i++, p += 4) kiln_wr_u32(p, plan->inputs[i]);
   for (uint32_t i = 0; i < plan->n_outputs; i++, p += 4) kiln_wr_u32(p, plan->outputs[i]);
   *out = buf;
@@ -165,8 +172,9 @@ static kiln_status parse_tensor(const uint8_t *p, uint32_t i, const kiln_plan *p
 }
 
 /* Decodes op i and checks what needs no other op: kind, counts, indices, unused slots. */
-static kiln_status parse_op(const uint8_t *p, uint32_t i, uint32_t n_tensors, kiln_op *op,
-                            kiln_error *err) {
+static kiln_status parse_op(const uint8_t *p, uint32_t i, uint32_t version, uint32_t n_tensors,
+                            kiln_op *op, kiln_error *err) {
+  uint32_t slots = iattr_slots(version);
   uint32_t kind = kiln_rd_u32(p);
   const char *name = kiln_op_name((kiln_op_kind)kind);
   if (kind >= KILN_OP_COUNT)
@@ -177,11 +185,12 @@ static kiln_status parse_op(const uint8_t *p, uint32_t i, uint32_t n_tensors, ki
   op->n_inputs = kiln_rd_u32(p + 4);
   op->output = kiln_rd_u32(p + 40);
   op->n_iattr = kiln_rd_u32(p + 44);
-  if (op->n_inputs > KILN_MAX_OP_INPUTS || op->n_iattr > KILN_MAX_IATTR)
+  if (op->n_inputs > KILN_MAX_OP_INPUTS || op->n_iattr > slots)
     return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
-                     "plan op %u (%.12s): %u inputs and %u integer attributes exceed 8 and 8; "
+                     "plan op %u (%.12s): %u inputs and %u integer attributes exceed %u and %u; "
                      "re-export the program",
-                     (unsigned)i, name, (unsigned)op->n_inputs, (unsigned)op->n_iattr);
+                     (unsigned)i, name, (unsigned)op->n_inputs, (unsigned)op->n_iattr,
+                     (unsigned)KILN_MAX_OP_INPUTS, (unsigned)slots);
   for (uint32_t k = 0; k < KILN_MAX_OP_INPUTS; k++) {
     op->inputs[k] = kiln_rd_u32(p + 8 + 4 * k);
     if (k < op->n_inputs ? op->inputs[k] >= n_tensors : op->inputs[k] != 0)
@@ -196,7 +205,7 @@ static kiln_status parse_op(const uint8_t *p, uint32_t i, uint32_t n_tensors, ki
                      "plan op %u (%.12s): output tensor %u is outside the plan's %u tensors; "
                      "re-export the program",
                      (unsigned)i, name, (unsigned)op->output, (unsigned)n_tensors);
-  for (uint32_t k = 0; k < KILN_MAX_IATTR; k++) {
+  for (uint32_t k = 0; k < slots; k++) {
     op->iattr[k] = (int64_t)kiln_rd_u64(p + 48 + 8 * k);
     if (k >= op->n_iattr && op->iattr[k] != 0)
       return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
@@ -205,7 +214,7 @@ static kiln_status parse_op(const uint8_t *p, uint32_t i, uint32_t n_tensors, ki
                        (unsigned)i, name, (unsigned)k, (long long)op->iattr[k]);
   }
   for (uint32_t k = 0; k < KILN_MAX_FATTR; k++) {
-    uint64_t bits = kiln_rd_u64(p + 112 + 8 * k);
+    uint64_t bits = kiln_rd_u64(p + 48 + 8 * slots + 8 * k);
     memcpy(&op->fattr[k], &bits, sizeof bits);
   }
   return KILN_OK;
@@ -344,8 +353,8 @@ static kiln_status parse_body(const uint8_t *p, uint64_t weights_size, kiln_plan
   p += PLAN_HEADER_SIZE;
   for (uint32_t i = 0; i < plan->n_tensors; i++, p += PLAN_TENSOR_SIZE)
     if ((s = parse_tensor(p, i, plan, weights_size, &plan->tensors[i], err))) return s;
-  for (uint32_t i = 0; i < plan->n_ops; i++, p += PLAN_OP_SIZE)
-    if ((s = parse_op(p, i, plan->n_tensors, &plan->ops[i], err))) return s;
+  for (uint32_t i = 0; i < plan->n_ops; i++, p += op_record_size(plan->version))
+    if ((s = parse_op(p, i, plan->version, plan->n_tensors, &plan->ops[i], err))) return s;
   for (uint32_t i = 0; i < plan->n_inputs; i++, p += 4) plan->inputs[i] = kiln_rd_u32(p);
   for (uint32_t i = 0; i < plan->n_outputs; i++, p += 4) plan->outputs[i] = kiln_rd_u32(p);
   if ((s = check_io_list(plan, KILN_STORE_INPUT, plan->inputs, plan->n_inputs, err)) ||
@@ -400,7 +409,7 @@ kiln_status kiln_plan_parse(const void *data, size_t size, uint64_t weights_size
   plan.n_inputs = kiln_rd_u32(p + 16);
   plan.n_outputs = kiln_rd_u32(p + 20);
   plan.arena_size = kiln_rd_u64(p + 24);
-  need = plan_bytes(plan.n_tensors, plan.n_ops, plan.n_inputs, plan.n_outputs);
+  need = plan_bytes(plan.version, plan.n_tensors, plan.n_ops, plan.n_inputs, plan.n_outputs);
   if (need != size)
     return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
                      "plan section is %llu bytes but its counts (%u tensors, %u ops, %u inputs, "

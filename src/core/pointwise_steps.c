@@ -59,9 +59,9 @@ int kiln_pw_span_of(const kiln_op *op, kiln_pw_span *span) {
     return 0;
   flags = op->iattr[1];
   span->steps = op->iattr + 3;
-  span->n_steps = (op->n_iattr < KILN_MAX_IATTR ? op->n_iattr : KILN_MAX_IATTR) - 3;
-  span->n_before = op->iattr[2] >= 0 && op->iattr[2] <= KILN_MAX_IATTR ? (uint32_t)op->iattr[2]
-                                                                        : UINT32_MAX;
+  span->n_steps = (op->n_iattr < KILN_NORM_MAX_IATTR ? op->n_iattr : KILN_NORM_MAX_IATTR) - 3;
+  span->n_before = op->iattr[2] >= 0 && op->iattr[2] <= KILN_NORM_MAX_IATTR ? (uint32_t)op->iattr[2]
+                                                                             : UINT32_MAX;
   span->first_operand = 1u + (uint32_t)(flags & 1) + (uint32_t)((flags >> 1) & 1);
   span->exponent = op->fattr[1];
   return 1;

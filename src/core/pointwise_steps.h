@@ -12,6 +12,10 @@
 extern "C" {
 #endif
 
+/* A norm's attributes, its own three and its fused steps, stay within eight slots as before
+ * ops had twelve, so its steps always fit an engine's chain of KILN_PW_MAX_STEPS. */
+#define KILN_NORM_MAX_IATTR 8u
+
 /* What is wrong with an op's steps, found by kiln_pointwise_check. */
 typedef enum kiln_pw_fault {
   KILN_PW_FINE = 0,

@@ -12,8 +12,19 @@ int kiln_is_vision_op(kiln_op_kind kind) {
   return kind >= KILN_OP_CONV && kind <= KILN_OP_UPSAMPLE_BILINEAR2D;
 }
 
-/* Integer attributes each vision op takes, in order of kiln_op_kind from CONV. */
+/* Integer attributes each vision op takes, in order of kiln_op_kind from CONV; a convolution
+ * may also carry its three optional layout and epilogue attributes. */
 static const uint32_t vision_iattrs[] = {5, 6, 1, 5, 6, 1, 1, 2};
+
+void kiln_conv_axes_of(int32_t rank, int channels_last, kiln_conv_axes *axes) {
+  int two = rank == 4;
+  axes->channel = channels_last ? rank - 1 : 1;
+  axes->width = channels_last ? rank - 2 : rank - 1;
+  axes->height = two ? (channels_last ? 1 : 2) : -1;
+  axes->w_per_group = axes->channel;
+  axes->w_width = axes->width;
+  axes->w_height = axes->height;
+}
 
 static kiln_pair pair_at(const kiln_op *op, uint32_t slot, int64_t h, int64_t w) {
   kiln_pair p = {h, w};
@@ -26,15 +37,21 @@ static int64_t int_at(const kiln_op *op, uint32_t slot, int64_t fallback) {
 }
 
 void kiln_window_of(const kiln_op *op, const kiln_tensor_desc *const *in, kiln_window *win) {
-  const kiln_window none = {{1, 1}, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, 0, 0, 0, 0, 2};
+  const kiln_window none = {{1, 1}, {1, 1}, {0, 0}, {1, 1}, {0, 0}, 1, 0, 0, 0, 0, 2, 0, 0, 0};
   *win = none;
   switch (op->kind) {
   case KILN_OP_CONV:
   case KILN_OP_CONV_TRANSPOSE: {
     const kiln_tensor_desc *w = in[1];
+    uint32_t slot = kiln_conv_epilogue_slot(op->kind);
+    kiln_conv_axes axes;
+    win->channels_last = int_at(op, slot, 0) != 0;
+    win->activation = int_at(op, slot + 1, KILN_ACT_NONE);
+    win->residual = int_at(op, slot + 2, 0) != 0;
+    kiln_conv_axes_of(w->rank, win->channels_last, &axes);
     win->spatial = in[0]->rank == 3 ? 1 : 2;
-    win->kernel.w = w->rank >= 3 ? w->dims[w->rank - 1] : 0;
-    win->kernel.h = w->rank == 4 ? w->dims[2] : 1;
+    win->kernel.w = w->rank >= 3 ? w->dims[axes.w_width] : 0;
+    win->kernel.h = w->rank == 4 ? w->dims[axes.w_height] : 1;
     win->stride = pair_at(op, 0, 1, 1);
     win->padding = pair_at(op, 1, 0, 0);
     win->dilation = pair_at(op, 2, 1, 1);
@@ -108,7 +125,9 @@ static int infer_conv(const kiln_op *op, const kiln_tensor_desc *const *in, kiln
                       char *why, size_t size) {
   const kiln_tensor_desc *x = in[0], *w = in[1];
   int transposed = op->kind == KILN_OP_CONV_TRANSPOSE;
+  uint32_t slot = kiln_conv_epilogue_slot(op->kind);
   kiln_window win;
+  kiln_conv_axes ax;
   int64_t sizes[2], outs[2];
   if (x->rank != 3 && x->rank != 4)
     return refuse(why, size, "input 0 has rank %lld but must be [N,C,W] or [N,C,H,W]",
@@ -116,7 +135,16 @@ static int infer_conv(const kiln_op *op, const kiln_tensor_desc *const *in, kiln
   if (w->rank != x->rank)
     return refuse(why, size, "the weight has rank %lld but the input has rank %lld",
                   (long long)w->rank, (long long)x->rank);
+  for (uint32_t k = slot; k < op->n_iattr; k++)
+    if (k != slot + 1 && op->iattr[k] != 0 && op->iattr[k] != 1)
+      return refuse(why, size, "iattr%lld (%s) is %lld but must be 0 or 1", (long long)k,
+                    k == slot ? "channels_last" : "residual", (long long)op->iattr[k]);
   kiln_window_of(op, in, &win);
+  if (win.activation != KILN_ACT_NONE && win.activation != KILN_ACT_RELU)
+    return refuse(why, size, "iattr%lld (activation) is %lld but a convolution fuses only 0 "
+                  "(none) or 1 (relu); apply other activations as their own op",
+                  (long long)(slot + 1), (long long)win.activation);
+  kiln_conv_axes_of(x->rank, win.channels_last, &ax);
   if (!pair_ok(win.stride, 1) || !pair_ok(win.dilation, 1) || !pair_ok(win.padding, 0) ||
       !pair_ok(win.out_padding, 0))
     return refuse(why, size, "stride %lld or dilation %lld (packed pairs) is below 1 or padding "
@@ -130,17 +158,20 @@ static int infer_conv(const kiln_op *op, const kiln_tensor_desc *const *in, kiln
   if (int_at(op, 4, 0) != 0 && int_at(op, 4, 0) != 1)
     return refuse(why, size, "iattr4 (bias present) is %lld but must be 0 or 1",
                   (long long)int_at(op, 4, 0));
-  if (op->n_inputs != 2u + (uint32_t)win.bias)
-    return refuse(why, size, "has %lld inputs but iattr4 (bias present) is %lld",
-                  (long long)op->n_inputs, (long long)win.bias);
-  int64_t groups = win.groups, channels = x->dims[1], per_group_in, outputs;
+  if (op->n_inputs != 2u + (uint32_t)win.bias + (uint32_t)win.residual)
+    return refuse(why, size, "has %lld inputs but iattr4 (bias present) is %lld and the "
+                  "residual flag %lld",
+                  (long long)op->n_inputs, (long long)win.bias, (long long)win.residual);
+  int64_t groups = win.groups, channels = x->dims[ax.channel], per_group_in, outputs;
   if (groups < 1 || groups > PAIR_LIMIT || channels % groups || w->dims[0] % groups)
     return refuse(why, size, "groups %lld must be 1 or more and divide the %lld input channels "
                   "and the weight's dim 0",
                   (long long)groups, (long long)channels);
   /* A weight dim times groups may pass 2^63 in a damaged plan: refuse it, never wrap. */
-  if (__builtin_mul_overflow(w->dims[transposed ? 0 : 1], transposed ? 1 : groups, &per_group_in) ||
-      __builtin_mul_overflow(w->dims[transposed ? 1 : 0], transposed ? groups : 1, &outputs))
+  if (__builtin_mul_overflow(w->dims[transposed ? 0 : ax.w_per_group], transposed ? 1 : groups,
+                             &per_group_in) ||
+      __builtin_mul_overflow(w->dims[transposed ? ax.w_per_group : 0], transposed ? groups : 1,
+                             &outputs))
     return refuse(why, size, "the weight's dims times %lld groups exceed 2^63; pass a smaller "
                   "weight or fewer groups",
                   (long long)groups);
@@ -158,8 +189,8 @@ static int infer_conv(const kiln_op *op, const kiln_tensor_desc *const *in, kiln
   if (win.bias && !is_channel_vector(in[2], outputs))
     return refuse(why, size, "the bias must be [%lld] but has rank %lld", (long long)outputs,
                   (long long)in[2]->rank);
-  sizes[0] = win.spatial == 2 ? x->dims[2] : 1;
-  sizes[1] = x->dims[x->rank - 1];
+  sizes[0] = win.spatial == 2 ? x->dims[ax.height] : 1;
+  sizes[1] = x->dims[ax.width];
   for (int k = 0; k < 2; k++) {
     int64_t kernel = k ? win.kernel.w : win.kernel.h, stride = k ? win.stride.w : win.stride.h;
     int64_t pad = k ? win.padding.w : win.padding.h, dil = k ? win.dilation.w : win.dilation.h;
@@ -172,9 +203,17 @@ static int infer_conv(const kiln_op *op, const kiln_tensor_desc *const *in, kiln
                     (long long)sizes[k], (long long)k);
   }
   *out = *x;
-  out->dims[1] = outputs;
-  if (win.spatial == 2) out->dims[2] = outs[0];
-  out->dims[x->rank - 1] = outs[1];
+  out->dims[ax.channel] = outputs;
+  if (win.spatial == 2) out->dims[ax.height] = outs[0];
+  out->dims[ax.width] = outs[1];
+  if (win.residual) {
+    const kiln_tensor_desc *r = in[op->n_inputs - 1];
+    int same = r->rank == out->rank;
+    for (int32_t d = 0; same && d < out->rank; d++) same = r->dims[d] == out->dims[d];
+    if (!same)
+      return refuse(why, size, "the residual (input %lld) must have the output's shape",
+                    (long long)(op->n_inputs - 1));
+  }
   return 0;
 }
 
@@ -267,14 +306,15 @@ int kiln_vision_infer(const kiln_op *op, const kiln_tensor_desc *const *in, kiln
                       char *why, size_t size) {
   const kiln_tensor_desc *x = in[0];
   uint32_t want = vision_iattrs[op->kind - KILN_OP_CONV];
-  if (op->n_iattr != want)
-    return refuse(why, size, "takes %lld integer attributes but has %lld", (long long)want,
-                  (long long)op->n_iattr);
+  uint32_t most = kiln_is_conv_op(op->kind) ? want + 3 : want;
+  if (op->n_iattr < want || op->n_iattr > most)
+    return refuse(why, size, "takes %lld to %lld integer attributes but has %lld",
+                  (long long)want, (long long)most, (long long)op->n_iattr);
   for (uint32_t i = 0; i < op->n_inputs; i++)
     if (!kiln_dtype_is_float(in[i]->dtype) || in[i]->dtype != x->dtype)
       return refuse(why, size, "input %lld must be a float of input 0's dtype (dtype %lld)",
                     (long long)i, (long long)in[i]->dtype);
-  if (op->kind == KILN_OP_CONV || op->kind == KILN_OP_CONV_TRANSPOSE)
+  if (kiln_is_conv_op(op->kind))
     return infer_conv(op, in, out, why, size);
   if (op->kind == KILN_OP_BATCH_NORM) return infer_batch_norm(op, in, out, why, size);
   if (x->rank < 3)

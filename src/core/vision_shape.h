@@ -11,6 +11,10 @@
 /* 1 for CONV .. UPSAMPLE_BILINEAR2D. */
 int kiln_is_vision_op(kiln_op_kind kind);
 
+static inline int kiln_is_conv_op(kiln_op_kind kind) {
+  return kind == KILN_OP_CONV || kind == KILN_OP_CONV_TRANSPOSE;
+}
+
 /* One spatial pair attribute, or its default when the op has fewer attributes. */
 typedef struct kiln_pair {
   int64_t h, w;
@@ -23,7 +27,29 @@ typedef struct kiln_window {
   int bias, ceil_mode, count_include_pad;
   int64_t divisor;  /* AVG_POOL2D divisor override, 0 for none */
   int32_t spatial;  /* 1 or 2 spatial dims */
+  int channels_last; /* convolutions: x, w and the output hold channels innermost */
+  int64_t activation; /* convolutions: kiln_activation applied last */
+  int residual;       /* convolutions: the last input is added before the activation */
 } kiln_window;
+
+/* The attribute slots of a convolution's layout and epilogue: CONV 5, 6, 7; CONV_TRANSPOSE
+ * 6, 7, 8 (after its output padding). */
+static inline uint32_t kiln_conv_epilogue_slot(kiln_op_kind kind) {
+  return kind == KILN_OP_CONV_TRANSPOSE ? 6u : 5u;
+}
+
+/* Where a convolution's dims sit: x and the output are [N,C,(H,)W] or [N,(H,)W,C]; the weight
+ * is [lead, per-group, (kh,)kw] or [lead, (kh,)kw, per-group]. */
+typedef struct kiln_conv_axes {
+  int32_t channel;     /* x's and the output's channel dim */
+  int32_t height;      /* x's and the output's H dim; -1 for a 1-d op */
+  int32_t width;       /* x's and the output's W dim */
+  int32_t w_per_group; /* the weight's per-group channel dim */
+  int32_t w_height;    /* the weight's kh dim; -1 for a 1-d op */
+  int32_t w_width;     /* the weight's kw dim */
+} kiln_conv_axes;
+
+void kiln_conv_axes_of(int32_t rank, int channels_last, kiln_conv_axes *axes);
 
 /* Decodes op's attributes (its inputs give the kernel of a convolution). */
 void kiln_window_of(const kiln_op *op, const kiln_tensor_desc *const *in, kiln_window *win);

@@ -294,7 +294,7 @@ static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_c
   case KILN_OP_SDPA: *min_in = 1, *max_in = 4; break;
   case KILN_OP_POINTWISE: *max_in = KILN_MAX_OP_INPUTS; break;
   case KILN_OP_CONV:
-  case KILN_OP_CONV_TRANSPOSE: *min_in = 2, *max_in = 3; break;
+  case KILN_OP_CONV_TRANSPOSE: *min_in = 2, *max_in = 4; break;
   case KILN_OP_BATCH_NORM: *min_in = 3, *max_in = 5; break;
   case KILN_OP_CUMSUM:
   case KILN_OP_ARGMAX: *cls = OUT_ANY; break;
@@ -372,7 +372,8 @@ uint64_t kiln_cpu_scratch_count(const kiln_plan *p) {
       need = (uint64_t)k->dims[k->rank - 2] + (uint64_t)v->dims[v->rank - 1]; /* scores, row */
     } else if (op->kind == KILN_OP_CONV) {
       const kiln_tensor_desc *out = &p->tensors[op->output];
-      need = (uint64_t)out->dims[out->rank - 1]; /* one output row of sums */
+      int channels_last = op->n_iattr > 5 && op->iattr[5] != 0;
+      need = (uint64_t)out->dims[out->rank - 1 - channels_last]; /* one output row of sums */
     }
     if (need > most) most = need;
   }

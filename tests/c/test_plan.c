@@ -78,7 +78,7 @@ static void test_round_trip(void) {
   fresh(&f);
   f.ops[0].fattr[1] = 0.25;
   bytes = encode(&f, &size);
-  CHECK(size == 32 + 5 * 96 + 2 * 128 + 2 * 4);
+  CHECK(size == 32 + 5 * 96 + 2 * 160 + 2 * 4);
   CHECK(memcmp(bytes, "KPLN", 4) == 0);
   CHECK(kiln_plan_parse(bytes, size, WEIGHTS_SIZE, &out, &err) == KILN_OK);
   CHECK_STR(err.message, "");
@@ -92,6 +92,39 @@ static void test_round_trip(void) {
   free(bytes);
 }
 
+/* A version 1 plan, eight integer attribute slots per 128-byte op record, still loads; one
+ * that claims a ninth attribute is refused. */
+static void test_version_1_plan_loads(void) {
+  fixture f;
+  kiln_plan out;
+  kiln_error err = {KILN_OK, ""};
+  size_t size = 0, at = 32 + 5 * 96, old_size;
+  uint8_t *bytes, *old;
+  fresh(&f);
+  f.ops[0].fattr[0] = 0.5;
+  bytes = encode(&f, &size);
+  old_size = size - 2 * 32;
+  old = calloc(1, old_size);
+  memcpy(old, bytes, at);
+  kiln_wr_u32(old + 4, 1);
+  for (size_t op = 0; op < 2; op++) {
+    memcpy(old + at + op * 128, bytes + at + op * 160, 112);
+    memcpy(old + at + op * 128 + 112, bytes + at + op * 160 + 144, 16);
+  }
+  memcpy(old + at + 2 * 128, bytes + at + 2 * 160, 8);
+  CHECK(kiln_plan_parse(old, old_size, WEIGHTS_SIZE, &out, &err) == KILN_OK);
+  CHECK_STR(err.message, "");
+  CHECK(out.version == 1 && out.n_ops == 2);
+  CHECK(memcmp(out.ops, f.ops, 2 * sizeof *out.ops) == 0);
+  kiln_plan_release(&out);
+  kiln_wr_u32(old + at + 128 + 44, 9);
+  expect_bytes(old, old_size, KILN_ERR_INVALID_PROGRAM,
+               "plan op 1 (relu): 1 inputs and 9 integer attributes exceed 8 and 8; re-export the "
+               "program");
+  free(old);
+  free(bytes);
+}
+
 static void test_header_refusals(void) {
   fixture f;
   size_t size = 0;
@@ -101,15 +134,15 @@ static void test_header_refusals(void) {
   expect_bytes(bytes, 31, KILN_ERR_INVALID_PROGRAM,
                "plan section is 31 bytes, shorter than its 32-byte header; re-export the program");
   expect_bytes(bytes, size - 4, KILN_ERR_INVALID_PROGRAM,
-               "plan section is 772 bytes but its counts (5 tensors, 2 ops, 1 inputs, 1 outputs) "
-               "need 776; re-export the program");
+               "plan section is 836 bytes but its counts (5 tensors, 2 ops, 1 inputs, 1 outputs) "
+               "need 840; re-export the program");
   bytes[0] = 'X';
   expect_bytes(bytes, size, KILN_ERR_INVALID_PROGRAM,
                "plan section does not start with \"KPLN\"; re-export the program");
   bytes[0] = 'K';
   kiln_wr_u32(bytes + 4, 7);
   expect_bytes(bytes, size, KILN_ERR_INCOMPATIBLE,
-               "plan version 7 is newer than this runtime understands (1): re-export the program "
+               "plan version 7 is newer than this runtime understands (2): re-export the program "
                "with this Kiln release or upgrade the Kiln runtime");
   kiln_wr_u32(bytes + 4, 0);
   expect_bytes(bytes, size, KILN_ERR_INVALID_PROGRAM,
@@ -126,8 +159,8 @@ static void test_header_refusals(void) {
   bytes = encode(&f, &size);
   kiln_wr_u32(bytes + 8, 0xFFFFFFFFu);
   expect_bytes(bytes, size, KILN_ERR_INVALID_PROGRAM,
-               "plan section is 776 bytes but its counts (4294967295 tensors, 2 ops, 1 inputs, 1 "
-               "outputs) need 412316860616; re-export the program");
+               "plan section is 840 bytes but its counts (4294967295 tensors, 2 ops, 1 inputs, 1 "
+               "outputs) need 412316860680; re-export the program");
   free(bytes);
   {
     static uint32_t many[300];
@@ -262,12 +295,12 @@ static void test_op_refusals(void) {
   fresh(&f);
   f.ops[1].n_inputs = 9;
   expect(&f, KILN_ERR_INVALID_PROGRAM,
-         "plan op 1 (relu): 9 inputs and 0 integer attributes exceed 8 and 8; re-export the "
+         "plan op 1 (relu): 9 inputs and 0 integer attributes exceed 8 and 12; re-export the "
          "program");
   fresh(&f);
-  f.ops[1].n_iattr = 9;
+  f.ops[1].n_iattr = 13;
   expect(&f, KILN_ERR_INVALID_PROGRAM,
-         "plan op 1 (relu): 1 inputs and 9 integer attributes exceed 8 and 8; re-export the "
+         "plan op 1 (relu): 1 inputs and 13 integer attributes exceed 8 and 12; re-export the "
          "program");
   fresh(&f);
   f.ops[1].inputs[0] = 5;
@@ -455,9 +488,9 @@ static int may_change(size_t byte) {
   if (byte >= 24 && byte < 32) return 1;
   if (byte >= 32 + 96 + 80 && byte < 32 + 96 + 88) return 1;
   if (byte >= 32 + 2 * 96 + 80 && byte < 32 + 2 * 96 + 88) return 1;
-  if (byte == ops + 48 || byte == ops + 44 || byte == ops + 128) return 1;
+  if (byte == ops + 48 || byte == ops + 44 || byte == ops + 160) return 1;
   for (size_t op = 0; op < 2; op++)
-    if (byte >= ops + op * 128 + 112 && byte < ops + op * 128 + 128) return 1;
+    if (byte >= ops + op * 160 + 144 && byte < ops + op * 160 + 160) return 1;
   return 0;
 }
 
@@ -515,6 +548,7 @@ static void test_serialize_arguments(void) {
 
 int main(void) {
   test_round_trip();
+  test_version_1_plan_loads();
   test_header_refusals();
   test_tensor_refusals();
   test_io_list_refusals();
