@@ -7,9 +7,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-gpu}
 
-# The CUDA runtime and cuBLASLt: the toolkit's copies, else those of the nvidia pip packages.
+# The CUDA runtime, cuBLASLt and cuDNN: the toolkit's copies, else those of the nvidia pip packages.
 for dir in /usr/local/cuda/lib64 /usr/local/cuda/lib \
-    $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas", "cuda_runtime")))' 2>/dev/null); do
+    $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas", "cuda_runtime", "cudnn")))' 2>/dev/null); do
   if [ -d "$dir" ]; then LD_LIBRARY_PATH="$dir:${LD_LIBRARY_PATH:-}"; fi
 done
 export LD_LIBRARY_PATH

@@ -219,7 +219,7 @@ static int needed_allowed(const char *name) {
     if (strcmp(name, allowed_needed[i]) == 0) return 1;
   size_t n = strlen(name);
   /* cuDNN ships as libcudnn.so.9 plus sub-libraries libcudnn_<part>.so.9. */
-  return strncmp(name, "libcudnn", 8) == 0 && n > 13 && strcmp(name + n - 5, ".so.9") == 0;
+  return strncmp(name, "libcudnn", 8) == 0 && n >= 13 && strcmp(name + n - 5, ".so.9") == 0;
 }
 
 static void check_needed(const kiln_elf *elf, const kiln_library_rules *rules,

@@ -150,6 +150,11 @@ def _load():
     try:
         lib = ctypes.CDLL(path)
     except OSError as exc:
+        if "libcudnn" in str(exc):
+            raise ImportError(
+                f"kiln: the Kiln library {path} needs cuDNN 9, which the loader did not find ({exc}): "
+                "pip install nvidia-cudnn-cu13, or put cuDNN 9's lib directory on LD_LIBRARY_PATH"
+            ) from exc
         raise ImportError(
             f"kiln: cannot load the Kiln library {path} ({exc}); build it with "
             f"`make build` (CMake copies build/{LIBRARY_NAME} into the kiln package) "

@@ -15,7 +15,9 @@
 #include "core/engine_internal.h"
 #include "cuda_attention_gemm.h"
 #include "core/view.h"
+#include "core/vision_shape.h"
 #include "cuda_check.h"
+#include "cuda_conv.h"
 #include "cuda_gemm.h"
 #include "cuda_ops.h"
 #include "cuda_staging.h"
@@ -58,6 +60,10 @@ typedef struct kcu_state {
   kcu_io *in, *out;
   kcu_gemm *gemm; /* one per op; used by LINEAR and MATMUL */
   kcu_attn_gemm *attn; /* one per op; used by SDPA */
+  cudnnHandle_t dnn;   /* made only for a plan with a convolution */
+  kcu_conv *conv;      /* one per op; used by CONV and CONV_TRANSPOSE */
+  void *conv_ws;       /* one workspace for every convolution, sized for the chosen algorithms */
+  size_t conv_ws_size;
   void *attn_scratch;  /* scores of the SDPA op (or SwiGLU's gate and up) being run */
   cudaGraphExec_t graph_host, graph_dev;
   void **dev_in, **dev_out;   /* caller addresses graph_dev was last updated with */
@@ -167,6 +173,9 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
   case KILN_OP_MATMUL:
     return kcu_gemm_run(&s->gemm[i], s->lt, st, in, op->n_inputs, &out, s->workspace,
                         s->workspace_size);
+  case KILN_OP_CONV: case KILN_OP_CONV_TRANSPOSE:
+    return kcu_conv_run(&s->conv[i], s->dnn, st, in, op->n_inputs, &out, s->conv_ws,
+                        s->conv_ws_size);
   case KILN_OP_ADD: case KILN_OP_SUB: case KILN_OP_MUL: case KILN_OP_DIV:
   case KILN_OP_MINIMUM: case KILN_OP_MAXIMUM:
     return kcu_binary(st, op->kind, &in[0], &in[1], &out, (float)op->fattr[0]);
@@ -283,6 +292,9 @@ static void kcu_destroy(kiln_engine *e) {
   if (s->graph_dev) cudaGraphExecDestroy(s->graph_dev);
   for (uint32_t i = 0; s->gemm && i < e->plan.n_ops; i++) kcu_gemm_release(&s->gemm[i]);
   for (uint32_t i = 0; s->attn && i < e->plan.n_ops; i++) kcu_attn_gemm_release(&s->attn[i]);
+  for (uint32_t i = 0; s->conv && i < e->plan.n_ops; i++) kcu_conv_release(&s->conv[i]);
+  if (s->dnn) cudnnDestroy(s->dnn);
+  cudaFree(s->conv_ws);
   for (uint32_t i = 0; s->in && i < s->n_in; i++) cudaFree(s->in[i].dev);
   for (uint32_t i = 0; s->out && i < s->n_out; i++) cudaFree(s->out[i].dev);
   kcu_staging_release(&s->staging);
@@ -297,6 +309,7 @@ static void kcu_destroy(kiln_engine *e) {
   if (s->stream) cudaStreamDestroy(s->stream);
   free(s->gemm);
   free(s->attn);
+  free(s->conv);
   free(s->in);
   free(s->out);
   free(s->dev_in);
@@ -444,18 +457,20 @@ static int kcu_flash_planned(const kiln_plan *p, uint32_t i) {
 
 static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error *err) {
   const kiln_plan *p = &e->plan;
-  int gemms = 0, attention = 0, attn_gemm = 0;
+  int gemms = 0, attention = 0, attn_gemm = 0, convs = 0;
   for (uint32_t i = 0; i < p->n_ops; i++) {
     kiln_status st = kcu_check_op(p, i, err);
     if (st != KILN_OK) return st;
     gemms |= p->ops[i].kind == KILN_OP_LINEAR || p->ops[i].kind == KILN_OP_MATMUL;
     attention |= p->ops[i].kind == KILN_OP_SDPA;
+    convs |= kiln_is_conv_op(p->ops[i].kind);
     attn_gemm |= p->ops[i].kind == KILN_OP_SDPA && !kcu_sdpa_packed(&p->ops[i]) &&
                  !kcu_flash_planned(p, i);
   }
   s->gemm = (kcu_gemm *)kcu_calloc(s, p->n_ops, sizeof(kcu_gemm));
   s->attn = (kcu_attn_gemm *)kcu_calloc(s, p->n_ops, sizeof(kcu_attn_gemm));
-  if (!s->gemm || !s->attn)
+  s->conv = (kcu_conv *)kcu_calloc(s, p->n_ops, sizeof(kcu_conv));
+  if (!s->gemm || !s->attn || !s->conv)
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "out of host memory for the matmul table of %u ops; free memory and load "
                      "again", p->n_ops);
@@ -466,6 +481,16 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     }
     s->workspace_size = KCU_WORKSPACE_BYTES;
     kiln_status st = kcu_dev_alloc(s, &s->workspace, s->workspace_size, "matmul workspace", err);
+    if (st != KILN_OK) return st;
+  }
+  if (convs) {
+    if (kcu_injected()) return kcu_oom(s, 0, "cuDNN handle", err);
+    kiln_status st = kcu_conv_handle(&s->dnn, s->stream, s->device, err);
+    if (st != KILN_OK) return st;
+  }
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    if (!kiln_is_conv_op(p->ops[i].kind)) continue;
+    kiln_status st = kcu_conv_init(&s->conv[i], p, i, e->metadata.allow_tf32, err);
     if (st != KILN_OK) return st;
   }
   for (uint32_t i = 0; i < p->n_ops; i++) {
@@ -516,6 +541,33 @@ static kiln_status kcu_instantiate(kcu_state *s, const kiln_plan *p, int host_co
   return KILN_OK;
 }
 
+/* Measures every convolution's algorithms with a generous workspace, then keeps a workspace of
+ * just what the chosen ones need. Runs once the arena and I/O buffers exist. */
+static kiln_status kcu_choose_convs(kcu_state *s, const kiln_plan *p, kiln_error *err) {
+  size_t need = 0, free_b = 0, total_b = 0, trial = KCU_CONV_FIND_WORKSPACE;
+  kiln_status st;
+  if (!s->dnn) return KILN_OK;
+  /* Measuring must not take the memory other programs on the device need. */
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && free_b / 4 < trial) trial = free_b / 4;
+  cudaGetLastError();
+  if ((st = kcu_dev_alloc(s, &s->conv_ws, trial, "convolution workspace", err)) != KILN_OK)
+    return st;
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    const kiln_op *op = &p->ops[i];
+    if (!s->conv[i].active) continue;
+    kcu_tensor in[KILN_MAX_OP_INPUTS];
+    for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = kcu_resolve(s, p, op->inputs[k], s->dev_in, s->dev_out);
+    kcu_tensor out = kcu_resolve(s, p, op->output, s->dev_in, s->dev_out);
+    st = kcu_conv_choose(&s->conv[i], s->dnn, s->stream, p, i, in, &out, s->conv_ws, trial, err);
+    if (st != KILN_OK) return st;
+    if (s->conv[i].workspace > need) need = s->conv[i].workspace;
+  }
+  cudaFree(s->conv_ws);
+  s->conv_ws = NULL;
+  s->conv_ws_size = need;
+  return kcu_dev_alloc(s, &s->conv_ws, need, "convolution workspace", err);
+}
+
 static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err) {
   kiln_status st = kcu_check_device(s, e, err);
   if (st != KILN_OK) return st;
@@ -558,6 +610,7 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
       kcu_gemm_tune(&s->gemm[i], s->lt, s->stream, in, op->n_inputs, &out, s->workspace,
                     s->workspace_size);
   }
+  if ((st = kcu_choose_convs(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_instantiate(s, &e->plan, s->whole_io, &s->graph_host, err)) != KILN_OK) return st;
   if ((st = kcu_instantiate(s, &e->plan, 0, &s->graph_dev, err)) != KILN_OK) return st;
   /* One replay loads every kernel now, so the first execute costs what the others do. */

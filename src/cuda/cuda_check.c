@@ -6,6 +6,7 @@
 #include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
 #include "core/shape.h"
+#include "cuda_conv.h"
 #include "cuda_ops.h"
 
 #include <string.h>
@@ -426,7 +427,8 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
     return KILN_OK;
   }
   case KILN_OP_SDPA: return kcu_check_attention(p, op, i, err);
-  case KILN_OP_CONV: case KILN_OP_CONV_TRANSPOSE: case KILN_OP_BATCH_NORM:
+  case KILN_OP_CONV: case KILN_OP_CONV_TRANSPOSE: return kcu_check_conv(p, op, i, err);
+  case KILN_OP_BATCH_NORM:
   case KILN_OP_MAX_POOL2D: case KILN_OP_AVG_POOL2D: case KILN_OP_ADAPTIVE_AVG_POOL2D:
   case KILN_OP_UPSAMPLE_NEAREST2D: case KILN_OP_UPSAMPLE_BILINEAR2D:
     return kiln_fail(err, KILN_ERR_UNSUPPORTED, "op %u (%.20s): this CUDA engine has no kernel "

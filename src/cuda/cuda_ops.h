@@ -43,6 +43,11 @@ cudaError_t kcu_swiglu(cudaStream_t s, const void *t, void *out, kiln_dtype dt, 
 /* In place on a contiguous float tensor: the activation a GEMM epilogue could not fuse. */
 cudaError_t kcu_activation(cudaStream_t s, kiln_activation act, const kcu_tensor *t);
 
+/* cuda_conv_epilogue.cu: in place on a convolution's result t, out[i] += bias[(i / inner) %
+ * channels] (bias may be NULL) + residual[i] (may be NULL), then ReLU when relu. */
+cudaError_t kcu_conv_epilogue(cudaStream_t s, const kcu_tensor *out, const void *bias,
+                              const void *residual, int64_t channels, int64_t inner, int relu);
+
 /* cuda_logic.cu: COMPARE of a and b (one dtype) into bool; LOGICAL or BITWISE (kind) of one
  * or two inputs, broadcasting. */
 cudaError_t kcu_compare(cudaStream_t s, kiln_compare cmp, const kcu_tensor *a,

@@ -258,6 +258,17 @@ static void test_vision(void) {
        DIMS(KILN_PAIR(2, 2), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 0, KILN_PAIR(0, 0)), 0);
   CHECK(count_execute(h, BUFS(x), BUFS(out)) == 0);
   free(h);
+
+  graph *k = g_new(); /* channels-last, with the residual and ReLU epilogue */
+  float res[108] = {0}, nhwc[108] = {0};
+  uint32_t kx = g_tensor(k, KILN_STORE_INPUT, KILN_F32, 4, DIMS(1, 6, 6, 2));
+  uint32_t kr = g_tensor(k, KILN_STORE_INPUT, KILN_F32, 4, DIMS(1, 6, 6, 3));
+  uint32_t kw = g_weight(k, KILN_F32, 4, DIMS(3, 3, 3, 2), w);
+  uint32_t ky = g_tensor(k, KILN_STORE_OUTPUT, KILN_F32, 4, DIMS(1, 6, 6, 3));
+  g_op(k, KILN_OP_CONV, 3, IDS(kx, kw, kr), ky, 8,
+       DIMS(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 0, 1, KILN_ACT_RELU, 1), 0);
+  CHECK(count_execute(k, BUFS(x, res), BUFS(nhwc)) == 0);
+  free(k);
 }
 
 /* CUMSUM, GATHER, INDEX with two broadcasting index inputs, and ARGMAX in one plan. */

@@ -4,7 +4,8 @@
  * Run on a GPU machine by scripts/gpu_test.sh; `--fault` runs the device-fault check, which
  * leaves the process's CUDA context unusable and so runs in a process of its own;
  * `--matmul-attention` runs only the matmul and attention cases, `--only SUBSTRING` only the
- * compared cases whose name contains SUBSTRING, and `--time-sdpa` times the attention paths on
+ * compared cases whose name contains SUBSTRING (`--only conv` the cuDNN convolutions), and
+ * `--time-sdpa` times the attention paths on
  * the benchmark's shapes. */
 #include "gpu_harness.h"
 
@@ -837,6 +838,144 @@ static void test_attention(void) {
   }
 }
 
+/* ---------------------------------------------------------------- convolution (cuDNN) */
+
+typedef struct conv_shape {
+  const char *name;
+  int transposed, spatial;
+  int64_t n, c, h, w, o, kh, kw, s, pad, dil, groups, out_pad;
+} conv_shape;
+
+static int64_t conv_side(const conv_shape *c, int64_t in, int64_t k) {
+  return c->transposed ? (in - 1) * c->s - 2 * c->pad + c->dil * (k - 1) + c->out_pad + 1
+                       : (in + 2 * c->pad - c->dil * (k - 1) - 1) / c->s + 1;
+}
+
+/* [n, ch, h, w] as the plan holds it: NCHW or NHWC, without h for a 1-d op. */
+static uint32_t conv_tensor(prog *p, kiln_storage st, kiln_dtype dt, int spatial, int nhwc,
+                            int64_t n, int64_t ch, int64_t h, int64_t w) {
+  int64_t d[4];
+  int32_t r = 0;
+  d[r++] = n;
+  if (!nhwc) d[r++] = ch;
+  if (spatial == 2) d[r++] = h;
+  d[r++] = w;
+  if (nhwc) d[r++] = ch;
+  return p_tensor(p, st, dt, r, d);
+}
+
+/* One convolution in one dtype and layout with one epilogue: 0 bias, 1 bias + ReLU, 2 bias +
+ * residual + ReLU (cuDNN's fused call where it takes it), 3 residual alone (the epilogue
+ * kernel). */
+static void conv_case(const conv_shape *c, kiln_dtype dt, int nhwc, int epilogue) {
+  char name[128];
+  int bias = epilogue < 3, relu = epilogue == 1 || epilogue == 2, residual = epilogue >= 2;
+  int64_t oh = c->spatial == 2 ? conv_side(c, c->h, c->kh) : 1, ow = conv_side(c, c->w, c->kw);
+  int64_t kh = c->spatial == 2 ? c->kh : 1;
+  int64_t lead = c->transposed ? c->c : c->o, per = c->transposed ? c->o / c->groups : c->c / c->groups;
+  double scale = 1.0 / sqrt((double)((c->transposed ? c->c / c->groups : per) * kh * c->kw));
+  prog *p = p_new();
+  uint32_t x = conv_tensor(p, KILN_STORE_INPUT, dt, c->spatial, nhwc, c->n, c->c, c->h, c->w);
+  uint32_t w = conv_tensor(p, KILN_STORE_WEIGHT, dt, c->spatial, nhwc, lead, per, kh, c->kw);
+  kiln_tensor_desc *wt = &p->tensors[w];
+  wt->offset = p->weights_size;
+  p->weights_size = (wt->offset + wt->nbytes + 63) & ~(uint64_t)63;
+  p->weights = realloc(p->weights, p->weights_size);
+  if (!p->weights) die("out of memory");
+  fill(p->weights + wt->offset, dt, p_count(wt), -scale, scale);
+  uint32_t b = p_weight(p, dt, 1, DIMS(c->o), -0.5, 0.5);
+  uint32_t r = residual ? conv_tensor(p, KILN_STORE_INPUT, dt, c->spatial, nhwc, c->n, c->o, oh, ow) : 0;
+  uint32_t y = conv_tensor(p, KILN_STORE_OUTPUT, dt, c->spatial, nhwc, c->n, c->o, oh, ow);
+  uint32_t ins[4], n_in = 0, at = 0;
+  ins[n_in++] = x, ins[n_in++] = w;
+  if (bias) ins[n_in++] = b;
+  if (residual) ins[n_in++] = r;
+  int64_t a[9];
+  a[at++] = KILN_PAIR(c->spatial == 2 ? c->s : 1, c->s);
+  a[at++] = KILN_PAIR(c->spatial == 2 ? c->pad : 0, c->pad);
+  a[at++] = KILN_PAIR(c->spatial == 2 ? c->dil : 1, c->dil);
+  a[at++] = c->groups, a[at++] = bias;
+  if (c->transposed) a[at++] = KILN_PAIR(c->spatial == 2 ? c->out_pad : 0, c->out_pad);
+  a[at++] = nhwc, a[at++] = relu ? KILN_ACT_RELU : KILN_ACT_NONE, a[at++] = residual;
+  p_op(p, c->transposed ? KILN_OP_CONV_TRANSPOSE : KILN_OP_CONV, n_in, ins, y, at, a, 0);
+  static const char *const epilogues[] = {"bias", "bias relu", "bias res relu", "res"};
+  snprintf(name, sizeof name, "conv %s %s %s %s", c->name, kiln_dtype_name(dt), nhwc ? "nhwc" : "nchw",
+           epilogues[epilogue]);
+  compare(p, name, NULL);
+}
+
+static void test_conv(void) {
+  static const conv_shape shapes[] = {
+      /* name               T  sp  n   c   h   w   o  kh kw  s pad dil  g op */
+      {"resnet stem 7x7 s2", 0, 2, 2, 3, 32, 32, 64, 7, 7, 2, 3, 1, 1, 0},
+      {"resnet 3x3", 0, 2, 2, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1, 0},
+      {"resnet 1x1 s2 down", 0, 2, 2, 64, 14, 14, 128, 1, 1, 2, 0, 1, 1, 0},
+      {"depthwise 3x3", 0, 2, 2, 32, 15, 15, 32, 3, 3, 1, 1, 1, 32, 0},
+      {"depthwise 5x5 s2", 0, 2, 1, 48, 17, 17, 48, 5, 5, 2, 2, 1, 48, 0},
+      {"grouped 3x3 g4", 0, 2, 2, 32, 12, 12, 64, 3, 3, 1, 1, 1, 4, 0},
+      {"dilated 3x3 d2", 0, 2, 2, 16, 13, 13, 24, 3, 3, 1, 2, 2, 1, 0},
+      {"1-d k5 s2", 0, 1, 2, 16, 1, 61, 24, 1, 5, 2, 2, 1, 1, 0},
+      {"transposed 4x4 s2", 1, 2, 2, 32, 8, 8, 16, 4, 4, 2, 1, 1, 1, 0},
+      {"transposed 3x3 s2 op1 g2", 1, 2, 1, 16, 7, 7, 16, 3, 3, 2, 1, 1, 2, 1},
+      {"transposed 1-d k4 s2", 1, 1, 2, 16, 1, 20, 8, 1, 4, 2, 1, 1, 1, 0},
+  };
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (int t = 0; t < 3; t++)
+      for (int nhwc = 0; nhwc < 2; nhwc++)
+        for (int epi = 0; epi < 4; epi++) conv_case(&shapes[i], float_types[t], nhwc, epi);
+}
+
+/* A ResNet block on the engine: conv (bias, ReLU), conv (bias, + identity, ReLU), NHWC f16;
+ * execute allocates nothing: with every allocation failing, runs succeed on staged and bound
+ * buffers, and the device's free memory is unchanged. */
+static void test_conv_noalloc(void) {
+  kiln_error err;
+  prog *p = p_new();
+  uint32_t x = IN(p, KILN_F16, 4, 2, 14, 14, 64);
+  uint32_t w1 = p_weight(p, KILN_F16, 4, DIMS(64, 3, 3, 64), -0.05, 0.05);
+  uint32_t w2 = p_weight(p, KILN_F16, 4, DIMS(64, 3, 3, 64), -0.05, 0.05);
+  uint32_t b = p_weight(p, KILN_F16, 1, DIMS(64), -0.5, 0.5);
+  uint32_t h = MID(p, KILN_F16, 4, 2, 14, 14, 64);
+  uint32_t y = OUT(p, KILN_F16, 4, 2, 14, 14, 64);
+  p_op(p, KILN_OP_CONV, 3, OPS(x, w1, b), h, 8,
+       ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 1, 1, KILN_ACT_RELU, 0), 0);
+  p_op(p, KILN_OP_CONV, 4, OPS(h, w2, b, x), y, 8,
+       ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 1, 1, KILN_ACT_RELU, 1), 0);
+  kiln_engine *e = p_load(p, &kiln_cuda_backend, 0, &err);
+  if (!e) fprintf(stderr, "conv block: cuda load: %s\n", err.message);
+  CHECK(e != NULL);
+  if (!e) {
+    p_free(p);
+    return;
+  }
+  size_t n = (size_t)p->tensors[x].nbytes;
+  void *hx = malloc(n), *hy = malloc(n), *dx = NULL, *dy = NULL;
+  fill(hx, KILN_F16, p_count(&p->tensors[x]), -1, 1);
+  cudaMalloc(&dx, n);
+  cudaMalloc(&dy, n);
+  cudaMemcpy(dx, hx, n, cudaMemcpyHostToDevice);
+  size_t free0 = 0, free1 = 0, total = 0;
+  cudaMemGetInfo(&free0, &total);
+  kiln_cuda_fail_allocations_after(0);
+  int all_ok = 1;
+  for (int i = 0; i < 20; i++) {
+    void *hin[1] = {hx}, *hout[1] = {hy}, *din[1] = {dx}, *dout[1] = {dy};
+    all_ok &= p_execute(e, p, hin, hout, &err) == KILN_OK;
+    all_ok &= p_execute(e, p, din, dout, &err) == KILN_OK;
+  }
+  kiln_cuda_fail_allocations_after(-1);
+  cudaMemGetInfo(&free1, &total);
+  printf("conv block: 40 runs with allocation failure injected: %s; device free memory %s\n",
+         all_ok ? "all ok" : "FAILED", free0 == free1 ? "unchanged" : "CHANGED");
+  CHECK(all_ok && free0 == free1);
+  cudaFree(dx);
+  cudaFree(dy);
+  free(hx);
+  free(hy);
+  p_unload(e);
+  p_free(p);
+}
+
 static void flash_compare(prog *p, const char *name, const io_range *ranges);
 static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int64_t kv_heads,
                             int64_t L, int64_t E, int causal, kiln_dtype dt);
@@ -1436,29 +1575,37 @@ static void test_refusals(void) {
   p_unload(e);
   p_free(p);
 
-  /* The vision ops run on the CPU engine; the CUDA engine refuses each at load, naming it. */
-  static const kiln_op_kind vision[] = {KILN_OP_CONV, KILN_OP_MAX_POOL2D};
-  for (int v = 0; v < 2; v++) {
-    p = p_new();
-    x = IN(p, KILN_F32, 4, 1, 2, 5, 5);
-    if (vision[v] == KILN_OP_CONV) {
-      w = IN(p, KILN_F32, 4, 3, 2, 3, 3);
-      p_op(p, KILN_OP_CONV, 2, OPS(x, w), OUT(p, KILN_F32, 4, 1, 3, 3, 3), 5,
-           ATTR(KILN_PAIR(1, 1), KILN_PAIR(0, 0), KILN_PAIR(1, 1), 1, 0), 0);
-    } else {
-      p_op(p, KILN_OP_MAX_POOL2D, 1, OPS(x), OUT(p, KILN_F32, 4, 1, 2, 2, 2), 5,
-           ATTR(KILN_PAIR(2, 2), KILN_PAIR(2, 2), KILN_PAIR(0, 0), KILN_PAIR(1, 1), 0), 0);
-    }
-    e = p_load(p, &kiln_cpu_backend, 0, &err);
-    CHECK(e != NULL);
-    p_unload(e);
-    e = p_load(p, &kiln_cuda_backend, 0, &err);
-    printf("%s on CUDA: %s: %s\n", kiln_op_name(vision[v]), kiln_status_name(err.status), err.message);
-    CHECK(e == NULL && err.status == KILN_ERR_UNSUPPORTED && strstr(err.message, "no kernel for it yet") &&
-          strstr(err.message, kiln_op_name(vision[v])));
-    p_unload(e);
-    p_free(p);
-  }
+  /* The vision ops without CUDA kernels run on the CPU engine; the CUDA engine refuses each
+   * at load, naming it. */
+  p = p_new();
+  x = IN(p, KILN_F32, 4, 1, 2, 5, 5);
+  p_op(p, KILN_OP_MAX_POOL2D, 1, OPS(x), OUT(p, KILN_F32, 4, 1, 2, 2, 2), 5,
+       ATTR(KILN_PAIR(2, 2), KILN_PAIR(2, 2), KILN_PAIR(0, 0), KILN_PAIR(1, 1), 0), 0);
+  e = p_load(p, &kiln_cpu_backend, 0, &err);
+  CHECK(e != NULL);
+  p_unload(e);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("max_pool2d on CUDA: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_UNSUPPORTED && strstr(err.message, "no kernel for it yet") &&
+        strstr(err.message, "max_pool2d"));
+  p_unload(e);
+  p_free(p);
+
+  /* A transposed convolution whose output padding reaches the stride (PyTorch allows it below
+   * the dilation): cuDNN's backward data cannot size it, so the CUDA engine refuses it. */
+  p = p_new();
+  x = IN(p, KILN_F32, 4, 1, 2, 4, 4);
+  w = IN(p, KILN_F32, 4, 2, 2, 3, 3);
+  p_op(p, KILN_OP_CONV_TRANSPOSE, 2, OPS(x, w), OUT(p, KILN_F32, 4, 1, 2, 9, 9), 6,
+       ATTR(KILN_PAIR(1, 1), KILN_PAIR(0, 0), KILN_PAIR(2, 2), 1, 0, KILN_PAIR(1, 1)), 0);
+  e = p_load(p, &kiln_cpu_backend, 0, &err);
+  CHECK(e != NULL);
+  p_unload(e);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("conv_transpose output padding 1, stride 1: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_UNSUPPORTED && strstr(err.message, "not below the stride"));
+  p_unload(e);
+  p_free(p);
 
   p = p_new(); /* a logical not given two inputs */
   x = IN(p, KILN_BOOL, 2, 4, 10);
@@ -1685,7 +1832,9 @@ int main(int argc, char **argv) {
   test_flash_attention();
   test_packed_attention();
   test_grouped_attention();
+  test_conv();
   if (only_filter) return check_report("test_cuda_ops --only");
+  test_conv_noalloc();
   test_residency();
   test_chunked_staging();
   test_refusals();

@@ -85,7 +85,7 @@ def libs(tmp_path_factory):
     b = Builder(str(tmp_path_factory.mktemp("audit-libs")))
     b.stub("libexecutorch.so", "-DSTUB_EXECUTORCH")
     for soname in ("libtorch.so", "libc10.so", "libpython3.11.so.1.0", "libcudart.so.13", "libcublas.so.13",
-                   "libcudnn_graph.so.9"):
+                   "libcudnn_graph.so.9", "libcudnn.so.9"):
         b.stub(soname)
     return b
 
@@ -113,6 +113,12 @@ def test_linking_pytorch_or_python_is_refused(libs, forbidden):
 
 def test_linking_cuda_runtime_and_math_libraries_passes(libs):
     lib = delegate(libs, "libexecutorch_backend_cuda.so", "-DNEEDS_STUB", "-l:libcudart.so.13", "-l:libcublas.so.13")
+    passes(lib)
+
+
+def test_linking_cudnn_itself_passes(libs):
+    # The engine's convolutions link libcudnn.so.9, the library the cuDNN parts hang from.
+    lib = delegate(libs, "libexecutorch_backend_cudnn.so", "-DNEEDS_STUB", "-l:libcudnn.so.9", "-l:libcudnn_graph.so.9")
     passes(lib)
 
 

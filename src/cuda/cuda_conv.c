@@ -1,0 +1,318 @@
+/* CONV and CONV_TRANSPOSE through cuDNN (see cuda_conv.h). A 1-d op is a 2-d one of height 1;
+ * a transposed convolution is the backward-data pass of the convolution whose weight it holds,
+ * followed by the epilogue kernel. */
+#include "cuda_conv.h"
+
+#include "core/vision_shape.h"
+
+#include <limits.h>
+#include <string.h>
+
+static const float kcu_one = 1.0f, kcu_zero = 0.0f;
+
+#define KCU_DNN(call, what)                                                                   \
+  do {                                                                                        \
+    cudnnStatus_t st_ = (call);                                                               \
+    if (st_ != CUDNN_STATUS_SUCCESS) return kcu_dnn_fail(op_index, op, st_, what, err);       \
+  } while (0)
+
+static kiln_status kcu_dnn_fail(uint32_t i, const kiln_op *op, cudnnStatus_t st, const char *what,
+                                kiln_error *err) {
+  return kiln_fail(err, st == CUDNN_STATUS_ALLOC_FAILED ? KILN_ERR_OUT_OF_MEMORY : KILN_ERR_INTERNAL,
+                   "op %u (%.14s): cuDNN %.32s failed: %.48s; check the cuDNN 9 install, or run "
+                   "the program with KILN_DEVICE=cpu",
+                   (unsigned)i, kiln_op_name(op->kind), what, cudnnGetErrorString(st));
+}
+
+static cudnnDataType_t kcu_dnn_type(kiln_dtype dt) {
+  return dt == KILN_F16 ? CUDNN_DATA_HALF : dt == KILN_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+}
+
+/* The op's tensors as [n, c, h, w] (h = 1 for a 1-d op), whatever their layout. */
+typedef struct kcu_conv_geo {
+  kiln_window win;
+  int n, c, h, w, o, oh, ow, wk, wc; /* wk, wc: the filter's dim 0 and per-group dims */
+} kcu_conv_geo;
+
+static void kcu_conv_geo_of(const kiln_plan *p, const kiln_op *op, kcu_conv_geo *g) {
+  const kiln_tensor_desc *in[KILN_MAX_OP_INPUTS], *x, *out = &p->tensors[op->output];
+  kiln_conv_axes ax;
+  for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = &p->tensors[op->inputs[k]];
+  x = in[0];
+  kiln_window_of(op, in, &g->win);
+  kiln_conv_axes_of(x->rank, g->win.channels_last, &ax);
+  g->n = (int)x->dims[0];
+  g->c = (int)x->dims[ax.channel];
+  g->h = ax.height >= 0 ? (int)x->dims[ax.height] : 1;
+  g->w = (int)x->dims[ax.width];
+  g->o = (int)out->dims[ax.channel];
+  g->oh = ax.height >= 0 ? (int)out->dims[ax.height] : 1;
+  g->ow = (int)out->dims[ax.width];
+  g->wk = (int)in[1]->dims[0];
+  g->wc = (int)in[1]->dims[ax.w_per_group];
+}
+
+kiln_status kcu_check_conv(const kiln_plan *p, const kiln_op *op, uint32_t i, kiln_error *err) {
+  const kiln_tensor_desc *x = &p->tensors[op->inputs[0]], *out = &p->tensors[op->output];
+  const char *name = kiln_op_name(op->kind);
+  kcu_conv_geo g;
+  int64_t most = x->nbytes > out->nbytes ? (int64_t)x->nbytes : (int64_t)out->nbytes;
+  if (x->dtype != KILN_F32 && x->dtype != KILN_F16 && x->dtype != KILN_BF16)
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "op %u (%.14s): cuDNN convolutions take f32, f16 or bf16, not %.8s; cast "
+                     "the input before export", (unsigned)i, name, kiln_dtype_name(x->dtype));
+  /* cuDNN's legacy descriptors take int dims and index elements with 32 bits. */
+  if (most / (int64_t)kiln_dtype_size(x->dtype) > INT_MAX ||
+      (int64_t)p->tensors[op->inputs[1]].nbytes / (int64_t)kiln_dtype_size(x->dtype) > INT_MAX)
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "op %u (%.14s): a tensor of over 2^31-1 elements exceeds cuDNN's legacy "
+                     "convolution; export with a smaller batch", (unsigned)i, name);
+  kcu_conv_geo_of(p, op, &g);
+  if (op->kind == KILN_OP_CONV_TRANSPOSE &&
+      (g.win.out_padding.h >= g.win.stride.h || g.win.out_padding.w >= g.win.stride.w))
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "op %u (%.14s): output padding %lldx%lld is not below the stride %lldx%lld, "
+                     "which cuDNN needs; run the program with KILN_DEVICE=cpu", (unsigned)i, name,
+                     (long long)g.win.out_padding.h, (long long)g.win.out_padding.w,
+                     (long long)g.win.stride.h, (long long)g.win.stride.w);
+  return KILN_OK;
+}
+
+kiln_status kcu_conv_handle(cudnnHandle_t *h, cudaStream_t stream, int device, kiln_error *err) {
+  size_t version = cudnnGetVersion();
+  *h = NULL;
+  if (version < 90000)
+    return kiln_fail(err, KILN_ERR_UNAVAILABLE,
+                     "cuda:%d: the loaded cuDNN is version %llu but convolutions need 9.0 or newer; "
+                     "install nvidia-cudnn-cu13 9.x or put cuDNN 9 on the library path",
+                     device, (unsigned long long)version);
+  cudnnStatus_t st = cudnnCreate(h);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetStream(*h, stream);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    if (*h) cudnnDestroy(*h);
+    *h = NULL;
+    return kiln_fail(err, st == CUDNN_STATUS_ALLOC_FAILED ? KILN_ERR_OUT_OF_MEMORY
+                                                          : KILN_ERR_UNAVAILABLE,
+                     "cuda:%d: cuDNN could not start (%.48s); check that cuDNN 9's libraries "
+                     "(libcudnn*.so.9) are on the library path beside libcudnn.so.9",
+                     device, cudnnGetErrorString(st));
+  }
+  return KILN_OK;
+}
+
+kiln_status kcu_conv_init(kcu_conv *c, const kiln_plan *p, uint32_t op_index, int allow_tf32,
+                          kiln_error *err) {
+  const kiln_op *op = &p->ops[op_index];
+  kcu_conv_geo g;
+  cudnnTensorFormat_t fmt;
+  int n, ch, h, w;
+  memset(c, 0, sizeof *c);
+  c->active = 1;
+  kcu_conv_geo_of(p, op, &g);
+  c->transposed = op->kind == KILN_OP_CONV_TRANSPOSE;
+  c->channels_last = g.win.channels_last;
+  c->has_bias = g.win.bias;
+  c->residual = g.win.residual;
+  c->relu = g.win.activation == KILN_ACT_RELU;
+  c->allow_tf32 = allow_tf32;
+  c->dtype = kcu_dnn_type(p->tensors[op->inputs[0]].dtype);
+  c->channels = g.o;
+  c->inner = c->channels_last ? 1 : (int64_t)g.oh * g.ow;
+  fmt = c->channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  KCU_DNN(cudnnCreateTensorDescriptor(&c->x), "tensor descriptor");
+  KCU_DNN(cudnnCreateTensorDescriptor(&c->y), "tensor descriptor");
+  KCU_DNN(cudnnCreateTensorDescriptor(&c->bias), "tensor descriptor");
+  KCU_DNN(cudnnCreateFilterDescriptor(&c->w), "filter descriptor");
+  KCU_DNN(cudnnCreateConvolutionDescriptor(&c->conv), "convolution descriptor");
+  KCU_DNN(cudnnCreateActivationDescriptor(&c->act), "activation descriptor");
+  KCU_DNN(cudnnSetTensor4dDescriptor(c->x, fmt, c->dtype, g.n, g.c, g.h, g.w), "input shape");
+  KCU_DNN(cudnnSetTensor4dDescriptor(c->y, fmt, c->dtype, g.n, g.o, g.oh, g.ow), "output shape");
+  KCU_DNN(cudnnSetTensor4dDescriptor(c->bias, fmt, c->dtype, 1, g.o, 1, 1),
+          "bias shape");
+  KCU_DNN(cudnnSetFilter4dDescriptor(c->w, c->dtype, fmt, g.wk, g.wc, (int)g.win.kernel.h,
+                                     (int)g.win.kernel.w),
+          "filter shape");
+  KCU_DNN(cudnnSetConvolution2dDescriptor(c->conv, (int)g.win.padding.h, (int)g.win.padding.w,
+                                          (int)g.win.stride.h, (int)g.win.stride.w,
+                                          (int)g.win.dilation.h, (int)g.win.dilation.w,
+                                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+          "convolution geometry");
+  KCU_DNN(cudnnSetConvolutionGroupCount(c->conv, (int)g.win.groups), "group count");
+  /* f32 stays on FMA units unless the blob allows TF32; halves take tensor cores. */
+  KCU_DNN(cudnnSetConvolutionMathType(c->conv, c->dtype != CUDNN_DATA_FLOAT ? CUDNN_TENSOR_OP_MATH
+                                               : allow_tf32 ? CUDNN_DEFAULT_MATH
+                                                            : CUDNN_FMA_MATH),
+          "math type");
+  KCU_DNN(cudnnSetActivationDescriptor(c->act, c->relu ? CUDNN_ACTIVATION_RELU
+                                                       : CUDNN_ACTIVATION_IDENTITY,
+                                       CUDNN_PROPAGATE_NAN, 0.0),
+          "activation");
+  /* The forward convolution of the larger side must give the smaller one exactly. */
+  KCU_DNN(cudnnGetConvolution2dForwardOutputDim(c->conv, c->transposed ? c->y : c->x, c->w, &n,
+                                                &ch, &h, &w),
+          "output shape check");
+  if (n != g.n || ch != (c->transposed ? g.c : g.o) || h != (c->transposed ? g.h : g.oh) ||
+      w != (c->transposed ? g.w : g.ow))
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "op %u (%.14s): cuDNN computes a [%d,%d,%d,%d] side where the plan has "
+                     "another; run the program with KILN_DEVICE=cpu",
+                     (unsigned)op_index, kiln_op_name(op->kind), n, ch, h, w);
+  return KILN_OK;
+}
+
+/* One measured or suggested algorithm, of either direction. */
+typedef struct kcu_algo {
+  int algo;
+  cudnnStatus_t status;
+  float time;
+  size_t memory;
+  cudnnMathType_t math;
+} kcu_algo;
+
+#define KCU_MAX_ALGOS 16
+
+/* 1 when a result may be kept: it ran, fits the workspace, and f32 without TF32 stays on FMA. */
+static int kcu_algo_usable(const kcu_conv *c, const kcu_algo *a, size_t ws_size) {
+  if (a->status != CUDNN_STATUS_SUCCESS || a->memory > ws_size) return 0;
+  return c->dtype != CUDNN_DATA_FLOAT || c->allow_tf32 ||
+         (a->math != CUDNN_TENSOR_OP_MATH && a->math != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
+}
+
+/* The algorithms ranked fastest first, *found of them: measured with Find on the buffers, or
+ * cuDNN's heuristic when Find cannot run. */
+static kiln_status kcu_rank_algos(kcu_conv *c, cudnnHandle_t h, const kiln_op *op,
+                                  uint32_t op_index, const kcu_tensor *in, const kcu_tensor *out,
+                                  void *ws, size_t ws_size, kcu_algo *algos, int *found_out,
+                                  kiln_error *err) {
+  int found = 0;
+  cudnnStatus_t st;
+  if (!c->transposed) {
+    cudnnConvolutionFwdAlgoPerf_t perf[KCU_MAX_ALGOS];
+    st = cudnnFindConvolutionForwardAlgorithmEx(h, c->x, in[0].data, c->w, in[1].data, c->conv,
+                                                c->y, out->data, KCU_MAX_ALGOS, &found, perf, ws,
+                                                ws_size);
+    if (st != CUDNN_STATUS_SUCCESS)
+      st = cudnnGetConvolutionForwardAlgorithm_v7(h, c->x, c->w, c->conv, c->y, KCU_MAX_ALGOS,
+                                                  &found, perf);
+    for (int k = 0; st == CUDNN_STATUS_SUCCESS && k < found; k++)
+      algos[k] = (kcu_algo){(int)perf[k].algo, perf[k].status, perf[k].time, perf[k].memory,
+                            perf[k].mathType};
+  } else {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[KCU_MAX_ALGOS];
+    st = cudnnFindConvolutionBackwardDataAlgorithmEx(h, c->w, in[1].data, c->x, in[0].data,
+                                                     c->conv, c->y, out->data, KCU_MAX_ALGOS,
+                                                     &found, perf, ws, ws_size);
+    if (st != CUDNN_STATUS_SUCCESS)
+      st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c->w, c->x, c->conv, c->y,
+                                                       KCU_MAX_ALGOS, &found, perf);
+    for (int k = 0; st == CUDNN_STATUS_SUCCESS && k < found; k++)
+      algos[k] = (kcu_algo){(int)perf[k].algo, perf[k].status, perf[k].time, perf[k].memory,
+                            perf[k].mathType};
+  }
+  if (st != CUDNN_STATUS_SUCCESS) return kcu_dnn_fail(op_index, op, st, "algorithm search", err);
+  *found_out = found < KCU_MAX_ALGOS ? found : KCU_MAX_ALGOS;
+  return KILN_OK;
+}
+
+/* Makes a the op's algorithm, with its math type and the workspace cuDNN says it needs. */
+static cudnnStatus_t kcu_conv_keep(kcu_conv *c, cudnnHandle_t h, const kcu_algo *a) {
+  size_t bytes = 0;
+  cudnnStatus_t st = cudnnSetConvolutionMathType(c->conv, a->math);
+  c->fwd = (cudnnConvolutionFwdAlgo_t)a->algo;
+  c->bwd = (cudnnConvolutionBwdDataAlgo_t)a->algo;
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = c->transposed
+             ? cudnnGetConvolutionBackwardDataWorkspaceSize(h, c->w, c->x, c->conv, c->y, c->bwd, &bytes)
+             : cudnnGetConvolutionForwardWorkspaceSize(h, c->x, c->w, c->conv, c->y, c->fwd, &bytes);
+  c->workspace = bytes > a->memory ? bytes : a->memory;
+  return st;
+}
+
+kiln_status kcu_conv_choose(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kiln_plan *p,
+                            uint32_t op_index, const kcu_tensor *in, const kcu_tensor *out,
+                            void *ws, size_t ws_size, kiln_error *err) {
+  const kiln_op *op = &p->ops[op_index];
+  kcu_algo algos[KCU_MAX_ALGOS];
+  const kcu_algo *best = NULL, *precomp = NULL;
+  int found = 0;
+  kiln_status ks = kcu_rank_algos(c, h, op, op_index, in, out, ws, ws_size, algos, &found, err);
+  if (ks != KILN_OK) return ks;
+  for (int k = 0; k < found; k++) {
+    if (!kcu_algo_usable(c, &algos[k], ws_size)) continue;
+    if (!best) best = &algos[k];
+    if (!c->transposed && !precomp &&
+        algos[k].algo == (int)CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
+      precomp = &algos[k];
+  }
+  if (!best)
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "op %u (%.14s): cuDNN has no algorithm for this %.4s %.5s convolution within "
+                     "%llu MiB of workspace; use channels-last f16/bf16 or KILN_DEVICE=cpu",
+                     (unsigned)op_index, kiln_op_name(op->kind),
+                     c->dtype == CUDNN_DATA_FLOAT ? "f32" : c->dtype == CUDNN_DATA_HALF ? "f16" : "bf16",
+                     c->channels_last ? "NHWC" : "NCHW", (unsigned long long)(ws_size >> 20));
+  /* The fused call takes the identity activation only with IMPLICIT_PRECOMP_GEMM: use that one
+   * when it is within a tenth of the fastest, the epilogue kernel costing about as much. */
+  const kcu_algo *pick = best;
+  int fusable = !c->transposed && c->has_bias;
+  if (fusable && !c->relu) {
+    fusable = precomp && (precomp == best || precomp->time <= best->time * 1.1f);
+    if (fusable) pick = precomp;
+  }
+  KCU_DNN(kcu_conv_keep(c, h, pick), "workspace query");
+  if (fusable) {
+    /* cuDNN says at the call whether it fuses this dtype and layout: try it once, here. */
+    const void *z = c->residual ? in[op->n_inputs - 1].data : out->data;
+    float alpha2 = c->residual ? 1.0f : 0.0f;
+    cudnnStatus_t st = cudnnConvolutionBiasActivationForward(
+        h, &kcu_one, c->x, in[0].data, c->w, in[1].data, c->conv, c->fwd, ws, ws_size, &alpha2,
+        c->y, z, c->bias, in[2].data, c->act, c->y, out->data);
+    c->fused = st == CUDNN_STATUS_SUCCESS;
+    if (!c->fused && pick != best) /* unfused: back to the fastest */
+      KCU_DNN(kcu_conv_keep(c, h, best), "workspace query");
+  }
+  cudaError_t rc = kcu_conv_run(c, h, s, in, op->n_inputs, out, ws, ws_size);
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(s);
+  if (rc != cudaSuccess)
+    return kiln_fail(err, KILN_ERR_INTERNAL,
+                     "op %u (%.14s): the first run of the chosen cuDNN algorithm %d failed "
+                     "(%.48s); run the program with KILN_DEVICE=cpu and report it",
+                     (unsigned)op_index, kiln_op_name(op->kind), (int)c->fwd,
+                     cudaGetErrorString(rc));
+  return KILN_OK;
+}
+
+cudaError_t kcu_conv_run(const kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kcu_tensor *in,
+                         uint32_t n_in, const kcu_tensor *out, void *ws, size_t ws_size) {
+  const void *bias = c->has_bias ? in[2].data : NULL;
+  const void *residual = c->residual ? in[n_in - 1].data : NULL;
+  cudnnStatus_t st;
+  if (c->fused) {
+    float alpha2 = residual ? 1.0f : 0.0f;
+    st = cudnnConvolutionBiasActivationForward(h, &kcu_one, c->x, in[0].data, c->w, in[1].data,
+                                               c->conv, c->fwd, ws, ws_size, &alpha2, c->y,
+                                               residual ? residual : out->data, c->bias, bias,
+                                               c->act, c->y, out->data);
+    return st == CUDNN_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+  }
+  if (c->transposed)
+    st = cudnnConvolutionBackwardData(h, &kcu_one, c->w, in[1].data, c->x, in[0].data, c->conv,
+                                      c->bwd, ws, ws_size, &kcu_zero, c->y, out->data);
+  else
+    st = cudnnConvolutionForward(h, &kcu_one, c->x, in[0].data, c->w, in[1].data, c->conv, c->fwd,
+                                 ws, ws_size, &kcu_zero, c->y, out->data);
+  if (st != CUDNN_STATUS_SUCCESS) return cudaErrorUnknown;
+  if (!bias && !residual && !c->relu) return cudaSuccess;
+  return kcu_conv_epilogue(s, out, bias, residual, c->channels, c->inner, c->relu);
+}
+
+void kcu_conv_release(kcu_conv *c) {
+  if (!c->active) return;
+  if (c->x) cudnnDestroyTensorDescriptor(c->x);
+  if (c->y) cudnnDestroyTensorDescriptor(c->y);
+  if (c->bias) cudnnDestroyTensorDescriptor(c->bias);
+  if (c->w) cudnnDestroyFilterDescriptor(c->w);
+  if (c->conv) cudnnDestroyConvolutionDescriptor(c->conv);
+  if (c->act) cudnnDestroyActivationDescriptor(c->act);
+  memset(c, 0, sizeof *c);
+}

@@ -1,0 +1,49 @@
+/* CONV and CONV_TRANSPOSE through cuDNN's convolution API: descriptors at init, the algorithm
+ * measured at init on the engine's own buffers, one shared workspace sized then; a launch
+ * enqueues the convolution (backward data for a transposed one) and, where cuDNN did not fuse
+ * it, the bias, residual and ReLU epilogue kernel. Nothing here allocates at execute. */
+#ifndef KILN_CUDA_CONV_H
+#define KILN_CUDA_CONV_H
+
+#include "cuda_ops.h"
+
+#include <cudnn.h>
+
+/* cuDNN's workspace ceiling while algorithms are measured; the kept workspace is what the
+ * chosen algorithms need. */
+#define KCU_CONV_FIND_WORKSPACE ((size_t)256 << 20)
+
+typedef struct kcu_conv {
+  int active;
+  int transposed, channels_last, has_bias, residual, relu;
+  int fused; /* cudnnConvolutionBiasActivationForward computes bias, residual and ReLU */
+  int allow_tf32; /* the blob lets f32 run on TF32 tensor cores */
+  cudnnDataType_t dtype;
+  cudnnTensorDescriptor_t x, y, bias;
+  cudnnFilterDescriptor_t w;
+  cudnnConvolutionDescriptor_t conv;
+  cudnnActivationDescriptor_t act;
+  cudnnConvolutionFwdAlgo_t fwd;
+  cudnnConvolutionBwdDataAlgo_t bwd;
+  size_t workspace;          /* bytes the chosen algorithm needs */
+  int64_t channels, inner;   /* output channels; elements between two channels of one pixel */
+} kcu_conv;
+
+/* Init checks of a CONV or CONV_TRANSPOSE op that cuDNN must take (cuda_check.c calls it). */
+kiln_status kcu_check_conv(const kiln_plan *p, const kiln_op *op, uint32_t i, kiln_error *err);
+/* cuDNN's own version check and handle, made once per engine that has a convolution. */
+kiln_status kcu_conv_handle(cudnnHandle_t *h, cudaStream_t stream, int device, kiln_error *err);
+/* Descriptors of plan op i; allow_tf32 lets f32 run on TF32 tensor cores. */
+kiln_status kcu_conv_init(kcu_conv *c, const kiln_plan *p, uint32_t i, int allow_tf32,
+                          kiln_error *err);
+/* Measures the algorithms on the engine's buffers with up to ws_size bytes of workspace at ws,
+ * keeps the fastest, and decides whether cuDNN fuses the epilogue. */
+kiln_status kcu_conv_choose(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kiln_plan *p,
+                            uint32_t i, const kcu_tensor *in, const kcu_tensor *out, void *ws,
+                            size_t ws_size, kiln_error *err);
+/* Enqueues the op on s, the stream the handle was given. */
+cudaError_t kcu_conv_run(const kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kcu_tensor *in,
+                         uint32_t n_in, const kcu_tensor *out, void *ws, size_t ws_size);
+void kcu_conv_release(kcu_conv *c);
+
+#endif
