@@ -1,8 +1,9 @@
 /* Epilogue fusion: an activation right after a GEMM runs inside the GEMM's epilogue, and so
- * does a residual added to a GEMM's result. */
+ * does a residual added to a GEMM's result; convolutions likewise (fuse_conv.c). */
 #include "core/fuse.h"
 
 #include "core/alloc.h"
+#include "core/fuse_conv.h"
 
 #include <stdlib.h>
 
@@ -74,5 +75,5 @@ kiln_status kiln_fuse_epilogues(kiln_graph *g, kiln_error *err) {
   }
   fuse_residuals(g, uses);
   free(uses);
-  return KILN_OK;
+  return kiln_fuse_conv_epilogues(g, err);
 }

@@ -592,6 +592,112 @@ static void test_batch_norm_folding(void) {
   kiln_free(plain);
 }
 
+/* A ResNet basic block, x [1,4,6,6]: relu(conv2(relu(conv1(x))) + x), with the builder;
+ * `share` also marks conv2's own output as an output, so its add and relu must stay. Returns
+ * the blob and counts the plan's ops: all, and those of a convolution carrying relu and
+ * residual. */
+static void *build_block(int fuse, int share, size_t *size, uint32_t *n_ops, uint32_t *n_relu,
+                         uint32_t *n_residual) {
+  kiln_builder *b = kiln_builder_create();
+  float w1[144], w2[144], bias[4] = {0.1f, -0.2f, 0.3f, 0.05f};
+  uint32_t seed = 21;
+  for (int i = 0; i < 144; i++) w1[i] = (float)next_random(&seed) * 0.3f, w2[i] = (float)next_random(&seed) * 0.3f;
+  const int64_t conv_attrs[5] = {P(1, 1), P(1, 1), P(1, 1), 1, 1};
+  int32_t x = kiln_builder_add_input(b, "x", KILN_F32, 4, DIMS(1, 4, 6, 6), &err);
+  int32_t cw1 = kiln_builder_add_constant(b, KILN_F32, 4, DIMS(4, 4, 3, 3), w1, sizeof w1, &err);
+  int32_t cw2 = kiln_builder_add_constant(b, KILN_F32, 4, DIMS(4, 4, 3, 3), w2, sizeof w2, &err);
+  int32_t cb = kiln_builder_add_constant(b, KILN_F32, 1, DIMS(4), bias, sizeof bias, &err);
+  int32_t c1 = kiln_builder_add_op(b, KILN_OP_CONV, (const int32_t[]){x, cw1, cb}, 3, conv_attrs, 5,
+                                   NULL, 0, &err);
+  int32_t r1 = kiln_builder_add_op(b, KILN_OP_RELU, &c1, 1, NULL, 0, NULL, 0, &err);
+  int32_t c2 = kiln_builder_add_op(b, KILN_OP_CONV, (const int32_t[]){r1, cw2, cb}, 3, conv_attrs, 5,
+                                   NULL, 0, &err);
+  int32_t sum = kiln_builder_add_op(b, KILN_OP_ADD, (const int32_t[]){c2, x}, 2, NULL, 0,
+                                    (const double[]){1.0}, 1, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_RELU, &sum, 1, NULL, 0, NULL, 0, &err);
+  CHECK(y >= 0);
+  CHECK(kiln_builder_mark_output(b, y, "y", &err) == KILN_OK);
+  if (share) CHECK(kiln_builder_mark_output(b, c2, "features", &err) == KILN_OK);
+  kiln_build_options opts;
+  kiln_build_options_default(&opts);
+  opts.fuse = fuse;
+  void *blob = NULL;
+  CHECK(kiln_builder_build(b, &opts, &blob, size, &err) == KILN_OK);
+  kiln_builder_destroy(b);
+  kiln_engine_options eo;
+  kiln_engine_options_default(&eo);
+  eo.device = KILN_DEVICE_CPU;
+  kiln_engine *e = NULL;
+  *n_ops = *n_relu = *n_residual = 0;
+  if (blob && kiln_engine_load(blob, *size, &eo, &e, &err) == KILN_OK) {
+    const kiln_plan *plan = kiln_engine_plan(e);
+    *n_ops = plan->n_ops;
+    for (uint32_t i = 0; i < plan->n_ops; i++) {
+      const kiln_op *op = &plan->ops[i];
+      if (op->kind != KILN_OP_CONV) continue;
+      *n_relu += op->n_iattr > 6 && op->iattr[6] == KILN_ACT_RELU;
+      *n_residual += op->n_iattr > 7 && op->iattr[7] == 1;
+    }
+    kiln_engine_destroy(e);
+  }
+  return blob;
+}
+
+/* Runs a one-input blob of x [1,4,6,6] and reads its first output, [1,4,6,6]. */
+static void run_block(void *blob, size_t size, const float *x, float *y, uint32_t n_outputs) {
+  kiln_engine_options eo;
+  kiln_engine_options_default(&eo);
+  eo.device = KILN_DEVICE_CPU;
+  kiln_engine *e = NULL;
+  kiln_tensor_view in, out[2];
+  float spare[144];
+  CHECK(kiln_engine_load(blob, size, &eo, &e, &err) == KILN_OK);
+  if (!e) return;
+  const int64_t dims[4] = {1, 4, 6, 6};
+  memset(&in, 0, sizeof in);
+  memset(out, 0, sizeof out);
+  in.data = (void *)x, out[0].data = y, out[1].data = spare;
+  for (int v = 0; v < 3; v++) {
+    kiln_tensor_view *t = v == 0 ? &in : &out[v - 1];
+    t->nbytes = 144 * 4, t->dtype = KILN_F32, t->rank = 4;
+    for (int d = 3, st = 1; d >= 0; d--) t->sizes[d] = dims[d], t->strides[d] = st, st *= (int)dims[d];
+  }
+  kiln_status st = kiln_engine_execute(e, &in, 1, out, n_outputs, &err);
+  if (st) fprintf(stderr, "execute: %s\n", err.message);
+  CHECK(st == KILN_OK);
+  kiln_engine_destroy(e);
+}
+
+static void test_conv_epilogue_fusion(void) {
+  size_t fused_size, plain_size, shared_size;
+  uint32_t fused_ops, fused_relu, fused_res, plain_ops, plain_relu, plain_res;
+  uint32_t shared_ops, shared_relu, shared_res;
+  void *fused = build_block(1, 0, &fused_size, &fused_ops, &fused_relu, &fused_res);
+  void *plain = build_block(0, 0, &plain_size, &plain_ops, &plain_relu, &plain_res);
+  void *shared = build_block(1, 1, &shared_size, &shared_ops, &shared_relu, &shared_res);
+  /* conv, relu, conv, add, relu -> conv (relu), conv (residual, relu) */
+  CHECK(plain_ops == 5 && plain_relu == 0 && plain_res == 0);
+  CHECK(fused_ops == 2 && fused_relu == 2 && fused_res == 1);
+  /* the second convolution's output is read by the add and an output binding: only the first
+   * relu fuses (the add and its relu may become one pointwise op) */
+  CHECK(shared_relu == 1 && shared_res == 0 && shared_ops >= 3);
+  float x[144], y_fused[144], y_plain[144], y_shared[144];
+  double want[144];
+  uint32_t seed = 8;
+  for (int i = 0; i < 144; i++) x[i] = (float)next_random(&seed);
+  run_block(fused, fused_size, x, y_fused, 1);
+  run_block(plain, plain_size, x, y_plain, 1);
+  run_block(shared, shared_size, x, y_shared, 2);
+  int positive = 0;
+  for (int i = 0; i < 144; i++) want[i] = y_plain[i], positive += y_plain[i] > 0;
+  CHECK(positive > 10 && positive < 134); /* the relu cuts some, keeps some: not degenerate */
+  CHECK_VALUES("fused conv epilogue", y_fused, KILN_F32, want, 144);
+  CHECK_VALUES("conv epilogue with a shared output", y_shared, KILN_F32, want, 144);
+  kiln_free(fused);
+  kiln_free(plain);
+  kiln_free(shared);
+}
+
 int main(void) {
   test_conv_hand();
   test_conv_reference();
@@ -604,5 +710,6 @@ int main(void) {
   test_upsample();
   test_refusals();
   test_batch_norm_folding();
+  test_conv_epilogue_fusion();
   return check_report("test_cpu_vision");
 }

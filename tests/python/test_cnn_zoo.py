@@ -98,3 +98,33 @@ def test_cnn_matches_eager_through_executorch(name, exported, runtime, monkeypat
     print(f"{name}: export {model.export_seconds:.1f} s, CPU engine run {seconds:.2f} s, "
           f"max error {error / scale:.2e} of {scale:.3g}")
     assert error <= models.F32_TOLERANCE * scale, f"{name}: max error {error:.3g} of {scale:.3g}"
+
+
+def plan_op_records(blob):
+    """(op name, integer attributes) of each op of a version 2 plan (160-byte op records)."""
+    import struct
+
+    from kiln import report
+
+    plan = struct.unpack_from(report._BLOB_HEADER, blob)[report._PLAN_OFFSET_FIELD]
+    version, n_tensors, n_ops = struct.unpack_from("<III", blob, plan + 4)
+    assert version == 2
+    records = []
+    for i in range(n_ops):
+        at = plan + 32 + 96 * n_tensors + 160 * i
+        kind, n_iattr = struct.unpack_from("<I", blob, at)[0], struct.unpack_from("<I", blob, at + 44)[0]
+        records.append((kiln._lib.OP_NAMES[kind], list(struct.unpack_from(f"<{n_iattr}q", blob, at + 48))))
+    return records
+
+
+def test_resnet18_residual_blocks_fuse_into_their_convolutions(exported):
+    # ResNet-18: 20 convolutions (3 of them downsampling), 17 ReLUs, 8 residual adds. Each
+    # ReLU and each add runs inside the convolution before it, so none is an op of its own.
+    model = exported("resnet18")
+    ops = plan_op_records(bytes(kiln.lowered_modules(model.program)[0].processed_bytes))
+    convs = [iattr for name, iattr in ops if name == "conv"]
+    assert len(convs) == 20
+    assert sum(len(a) > 6 and a[6] == 1 for a in convs) == 17  # ReLU (KILN_ACT_RELU)
+    assert sum(len(a) > 7 and a[7] == 1 for a in convs) == 8  # the residual
+    names = [name for name, _ in ops]
+    assert "relu" not in names and "add" not in names and "pointwise" not in names, names
