@@ -4,7 +4,8 @@ For an MLP (four 4096-wide layers with GELU), a transformer encoder block (d_mod
 16 heads, sequence 128) and a GPT-style block (d_model 2048, causal, sequence 512), at batch
 1 and 32, in fp16 and fp32, and a Llama-family block (d_model 4096, 32 query and 8 key/value
 heads, sequence 1 and 128) in fp16 and bf16, and whole GPT-2 (124M, with its LM head) and BERT-base at
-sequence 128, batch 1 and 8, in fp16: the median latency and spread of synchronized calls of PyTorch
+sequence 128, batch 1 and 8, in fp16, and torchvision ResNet-50 and MobileNetV3-large at 224x224,
+batch 1 and 32, in fp16 (eager and torch.compile in channels_last): the median latency and spread of synchronized calls of PyTorch
 eager, torch.compile(mode="reduce-overhead"), Kiln through ExecuTorch's Module API on host and on
 device tensors and Kiln through its C API alone; the achieved fraction of memory bandwidth (bytes
 that must move, over time, against a device-to-device copy rate measured in this run) and of the
@@ -172,6 +173,27 @@ class Bert(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
+def torchvision_model(name):
+    """A torchvision model with random weights whose batch-norm statistics are those of random
+    224x224 images, so that its outputs are not degenerate."""
+
+    def make():
+        import torchvision
+
+        model = getattr(torchvision.models, name)(weights=None)
+        for norm in model.modules():
+            if isinstance(norm, nn.modules.batchnorm._BatchNorm):
+                norm.momentum = None
+                norm.reset_running_stats()
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model.to(device).train()
+        with torch.no_grad():
+            model(torch.randn(8, 3, 224, 224, generator=torch.Generator().manual_seed(1)).to(device))
+        return model.cpu().eval()
+
+    return make
+
+
 def activations(shape):
     """One input of shape(batch), uniform in [-1, 1) in the case's dtype."""
     return lambda batch, dtype: ((torch.rand(shape(batch)) * 2 - 1).to(dtype),)
@@ -193,11 +215,17 @@ CASES = {
     "llama_s128": (lambda: LlamaBlock(seq=128), activations(lambda b: (b, 128, 4096))),
     "gpt2": (GPT2, tokens(50257, 128, mask=False)),
     "bert": (Bert, tokens(30522, 128, mask=True)),
+    "resnet50": (torchvision_model("resnet50"), activations(lambda b: (b, 3, 224, 224))),
+    "mobilenet_v3_large": (torchvision_model("mobilenet_v3_large"), activations(lambda b: (b, 3, 224, 224))),
 }
 # The dtypes and batches each case runs in, where not fp16 and fp32 at batch 1 and 32.
 CASE_DTYPES = {"llama_s1": (torch.float16, torch.bfloat16), "llama_s128": (torch.float16, torch.bfloat16),
-               "gpt2": (torch.float16,), "bert": (torch.float16,)}
-CASE_BATCHES = {"gpt2": (1, 8), "bert": (1, 8)}
+               "gpt2": (torch.float16,), "bert": (torch.float16,),
+               "resnet50": (torch.float16,), "mobilenet_v3_large": (torch.float16,)}
+CASE_BATCHES = {"gpt2": (1, 8), "bert": (1, 8), "resnet50": (1, 32), "mobilenet_v3_large": (1, 32)}
+# The cases whose eager and torch.compile baselines run in channels_last (model and inputs), the
+# layout cuDNN's tensor-core kernels want, as a user tuning a CNN would run them.
+CHANNELS_LAST = {"resnet50", "mobilenet_v3_large"}
 
 # Goals (not assertions): Kiln over the faster of eager and compile.
 def goal(batch, dtype):
@@ -352,6 +380,10 @@ def run_case(lib, name, batch, dtype, iters, workdir):
     # PyTorch on the same GPU.
     cuda_model = model.cuda()
     xs = [t.cuda() for t in xs_cpu]
+    if name in CHANNELS_LAST:
+        cuda_model = cuda_model.to(memory_format=torch.channels_last)
+        xs = [t.contiguous(memory_format=torch.channels_last) for t in xs]
+    row["baseline_layout"] = "channels_last" if name in CHANNELS_LAST else "contiguous"
     with torch.no_grad():
         eager_out = cuda_model(*xs)
         if len(blobs) == 1:
@@ -395,7 +427,7 @@ def table(rows, rate, device, date, links=None):
         f"# Kiln benchmark, {date}, {device}",
         "",
         f"Median latency of synchronized calls in microseconds (p10-p90 in brackets); device-to-device copy rate measured in the same run: {rate / 1e12:.2f} TB/s (read + write).{link_line}",
-        "Kiln ET: through ExecuTorch's Module API on host tensors (as ExecuTorch passes them: input and output cross PCIe every call). Kiln C: kiln_engine_execute alone on the same host buffers. Kiln dev: kiln_engine_execute on CUDA tensors (bound in place, graph replay; the same footing as eager and compile, whose tensors live on the GPU). ET overhead: Kiln ET minus Kiln C. ratio ET / ratio dev: Kiln ET / Kiln dev over the faster of eager and compile; goal: the target ratio. BW: bytes that must move (weights + input + output) over Kiln dev's time, as a fraction of the copy rate. Kiln ET dev: through ExecuTorch's Module on CUDA tensors (from_blob on device memory, the output given with set_output). ET dev - dev: Kiln ET dev minus Kiln dev (goal: 10 us). host goal: Kiln dev + 10 us + the I/O bytes at 70% of the pinned rates, against Kiln ET. wire: the I/O bytes at the pinned rates (us). link: wire over Kiln ET minus Kiln dev, the achieved fraction of the link's rate.",
+        "Kiln ET: through ExecuTorch's Module API on host tensors (as ExecuTorch passes them: input and output cross PCIe every call). Kiln C: kiln_engine_execute alone on the same host buffers. Kiln dev: kiln_engine_execute on CUDA tensors (bound in place, graph replay; the same footing as eager and compile, whose tensors live on the GPU). ET overhead: Kiln ET minus Kiln C. ratio ET / ratio dev: Kiln ET / Kiln dev over the faster of eager and compile; goal: the target ratio. BW: bytes that must move (weights + input + output) over Kiln dev's time, as a fraction of the copy rate. Kiln ET dev: through ExecuTorch's Module on CUDA tensors (from_blob on device memory, the output given with set_output). ET dev - dev: Kiln ET dev minus Kiln dev (goal: 10 us). host goal: Kiln dev + 10 us + the I/O bytes at 70% of the pinned rates, against Kiln ET. wire: the I/O bytes at the pinned rates (us). link: wire over Kiln ET minus Kiln dev, the achieved fraction of the link's rate. Eager and compile run the CNN cases (" + ", ".join(sorted(CHANNELS_LAST)) + ") in channels_last.",
         "",
         "| model | batch | dtype | eager | compile | Kiln ET | Kiln C | Kiln ET dev | Kiln dev | ET overhead | ET dev - dev | host goal | wire | link | ratio ET | ratio dev | goal | BW | err vs eager | blobs |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",

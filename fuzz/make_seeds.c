@@ -118,8 +118,8 @@ static int layers_seed(const char *dir, kiln_error *err) {
   return rc;
 }
 
-/* The index, scan, grouped-attention, SwiGLU and vision kinds, so the executing fuzzer starts
- * from valid plans of each. */
+/* The index, scan, grouped-attention, SwiGLU and vision kinds (one vision op channels_last), so
+ * the executing fuzzer starts from valid plans of each. */
 static int later_kinds_seed(const char *dir, kiln_error *err) {
   kiln_builder *b = kiln_builder_create();
   if (!b) return -1;
@@ -138,6 +138,7 @@ static int later_kinds_seed(const char *dir, kiln_error *err) {
   int64_t pool[5] = {KILN_PAIR(3, 3), KILN_PAIR(2, 2), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 0};
   int64_t up[2] = {KILN_PAIR(6, 6), 0}, near[1] = {KILN_PAIR(6, 6)}, ad[1] = {KILN_PAIR(2, 2)};
   int64_t avg[6] = {KILN_PAIR(2, 2), KILN_PAIR(2, 2), KILN_PAIR(0, 0), 0, 1, 0};
+  int64_t last[3] = {KILN_PAIR(12, 4), 1, 1}; /* bilinear, align_corners, channels_last */
   int64_t tr[6] = {KILN_PAIR(2, 2), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 0, KILN_PAIR(0, 0)};
   int64_t scan[2] = {1, KILN_I64}, dim1[1] = {1}, both[1] = {3}, arg[2] = {1, 0};
   int64_t sdpa[2] = {1, 0}, swiglu[1] = {KILN_ACT_SWIGLU};
@@ -160,6 +161,7 @@ static int later_kinds_seed(const char *dir, kiln_error *err) {
   int32_t u2 = kiln_builder_add_op(b, KILN_OP_UPSAMPLE_NEAREST2D, &u1, 1, near, 1, NULL, 0, err);
   int32_t a1 = kiln_builder_add_op(b, KILN_OP_AVG_POOL2D, &u2, 1, avg, 6, NULL, 0, err);
   int32_t a2 = kiln_builder_add_op(b, KILN_OP_ADAPTIVE_AVG_POOL2D, &a1, 1, ad, 1, NULL, 0, err);
+  int32_t nl = kiln_builder_add_op(b, KILN_OP_UPSAMPLE_BILINEAR2D, &x, 1, last, 3, NULL, 0, err);
   int32_t t1 = kiln_builder_add_op(b, KILN_OP_CONV_TRANSPOSE, (int32_t[]){a1, tw}, 2, tr, 6, NULL, 0, err);
   int32_t cs = kiln_builder_add_op(b, KILN_OP_CUMSUM, &keep, 1, scan, 2, NULL, 0, err);
   int32_t ga = kiln_builder_add_op(b, KILN_OP_GATHER, (int32_t[]){m, tc}, 2, dim1, 1, NULL, 0, err);
@@ -167,8 +169,9 @@ static int later_kinds_seed(const char *dir, kiln_error *err) {
   int32_t am = kiln_builder_add_op(b, KILN_OP_ARGMAX, &ga, 1, arg, 2, NULL, 0, err);
   int32_t at = kiln_builder_add_op(b, KILN_OP_SDPA, (int32_t[]){qx, kx, kx}, 3, sdpa, 2, NULL, 0, err);
   int32_t sg = kiln_builder_add_op(b, KILN_OP_LINEAR, (int32_t[]){h, tg}, 2, swiglu, 1, NULL, 0, err);
-  int rc = a2 < 0 || t1 < 0 || cs < 0 || ix < 0 || am < 0 || at < 0 || sg < 0 ||
+  int rc = a2 < 0 || nl < 0 || t1 < 0 || cs < 0 || ix < 0 || am < 0 || at < 0 || sg < 0 ||
                    kiln_builder_mark_output(b, a2, "pooled", err) != KILN_OK ||
+                   kiln_builder_mark_output(b, nl, "resized_last", err) != KILN_OK ||
                    kiln_builder_mark_output(b, t1, "widened", err) != KILN_OK ||
                    kiln_builder_mark_output(b, cs, "positions", err) != KILN_OK ||
                    kiln_builder_mark_output(b, ix, "picked", err) != KILN_OK ||

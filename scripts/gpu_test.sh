@@ -36,7 +36,7 @@ else
   summary+=("NOT RUN two gpus: $gpus GPU visible")
 fi
 if [ "${KILN_GPU_MODELS:-1}" = 1 ]; then
-  step "models" timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu
+  step "models" timeout 1500 python3 -m pytest -q -p no:cacheprovider tests/gpu
 fi
 
 echo "== summary"

@@ -342,11 +342,11 @@ def _torchvision(name):
 class ViTLogits(nn.Module):
     """transformers' ViT image classifier (its patch embedding is a convolution), logits only."""
 
-    def __init__(self):
+    def __init__(self, image_size=32, patch_size=8):
         super().__init__()
         from transformers import ViTConfig, ViTForImageClassification
 
-        config = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=64,
+        config = ViTConfig(image_size=image_size, patch_size=patch_size, num_channels=3, hidden_size=64,
                            num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                            num_labels=10, attn_implementation="eager")
         self.vit = ViTForImageClassification(config)
@@ -373,3 +373,10 @@ CNN_ZOO = [
 ]
 
 CNN_BY_NAME = {model.name: model for model in CNN_ZOO}
+
+# The same architectures at 3x224x224 for the GPU (tests/gpu), batch-norm statistics from images
+# of that size; ViT with 16x16 patches.
+CNN_ZOO_224 = [
+    ZooModel(m.name, _calibrated(_torchvision(m.name), (3, 224, 224), batches=1), _images(224), m.tolerance)
+    for m in CNN_ZOO if m.name != "vit"
+] + [ZooModel("vit", _seeded(lambda: ViTLogits(image_size=224, patch_size=16)), _images(224), F32_TOLERANCE)]
