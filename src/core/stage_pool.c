@@ -73,9 +73,10 @@ static void kiln_stage_announce(kiln_stage_pool *p) {
   if (p->sleeping > 0) pthread_cond_broadcast(&p->wake);
 }
 
-/* Hands out the next open piece; under lock. Workers take pieces only of a shared job. */
-static int kiln_stage_claim(kiln_stage_pool *p, int worker, kiln_stage_piece *out) {
-  if (!p->active || p->next >= p->open || (worker && !p->shared)) return 0;
+/* Hands out the next open piece; under lock. A worker already awake may take pieces of any job:
+ * what a small job must not pay is waking one, and only a shared job's opens announce. */
+static int kiln_stage_claim(kiln_stage_pool *p, kiln_stage_piece *out) {
+  if (!p->active || p->next >= p->open) return 0;
   const kiln_stage_job *j = &p->job;
   size_t off = p->next * j->grain;
   size_t chunk = off / j->chunk_bytes;
@@ -114,7 +115,7 @@ static void *kiln_stage_worker(void *arg) {
   pthread_mutex_lock(&p->lock);
   while (!p->stop) {
     kiln_stage_piece pc;
-    if (kiln_stage_claim(p, 1, &pc)) {
+    if (kiln_stage_claim(p, &pc)) {
       pthread_mutex_unlock(&p->lock);
       kiln_stage_copy_piece(p, &pc);
       atomic_fetch_add_explicit(&p->worker_pieces, 1, memory_order_relaxed);
@@ -216,6 +217,8 @@ unsigned long long kiln_stage_pool_worker_pieces(kiln_stage_pool *p) {
   return atomic_load(&p->worker_pieces);
 }
 
+unsigned long long kiln_stage_pool_signals(kiln_stage_pool *p) { return atomic_load(&p->news); }
+
 void kiln_stage_begin(kiln_stage_pool *p, const kiln_stage_job *job, int share) {
   pthread_mutex_lock(&p->lock);
   p->job = *job;
@@ -246,7 +249,7 @@ void kiln_stage_open(kiln_stage_pool *p, size_t chunks) {
 int kiln_stage_help(kiln_stage_pool *p) {
   kiln_stage_piece pc;
   pthread_mutex_lock(&p->lock);
-  int got = kiln_stage_claim(p, 0, &pc);
+  int got = kiln_stage_claim(p, &pc);
   pthread_mutex_unlock(&p->lock);
   if (got) kiln_stage_copy_piece(p, &pc);
   return got;

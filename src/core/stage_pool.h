@@ -43,8 +43,9 @@ void kiln_stage_pool_destroy(kiln_stage_pool *p);
 /* Threads that copy, the caller included. */
 int kiln_stage_pool_threads(const kiln_stage_pool *p);
 
-/* Starts `job` with no chunk open. share = 0 leaves the workers out (a small transfer: waking
- * them costs more than it saves). One job at a time, from one caller thread. */
+/* Starts `job` with no chunk open. share = 0 tells no worker of it (a small transfer: waking
+ * one costs more than it saves; one still awake may help). One job at a time, from one caller
+ * thread. */
 void kiln_stage_begin(kiln_stage_pool *p, const kiln_stage_job *job, int share);
 /* Chunks 0 .. chunks-1 may be copied (the count only grows within a job). */
 void kiln_stage_open(kiln_stage_pool *p, size_t chunks);
@@ -60,7 +61,9 @@ void kiln_stage_end(kiln_stage_pool *p);
 void kiln_stage_copy(kiln_stage_pool *p, void *dst, const void *src, size_t n, size_t grain,
                      size_t parallel_min);
 
-/* Pieces the pool's workers (not the caller) have copied since it was created, for tests. */
+/* For tests: pieces the pool's workers (not the caller) have copied since it was created, and
+ * how many times the workers were told of new work. */
 unsigned long long kiln_stage_pool_worker_pieces(kiln_stage_pool *p);
+unsigned long long kiln_stage_pool_signals(kiln_stage_pool *p);
 
 #endif

@@ -286,9 +286,50 @@ static void test_small_stays_on_caller(void) {
   for (int i = 0; i < 20; i++) kiln_stage_copy(pool, dst, src, big, 4096, KILN_STAGE_PARALLEL_MIN);
   unsigned long long after_big = kiln_stage_pool_worker_pieces(pool);
   CHECK(memcmp(dst, src, big) == 0);
-  printf("pieces the workers copied: %llu of 20 small copies, %llu of 20 large ones\n",
-         after_small - before, after_big - after_small);
+  /* Ring transfers too: below the ring's threshold no worker is told of them (one still awake
+   * may help); at 0 the workers are told and copy. */
+  size_t slot = 65536, m = (size_t)8 << 20;
+  unsigned char *ring_mem = malloc(4 * slot), *mem = malloc(m);
+  kiln_stage_ring ring;
+  kiln_stage_ring_init(&ring, ring_mem, slot, 4, 4096);
+  ring.parallel_min = m + 1;
+  fake_device dev;
+  memset(&dev, 0, sizeof dev);
+  dev.ring = &ring;
+  dev.mem = mem;
+  dev.every = 2;
+  kiln_stage_transport t = fake_transport(&dev);
+  int ring_ok = 1;
+  unsigned long long signals = kiln_stage_pool_signals(pool);
+  for (int i = 0; i < 20; i++) {
+    dev.upload = 1;
+    ring_ok &= kiln_stage_upload(&ring, pool, &t, src, m) == 0;
+    fake_sync(&dev);
+    dev.upload = 0;
+    ring_ok &= kiln_stage_download(&ring, pool, &t, dst, m) == 0;
+  }
+  unsigned long long signals_small = kiln_stage_pool_signals(pool);
+  unsigned long long ring_small = kiln_stage_pool_worker_pieces(pool);
+  ring.parallel_min = 0;
+  for (int i = 0; i < 20; i++) {
+    dev.upload = 1;
+    ring_ok &= kiln_stage_upload(&ring, pool, &t, src, m) == 0;
+    fake_sync(&dev);
+    dev.upload = 0;
+    ring_ok &= kiln_stage_download(&ring, pool, &t, dst, m) == 0;
+  }
+  unsigned long long ring_shared = kiln_stage_pool_worker_pieces(pool);
+  unsigned long long signals_shared = kiln_stage_pool_signals(pool);
+  CHECK(ring_ok && memcmp(dst, src, m) == 0);
+  printf("pieces the workers copied: %llu of 20 small copies, %llu of 20 large ones, %llu of 40 "
+         "ring transfers with the threshold at 0; workers told %llu times of 40 ring transfers "
+         "below the threshold, %llu times at 0\n",
+         after_small - before, after_big - after_small, ring_shared - ring_small,
+         signals_small - signals, signals_shared - signals_small);
   CHECK(after_big > after_small);
+  CHECK(signals_small == signals && signals_shared > signals_small && ring_shared > ring_small);
+  free(ring_mem);
+  free(mem);
   free(src);
   free(dst);
   kiln_stage_pool_destroy(pool);
