@@ -36,7 +36,8 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
-os.environ.setdefault("KILN_LIBRARY", os.path.join(ROOT, "build-gpu", "libkiln.so"))
+if os.path.isfile(os.path.join(ROOT, "build-gpu", "libkiln.so")):  # else the package's own copy
+    os.environ.setdefault("KILN_LIBRARY", os.path.join(ROOT, "build-gpu", "libkiln.so"))
 
 import kiln  # noqa: E402
 

@@ -6,11 +6,11 @@
  * output. When all of the I/O is small (KCU_WHOLE_IO_BYTES each way), the copies from and to
  * the pinned ring are inside it, so a small call on host tensors is one replay; larger host
  * buffers move through the ring in chunks (cuda_staging.c, copied by the staging threads)
- * around a replay of the ops alone. Pinned caller memory skips the ring: one DMA each way. graph_dev holds the
- * same ops without host copies; when a caller passes device buffers, which are bound in
- * place, their addresses differ from the ones captured, so the op sequence is re-captured
- * and applied to graph_dev with cudaGraphExecUpdate (the driver keeps the recording; no
- * engine buffer is allocated), and reused for as long as the addresses repeat. */
+ * around a replay of the ops alone. Pinned caller memory skips the ring: one DMA each way.
+ * graph_dev holds the same ops without host copies; when a caller passes device buffers,
+ * which are bound in place, their addresses differ from the ones captured, so the op sequence
+ * is re-captured and applied to graph_dev with cudaGraphExecUpdate (the driver keeps the
+ * recording; no engine buffer is allocated), and reused for as long as the addresses repeat. */
 #include "cuda_backend.h"
 
 #include "core/engine_internal.h"
