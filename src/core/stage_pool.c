@@ -1,6 +1,7 @@
-/* The staging threads: see stage_pool.h. Claims go through one mutex (a claim costs far less
- * than the piece it hands out); waiting workers spin on an atomic counter for a while before
- * they sleep, so the chunks of one transfer do not pay a wake-up each. */
+/* The staging threads: see stage_pool.h. A claim is lock-free: one atomic word holds the job's
+ * number and its next piece, another the number and its open count, and a thread counts itself
+ * in `copying` before it looks, so a job cannot end (and its fields change) under a claim. The
+ * mutex serves only sleeping: idle workers spin on `news` for a while before they sleep. */
 #include "core/stage_pool.h"
 
 #include "core/alloc.h"
@@ -17,6 +18,9 @@
 
 /* How long an idle worker spins before it sleeps: longer than the gaps inside one execute. */
 #define KILN_STAGE_SPIN_NS 100000L
+/* Claim and open words: the job number above, a piece index or count below. */
+#define KILN_STAGE_GEN_SHIFT 40
+#define KILN_STAGE_INDEX_MASK ((UINT64_C(1) << KILN_STAGE_GEN_SHIFT) - 1)
 
 struct kiln_stage_pool {
   int threads;
@@ -24,14 +28,15 @@ struct kiln_stage_pool {
   pthread_t *workers;
   pthread_mutex_t lock;
   pthread_cond_t wake;
-  /* under lock */
-  kiln_stage_job job;
-  int active, shared, stop, sleeping;
-  size_t pieces, next, open; /* in pieces of the job */
-  /* read without the lock */
-  atomic_ullong news;  /* bumped whenever a worker may find something new to do */
-  atomic_size_t copying; /* pieces claimed and not yet copied */
+  kiln_stage_job job; /* written by begin while no thread can claim from it */
+  uint64_t gen;       /* the caller's job number */
+  int shared;         /* the caller's: whether opens tell the workers */
+  atomic_ullong claim; /* gen << 40 | next piece */
+  atomic_ullong open;  /* gen << 40 | pieces that may be claimed */
+  atomic_size_t copying; /* threads inside a claim or a copy */
   atomic_size_t done[KILN_STAGE_MAX_SLOTS]; /* bytes copied of the chunk each slot holds */
+  atomic_ullong news;    /* bumped whenever the workers are told of new work */
+  atomic_int sleeping, stop;
   atomic_ullong worker_pieces;
 };
 
@@ -67,27 +72,39 @@ static long long kiln_stage_now_ns(void) {
   return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* Tells waiting workers that something changed; under lock. */
+/* Tells the workers that something changed; a sleeping one is woken. */
 static void kiln_stage_announce(kiln_stage_pool *p) {
   atomic_fetch_add(&p->news, 1);
-  if (p->sleeping > 0) pthread_cond_broadcast(&p->wake);
+  if (atomic_load(&p->sleeping) > 0) {
+    pthread_mutex_lock(&p->lock);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->lock);
+  }
 }
 
-/* Hands out the next open piece; under lock. A worker already awake may take pieces of any job:
- * what a small job must not pay is waking one, and only a shared job's opens announce. */
+/* Takes the next open piece of the current job; 1 and the piece, with `copying` held until
+ * kiln_stage_copy_piece, or 0. */
 static int kiln_stage_claim(kiln_stage_pool *p, kiln_stage_piece *out) {
-  if (!p->active || p->next >= p->open) return 0;
-  const kiln_stage_job *j = &p->job;
-  size_t off = p->next * j->grain;
-  size_t chunk = off / j->chunk_bytes;
-  out->slot = (unsigned)((j->first_slot + chunk) % j->slots);
-  out->user = j->user + off;
-  out->ring = j->ring + (size_t)out->slot * j->slot_bytes + off % j->chunk_bytes;
-  out->len = j->n - off < j->grain ? j->n - off : j->grain;
-  out->dir = j->dir;
-  p->next++;
   atomic_fetch_add(&p->copying, 1);
-  return 1;
+  for (;;) {
+    unsigned long long open = atomic_load(&p->open);
+    unsigned long long c = atomic_load(&p->claim);
+    if (c >> KILN_STAGE_GEN_SHIFT != open >> KILN_STAGE_GEN_SHIFT ||
+        (c & KILN_STAGE_INDEX_MASK) >= (open & KILN_STAGE_INDEX_MASK))
+      break;
+    if (!atomic_compare_exchange_weak(&p->claim, &c, c + 1)) continue;
+    const kiln_stage_job *j = &p->job;
+    size_t off = (size_t)(c & KILN_STAGE_INDEX_MASK) * j->grain;
+    size_t chunk = off / j->chunk_bytes;
+    out->slot = (unsigned)((j->first_slot + chunk) % j->slots);
+    out->user = j->user + off;
+    out->ring = j->ring + (size_t)out->slot * j->slot_bytes + off % j->chunk_bytes;
+    out->len = j->n - off < j->grain ? j->n - off : j->grain;
+    out->dir = j->dir;
+    return 1;
+  }
+  atomic_fetch_sub(&p->copying, 1);
+  return 0;
 }
 
 static void kiln_stage_copy_piece(kiln_stage_pool *p, const kiln_stage_piece *pc) {
@@ -112,33 +129,35 @@ static int kiln_stage_spin(kiln_stage_pool *p, unsigned long long seen) {
 
 static void *kiln_stage_worker(void *arg) {
   kiln_stage_pool *p = (kiln_stage_pool *)arg;
-  pthread_mutex_lock(&p->lock);
-  while (!p->stop) {
+  while (!atomic_load(&p->stop)) {
     kiln_stage_piece pc;
     if (kiln_stage_claim(p, &pc)) {
-      pthread_mutex_unlock(&p->lock);
       kiln_stage_copy_piece(p, &pc);
       atomic_fetch_add_explicit(&p->worker_pieces, 1, memory_order_relaxed);
-      pthread_mutex_lock(&p->lock);
       continue;
     }
     unsigned long long seen = atomic_load(&p->news);
-    pthread_mutex_unlock(&p->lock);
-    int moved = kiln_stage_spin(p, seen);
+    if (kiln_stage_claim(p, &pc)) { /* opened between the first look and reading news */
+      kiln_stage_copy_piece(p, &pc);
+      atomic_fetch_add_explicit(&p->worker_pieces, 1, memory_order_relaxed);
+      continue;
+    }
+    if (kiln_stage_spin(p, seen)) continue;
     pthread_mutex_lock(&p->lock);
-    if (moved) continue;
-    p->sleeping++;
-    while (!p->stop && atomic_load(&p->news) == seen) pthread_cond_wait(&p->wake, &p->lock);
-    p->sleeping--;
+    atomic_fetch_add(&p->sleeping, 1);
+    while (!atomic_load(&p->stop) && atomic_load(&p->news) == seen)
+      pthread_cond_wait(&p->wake, &p->lock);
+    atomic_fetch_sub(&p->sleeping, 1);
+    pthread_mutex_unlock(&p->lock);
   }
-  pthread_mutex_unlock(&p->lock);
   return NULL;
 }
 
 static void kiln_stage_stop_workers(kiln_stage_pool *p) {
+  atomic_store(&p->stop, 1);
   pthread_mutex_lock(&p->lock);
-  p->stop = 1;
-  kiln_stage_announce(p);
+  atomic_fetch_add(&p->news, 1);
+  pthread_cond_broadcast(&p->wake);
   pthread_mutex_unlock(&p->lock);
   for (int i = 0; i < p->n_workers; i++) pthread_join(p->workers[i], NULL);
   p->n_workers = 0;
@@ -177,6 +196,13 @@ kiln_status kiln_stage_pool_create(int threads, kiln_stage_pool **out, kiln_erro
                      "and load again");
   }
   for (int s = 0; s < KILN_STAGE_MAX_SLOTS; s++) atomic_init(&p->done[s], 0);
+  atomic_init(&p->claim, 0);
+  atomic_init(&p->open, 0);
+  atomic_init(&p->copying, 0);
+  atomic_init(&p->news, 0);
+  atomic_init(&p->sleeping, 0);
+  atomic_init(&p->stop, 0);
+  atomic_init(&p->worker_pieces, 0);
   /* Workers block every signal: a process's handlers run on the threads it made itself. */
   sigset_t all, old;
   sigfillset(&all);
@@ -220,39 +246,34 @@ unsigned long long kiln_stage_pool_worker_pieces(kiln_stage_pool *p) {
 unsigned long long kiln_stage_pool_signals(kiln_stage_pool *p) { return atomic_load(&p->news); }
 
 void kiln_stage_begin(kiln_stage_pool *p, const kiln_stage_job *job, int share) {
-  pthread_mutex_lock(&p->lock);
   p->job = *job;
-  p->pieces = job->n ? (job->n + job->grain - 1) / job->grain : 0;
-  p->next = 0;
-  p->open = 0;
-  p->active = 1;
+  p->gen = (p->gen + 1) & (KILN_STAGE_INDEX_MASK >> 16); /* 24 bits of job number */
   p->shared = share && p->n_workers > 0;
-  pthread_mutex_unlock(&p->lock);
+  /* The number goes into the claim word first: until the open word has it, nothing matches. */
+  atomic_store(&p->claim, (unsigned long long)p->gen << KILN_STAGE_GEN_SHIFT);
+  atomic_store(&p->open, (unsigned long long)p->gen << KILN_STAGE_GEN_SHIFT);
 }
 
 void kiln_stage_open(kiln_stage_pool *p, size_t chunks) {
-  pthread_mutex_lock(&p->lock);
   const kiln_stage_job *j = &p->job;
   size_t per_chunk = j->chunk_bytes / j->grain;
-  size_t total = (p->pieces + per_chunk - 1) / per_chunk;
-  size_t open = chunks >= total ? p->pieces : chunks * per_chunk;
-  if (open > p->open) {
-    /* A newly opened chunk's slot starts its count again: its previous chunk is done with. */
-    for (size_t c = p->open / per_chunk; c * per_chunk < open; c++)
-      atomic_store(&p->done[(j->first_slot + c) % j->slots], 0);
-    p->open = open;
-    if (p->shared) kiln_stage_announce(p);
-  }
-  pthread_mutex_unlock(&p->lock);
+  size_t pieces = j->n ? (j->n + j->grain - 1) / j->grain : 0;
+  size_t total = (pieces + per_chunk - 1) / per_chunk;
+  size_t open = chunks >= total ? pieces : chunks * per_chunk;
+  size_t was = (size_t)(atomic_load(&p->open) & KILN_STAGE_INDEX_MASK);
+  if (open <= was) return;
+  /* A newly opened chunk's slot starts its count again: its previous chunk is done with. */
+  for (size_t c = was / per_chunk; c * per_chunk < open; c++)
+    atomic_store(&p->done[(j->first_slot + c) % j->slots], 0);
+  atomic_store(&p->open, ((unsigned long long)p->gen << KILN_STAGE_GEN_SHIFT) | open);
+  if (p->shared) kiln_stage_announce(p);
 }
 
 int kiln_stage_help(kiln_stage_pool *p) {
   kiln_stage_piece pc;
-  pthread_mutex_lock(&p->lock);
-  int got = kiln_stage_claim(p, &pc);
-  pthread_mutex_unlock(&p->lock);
-  if (got) kiln_stage_copy_piece(p, &pc);
-  return got;
+  if (!kiln_stage_claim(p, &pc)) return 0;
+  kiln_stage_copy_piece(p, &pc);
+  return 1;
 }
 
 int kiln_stage_chunk_copied(kiln_stage_pool *p, size_t c) {
@@ -263,10 +284,9 @@ int kiln_stage_chunk_copied(kiln_stage_pool *p, size_t c) {
 }
 
 void kiln_stage_end(kiln_stage_pool *p) {
-  pthread_mutex_lock(&p->lock);
-  p->active = 0;
-  pthread_mutex_unlock(&p->lock);
-  for (unsigned i = 1; atomic_load_explicit(&p->copying, memory_order_acquire) != 0; i++) {
+  /* No claim can succeed once the open count is 0; then the claims in flight drain. */
+  atomic_store(&p->open, (unsigned long long)p->gen << KILN_STAGE_GEN_SHIFT);
+  for (unsigned i = 1; atomic_load(&p->copying) != 0; i++) {
     kiln_stage_relax();
     if (i % 64 == 0) sched_yield();
   }
