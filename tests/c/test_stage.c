@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SANITIZED 1
@@ -283,7 +284,18 @@ static void test_small_stays_on_caller(void) {
   CHECK(memcmp(dst, src, n) == 0);
   CHECK(after_small == before);
   memset(dst, 0, big);
-  for (int i = 0; i < 20; i++) kiln_stage_copy(pool, dst, src, big, 4096, KILN_STAGE_PARALLEL_MIN);
+  /* A copy returns only once every piece is in: bytes cleared right after it stay clear. Four
+   * pieces of 4 MiB: the workers' are still being copied when the caller runs out. */
+  for (int i = 0; i < 20; i++) {
+    kiln_stage_copy(pool, dst, src, big, big / 4, KILN_STAGE_PARALLEL_MIN);
+    for (size_t k = big; k > 0; k -= 4096) memset(dst + k - 4096, 0, 4096); /* last pieces first */
+  }
+  usleep(2000);
+  size_t late = 0;
+  for (size_t k = 0; k < big; k++) late += dst[k] != 0;
+  printf("bytes written after a copy returned: %zu\n", late);
+  CHECK(late == 0);
+  kiln_stage_copy(pool, dst, src, big, 4096, KILN_STAGE_PARALLEL_MIN);
   unsigned long long after_big = kiln_stage_pool_worker_pieces(pool);
   CHECK(memcmp(dst, src, big) == 0);
   /* Ring transfers too: below the ring's threshold no worker is told of them (one still awake
