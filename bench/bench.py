@@ -13,7 +13,14 @@ link (the I/O bytes at the pinned host-device copy rates measured in this run, o
 tensors add). Writes a markdown
 table, the raw numbers as JSON and a plot into the output folder.
 
-usage: python3 bench/bench.py OUT_DIR [--iters N] [--only NAME]
+Kiln through ExecuTorch on device tensors and Kiln's C API on the same tensors are timed side
+by side, call for call (kb_time_pair), so that clock and temperature drift between two runs does
+not show as adapter overhead. Host staging's threads and chunk size are the engine's defaults
+unless --stage-threads / --stage-chunk-kib set them (KILN_STAGE_THREADS, KILN_STAGE_CHUNK_KIB);
+--stage-sweep first times a 64 MiB host round trip for each pair of settings.
+
+usage: python3 bench/bench.py OUT_DIR [--iters N] [--only NAME,...] [--stage-sweep]
+       [--stage-threads N] [--stage-chunk-kib K]
 """
 
 import argparse
@@ -30,7 +37,8 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
-os.environ.setdefault("KILN_LIBRARY", os.path.join(ROOT, "build-gpu", "libkiln.so"))
+if os.path.isfile(os.path.join(ROOT, "build-gpu", "libkiln.so")):  # else the package's own copy
+    os.environ.setdefault("KILN_LIBRARY", os.path.join(ROOT, "build-gpu", "libkiln.so"))
 
 import kiln  # noqa: E402
 
@@ -352,28 +360,38 @@ def run_case(lib, name, batch, dtype, iters, workdir):
         raise RuntimeError(f"{name}: kb_time_pte: {msg.value.decode()}")
     row["kiln_et"] = list(times)
     # The same program through Module on device tensors: from_blob on CUDA memory, the outputs
-    # given with set_output; both reach the engine, which binds them in place.
+    # given with set_output; both reach the engine, which binds them in place. With one blob,
+    # timed call for call beside the C API on the same device tensors (bound in place, graph
+    # replay only, as eager has them).
     xs_dev = [t.cuda() for t in xs_cpu]
     ys_dev = [t.cuda() for t in ys_cpu]
-    rc = lib.kb_time_pte(path.encode(), len(xs_dev), _pointers(xs_dev), sizes, ranks, dtypes, len(ys_dev),
-                         _pointers(ys_dev), 5, iters, times, msg, 256)
-    if rc == 0:
-        row["kiln_et_dev"] = list(times)
-    else:  # a program ExecuTorch plans: the other columns stand
-        print(f"{name}: kb_time_pte on device: {msg.value.decode()}", flush=True)
     if len(blobs) == 1:
-        # The C API alone on host buffers (staged), then on device buffers (bound in place,
-        # graph replay only, as eager has them).
+        times_c = (ctypes.c_double * iters)()
+        blob_ptrs = _pointers(blob_order(blobs[0], model, xs_dev) + ys_dev)
+        rc = lib.kb_time_pair(path.encode(), len(xs_dev), _pointers(xs_dev), sizes, ranks, dtypes, len(ys_dev),
+                              _pointers(ys_dev), blobs[0], len(blobs[0]), blob_ptrs, 5, iters, times, times_c,
+                              msg, 256)
+        if rc == 0:
+            row["kiln_et_dev"], row["kiln_dev"] = list(times), list(times_c)
+        else:  # a program ExecuTorch plans: the C API alone
+            print(f"{name}: kb_time_pair on device: {msg.value.decode()}", flush=True)
+            rc = lib.kb_time_blob(blobs[0], len(blobs[0]), blob_ptrs, 5, iters, times, msg, 256)
+            if rc != 0:
+                raise RuntimeError(f"{name}: kb_time_blob on device: {msg.value.decode()}")
+            row["kiln_dev"] = list(times)
+        # The C API alone on host buffers (staged).
         xs_blob = blob_order(blobs[0], model, xs_cpu)
         rc = lib.kb_time_blob(blobs[0], len(blobs[0]), _pointers(xs_blob + ys_cpu), 5, iters, times, msg, 256)
         if rc != 0:
             raise RuntimeError(f"{name}: kb_time_blob: {msg.value.decode()}")
         row["kiln_c"] = list(times)
-        rc = lib.kb_time_blob(blobs[0], len(blobs[0]), _pointers(blob_order(blobs[0], model, xs_dev) + ys_dev), 5,
-                              iters, times, msg, 256)
-        if rc != 0:
-            raise RuntimeError(f"{name}: kb_time_blob on device: {msg.value.decode()}")
-        row["kiln_dev"] = list(times)
+    else:
+        rc = lib.kb_time_pte(path.encode(), len(xs_dev), _pointers(xs_dev), sizes, ranks, dtypes, len(ys_dev),
+                             _pointers(ys_dev), 5, iters, times, msg, 256)
+        if rc == 0:
+            row["kiln_et_dev"] = list(times)
+        else:  # a program ExecuTorch plans: the other columns stand
+            print(f"{name}: kb_time_pte on device: {msg.value.decode()}", flush=True)
     del xs_dev, ys_dev
     os.unlink(path)
 
@@ -403,21 +421,39 @@ def run_case(lib, name, batch, dtype, iters, workdir):
     return row
 
 
+def et_dev_minus_dev(r):
+    """Kiln ET dev minus Kiln dev: the median of the call-for-call differences when the two were
+    timed side by side (kb_time_pair), else the difference of the medians."""
+    et_dev, dev = r["kiln_et_dev"], r["kiln_dev"]
+    if len(et_dev) == len(dev):
+        return spread([a - b for a, b in zip(et_dev, dev)])[0]
+    return spread(et_dev)[0] - spread(dev)[0]
+
+
 def link_columns(r, links):
     """ET dev - dev, the host goal (Kiln dev + 10 us + the I/O at 70% of the pinned rates) and
     the achieved fraction of the link: I/O bytes at the pinned rates over Kiln ET minus Kiln dev."""
     if "kiln_et_dev" not in r or "kiln_dev" not in r or not links:
         return "- | - | - | -"
-    et, et_dev, dev = (spread(r[k])[0] for k in ("kiln_et", "kiln_et_dev", "kiln_dev"))
+    et, dev = spread(r["kiln_et"])[0], spread(r["kiln_dev"])[0]
+    delta = et_dev_minus_dev(r)
     wire = (r["in_bytes"] / links["h2d"] + r["out_bytes"] / links["d2h"]) * 1e6
     goal = dev + 10 + wire / 0.7
     fraction = wire / max(et - dev, 1e-9)
-    dev_mark = "met" if et_dev - dev <= 10 else "missed"
+    dev_mark = "met" if delta <= 10 else "missed"
     host_mark = "met" if et <= goal else "missed"
-    return f"{et_dev - dev:.1f} ({dev_mark}) | {goal:.0f} ({host_mark}) | {wire:.0f} | {fraction:.2f}"
+    return f"{delta:.1f} ({dev_mark}) | {goal:.0f} ({host_mark}) | {wire:.0f} | {fraction:.2f}"
 
 
-def table(rows, rate, device, date, links=None):
+def stage_line(stage):
+    """The staging settings the run used, for the table's header."""
+    if not stage:
+        return ""
+    return (f" Host staging: {stage['threads']} threads, chunks of at most {stage['chunk_kib']} KiB"
+            f" ({stage['source']}).")
+
+
+def table(rows, rate, device, date, links=None, stage=None, sweep=None):
     links = links or {}
     link_line = (f" Pinned copy rates in the same run: host to device {links['h2d'] / 1e9:.1f} GB/s, device to host {links['d2h'] / 1e9:.1f} GB/s;"
                  " pageable to pinned host copy (the CPU side of staging) by threads: "
@@ -426,8 +462,8 @@ def table(rows, rate, device, date, links=None):
     lines = [
         f"# Kiln benchmark, {date}, {device}",
         "",
-        f"Median latency of synchronized calls in microseconds (p10-p90 in brackets); device-to-device copy rate measured in the same run: {rate / 1e12:.2f} TB/s (read + write).{link_line}",
-        "Kiln ET: through ExecuTorch's Module API on host tensors (as ExecuTorch passes them: input and output cross PCIe every call). Kiln C: kiln_engine_execute alone on the same host buffers. Kiln dev: kiln_engine_execute on CUDA tensors (bound in place, graph replay; the same footing as eager and compile, whose tensors live on the GPU). ET overhead: Kiln ET minus Kiln C. ratio ET / ratio dev: Kiln ET / Kiln dev over the faster of eager and compile; goal: the target ratio. BW: bytes that must move (weights + input + output) over Kiln dev's time, as a fraction of the copy rate. Kiln ET dev: through ExecuTorch's Module on CUDA tensors (from_blob on device memory, the output given with set_output). ET dev - dev: Kiln ET dev minus Kiln dev (goal: 10 us). host goal: Kiln dev + 10 us + the I/O bytes at 70% of the pinned rates, against Kiln ET. wire: the I/O bytes at the pinned rates (us). link: wire over Kiln ET minus Kiln dev, the achieved fraction of the link's rate. Eager and compile run the CNN cases (" + ", ".join(sorted(CHANNELS_LAST)) + ") in channels_last.",
+        f"Median latency of synchronized calls in microseconds (p10-p90 in brackets); device-to-device copy rate measured in the same run: {rate / 1e12:.2f} TB/s (read + write).{link_line}{stage_line(stage)}",
+        "Kiln ET: through ExecuTorch's Module API on host tensors (as ExecuTorch passes them: input and output cross PCIe every call). Kiln C: kiln_engine_execute alone on the same host buffers. Kiln dev: kiln_engine_execute on CUDA tensors (bound in place, graph replay; the same footing as eager and compile, whose tensors live on the GPU). ET overhead: Kiln ET minus Kiln C. ratio ET / ratio dev: Kiln ET / Kiln dev over the faster of eager and compile; goal: the target ratio. BW: bytes that must move (weights + input + output) over Kiln dev's time, as a fraction of the copy rate. Kiln ET dev: through ExecuTorch's Module on CUDA tensors (from_blob on device memory, the output given with set_output), timed call for call beside Kiln dev. ET dev - dev: the median of the per-call differences of Kiln ET dev and Kiln dev (goal: 10 us). host goal: Kiln dev + 10 us + the I/O bytes at 70% of the pinned rates, against Kiln ET (met or missed). wire: the I/O bytes at the pinned rates (us). link: wire over Kiln ET minus Kiln dev, the achieved fraction of the pinned rate on the host path (the goal asks 0.7 once the fixed 10 us is paid). Eager and compile run the CNN cases (" + ", ".join(sorted(CHANNELS_LAST)) + ") in channels_last.",
         "",
         "| model | batch | dtype | eager | compile | Kiln ET | Kiln C | Kiln ET dev | Kiln dev | ET overhead | ET dev - dev | host goal | wire | link | ratio ET | ratio dev | goal | BW | err vs eager | blobs |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -457,7 +493,65 @@ def table(rows, rate, device, date, links=None):
         floor = mlp[0]["param_bytes"] / rate * 1e6  # the weights read once, at the copy rate
         dev = spread(mlp[0]["kiln_dev"])[0] if "kiln_dev" in mlp[0] else float("nan")
         lines += ["", f"fp16 MLP batch 1: weight-read floor {floor:.1f} us (weight bytes over the copy rate); Kiln ET {spread(mlp[0]['kiln_et'])[0] / floor:.2f}x of it, Kiln dev {dev / floor:.2f}x."]
+    if sweep:
+        lines += ["", sweep_table(sweep, links)]
     return "\n".join(lines) + "\n"
+
+
+class Scale(nn.Module):
+    def forward(self, x):
+        return x * 2.0
+
+
+def stage_sweep(lib, iters, workdir, nbytes=1 << 26):
+    """Host staging's rate for each thread count and chunk size: a program that reads and writes
+    nbytes (x * 2 in fp16) on host buffers against the same on device buffers; rate = bytes in
+    and out over the time host buffers add."""
+    x = torch.randn(nbytes // 2).to(torch.float16)
+    path = os.path.join(workdir, "stage_sweep.pte")
+    blob = kiln.blobs(kiln.export(Scale(), (x,), path))[0]
+    os.unlink(path)
+    dev = [x.cuda(), torch.empty_like(x, device="cuda")]
+    times = (ctypes.c_double * iters)()
+    msg = ctypes.create_string_buffer(256)
+    results = []
+    saved = {k: os.environ.get(k) for k in ("KILN_STAGE_THREADS", "KILN_STAGE_CHUNK_KIB")}
+    for chunk_kib in (256, 512, 1024, 2048, 4096, 8192):
+        for threads in (1, 2, 4, 8, 16):
+            os.environ["KILN_STAGE_THREADS"], os.environ["KILN_STAGE_CHUNK_KIB"] = str(threads), str(chunk_kib)
+            if lib.kb_time_blob(blob, len(blob), None, 3, iters, times, msg, 256) != 0:
+                raise RuntimeError(f"stage sweep: {msg.value.decode()}")
+            host = spread(list(times))[0]
+            if lib.kb_time_blob(blob, len(blob), _pointers(dev), 3, iters, times, msg, 256) != 0:
+                raise RuntimeError(f"stage sweep on device: {msg.value.decode()}")
+            device = spread(list(times))[0]
+            rate = 2 * nbytes / max(host - device, 1e-9) * 1e6
+            results.append({"threads": threads, "chunk_kib": chunk_kib, "host_us": host, "dev_us": device,
+                            "rate": rate})
+            print(f"stage sweep: {threads} threads, chunk {chunk_kib} KiB: {rate / 1e9:.1f} GB/s "
+                  f"(host {host:.0f} us, device {device:.0f} us)", flush=True)
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    return {"bytes": nbytes, "results": results}
+
+
+def sweep_table(sweep, links):
+    """The staging sweep as a table: GB/s in and out, and the fraction of the pinned rate."""
+    pinned = 2 / (1 / links["h2d"] + 1 / links["d2h"]) if links else float("nan")
+    chunks = sorted({r["chunk_kib"] for r in sweep["results"]})
+    threads = sorted({r["threads"] for r in sweep["results"]})
+    by = {(r["threads"], r["chunk_kib"]): r["rate"] for r in sweep["results"]}
+    lines = [f"Host staging sweep: {sweep['bytes'] >> 20} MiB in and {sweep['bytes'] >> 20} MiB out on host buffers, "
+             f"minus the same on device buffers; GB/s (fraction of the pinned rate, {pinned / 1e9:.1f} GB/s)."
+             " Rows: KILN_STAGE_THREADS; columns: KILN_STAGE_CHUNK_KIB.",
+             "", "| threads | " + " | ".join(f"{c} KiB" for c in chunks) + " |",
+             "| --- | " + " | ".join("---" for _ in chunks) + " |"]
+    for t in threads:
+        lines.append(f"| {t} | " + " | ".join(f"{by[(t, c)] / 1e9:.1f} ({by[(t, c)] / pinned:.2f})" for c in chunks) + " |")
+    return "\n".join(lines)
 
 
 def plot(rows, path):
@@ -492,6 +586,9 @@ def main():
     parser.add_argument("--only", default=None)
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     parser.add_argument("--budget-s", type=float, default=1e9, help="start no case after this many seconds")
+    parser.add_argument("--stage-sweep", action="store_true", help="time host staging for each thread count and chunk size first")
+    parser.add_argument("--stage-threads", type=int, default=None, help="KILN_STAGE_THREADS for the cases")
+    parser.add_argument("--stage-chunk-kib", type=int, default=None, help="KILN_STAGE_CHUNK_KIB for the cases")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     lib = ctypes.CDLL(os.environ.get("KILN_BENCH_LIBRARY", os.path.join(ROOT, "build-bench", "libkiln_bench.so")))
@@ -499,6 +596,11 @@ def main():
     lib.kb_host_copy_rate.restype = ctypes.c_double
     lib.kb_time_blob.restype = ctypes.c_int
     lib.kb_time_blob.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                 ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_int]
+    lib.kb_time_pair.restype = ctypes.c_int
+    lib.kb_time_pair.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t,
+                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double),
                                  ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_int]
     device = torch.cuda.get_device_name(0)
     rate = copy_rate()
@@ -508,6 +610,19 @@ def main():
           f"device to host {links['d2h'] / 1e9:.1f} GB/s; pageable to pinned host copy by threads "
           + ", ".join(f"{t}: {r / 1e9:.1f}" for t, r in links["host_copy"].items()) + " GB/s", flush=True)
     workdir = os.environ.get("TMPDIR", "/tmp")
+    sweep = stage_sweep(lib, args.iters, workdir) if args.stage_sweep else None
+    if sweep:
+        print(sweep_table(sweep, links), flush=True)
+    if args.stage_threads is not None:
+        os.environ["KILN_STAGE_THREADS"] = str(args.stage_threads)
+    if args.stage_chunk_kib is not None:
+        os.environ["KILN_STAGE_CHUNK_KIB"] = str(args.stage_chunk_kib)
+    cores = len(os.sched_getaffinity(0))
+    stage = {"threads": os.environ.get("KILN_STAGE_THREADS", str(min(cores, 8))),
+             "chunk_kib": os.environ.get("KILN_STAGE_CHUNK_KIB", "2048"),
+             "source": "set by KILN_STAGE_THREADS / KILN_STAGE_CHUNK_KIB"
+             if "KILN_STAGE_THREADS" in os.environ or "KILN_STAGE_CHUNK_KIB" in os.environ
+             else f"the defaults: min({cores} cores, 8) and 2048 KiB"}
     rows = []
     stem = os.path.join(args.out, f"bench_{args.date}_h200")
     started = time.perf_counter()
@@ -539,12 +654,13 @@ def main():
                   f"case {time.perf_counter() - t0:.0f} s)", flush=True)
             # Written after every case, so a run cut short still leaves its table.
             with open(stem + ".md", "w") as f:
-                f.write(table(rows, rate, device, args.date, links))
+                f.write(table(rows, rate, device, args.date, links, stage, sweep))
             with open(stem + ".json", "w") as f:
-                json.dump({"device": device, "date": args.date, "copy_rate": rate, "pinned_rates": links, "rows": rows}, f)
+                json.dump({"device": device, "date": args.date, "copy_rate": rate, "pinned_rates": links,
+                           "stage": stage, "stage_sweep": sweep, "rows": rows}, f)
     if rows:
         plot(rows, stem + ".png")
-    print(table(rows, rate, device, args.date, links))
+    print(table(rows, rate, device, args.date, links, stage, sweep))
 
 
 if __name__ == "__main__":

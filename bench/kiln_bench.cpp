@@ -27,133 +27,205 @@ double now_us() {
       .count();
 }
 
-}  // namespace
-
-// Loads path's forward method, then times warmup + iters synchronous forward() calls on the
-// given inputs (ExecuTorch ScalarType codes; host or device memory, passed as from_blob
-// tensors); times_us receives the last iters. Outputs the program leaves to the caller get
-// out_data[i] (n_outputs of them, host or device memory) or, when out_data is null, host
-// buffers of the bench's own.
-extern "C" __attribute__((visibility("default"))) int kb_time_pte(
-    const char *path, int n_inputs, void *const *data, const int64_t *sizes, const int *ranks,
-    const int *dtypes, int n_outputs, void *const *out_data, int warmup, int iters,
-    double *times_us, char *msg, int msg_len) {
-  Module module(path, Module::LoadMode::Mmap);
-  const Error loaded = module.load_forward();
-  if (loaded != Error::Ok) {
-    std::snprintf(msg, msg_len, "load_forward failed: error %d", static_cast<int>(loaded));
-    return 1;
-  }
+// A .pte's forward method through Module, ready to call on the given inputs (ExecuTorch
+// ScalarType codes; host or device memory, as from_blob tensors). Outputs the program leaves
+// to the caller get out_data[i] (n_outputs of them, host or device memory) or, when out_data
+// is null, host buffers of its own.
+struct PteRun {
+  Module module;
   std::vector<executorch::extension::TensorPtr> tensors;
   std::vector<EValue> args;
-  const int64_t *dims = sizes;
-  for (int i = 0; i < n_inputs; i++) {
-    std::vector<executorch::aten::SizesType> shape(dims, dims + ranks[i]);
-    dims += ranks[i];
-    tensors.push_back(executorch::extension::from_blob(
-        data[i], shape, static_cast<executorch::aten::ScalarType>(dtypes[i])));
-    args.emplace_back(*tensors.back());
-  }
-  auto meta = module.method_meta("forward");
-  if (!meta.ok()) {
-    std::snprintf(msg, msg_len, "method_meta failed: error %d", static_cast<int>(meta.error()));
-    return 1;
-  }
   std::vector<std::vector<uint8_t>> host_outputs;
-  int given = 0;
-  for (size_t i = 0; i < meta->num_outputs(); i++) {
-    auto info = meta->output_tensor_meta(i);
-    if (!info.ok() || info->is_memory_planned()) continue;
-    void *buffer = nullptr;
-    if (out_data != nullptr) {
-      if (given >= n_outputs) {
-        std::snprintf(msg, msg_len, "the program leaves more than %d outputs to the caller", n_outputs);
-        return 1;
-      }
-      buffer = out_data[given++];
-    } else {
-      host_outputs.emplace_back(info->nbytes());
-      buffer = host_outputs.back().data();
-    }
-    std::vector<executorch::aten::SizesType> shape(info->sizes().begin(), info->sizes().end());
-    tensors.push_back(executorch::extension::from_blob(buffer, shape, info->scalar_type()));
-    const Error bound = module.set_output("forward", *tensors.back(), i);
-    if (bound != Error::Ok) {
-      std::snprintf(msg, msg_len, "set_output %zu failed: error %d", i, static_cast<int>(bound));
+
+  explicit PteRun(const char *path) : module(path, Module::LoadMode::Mmap) {}
+
+  int prepare(int n_inputs, void *const *data, const int64_t *sizes, const int *ranks,
+              const int *dtypes, int n_outputs, void *const *out_data, char *msg, int msg_len) {
+    const Error loaded = module.load_forward();
+    if (loaded != Error::Ok) {
+      std::snprintf(msg, msg_len, "load_forward failed: error %d", static_cast<int>(loaded));
       return 1;
     }
+    const int64_t *dims = sizes;
+    for (int i = 0; i < n_inputs; i++) {
+      std::vector<executorch::aten::SizesType> shape(dims, dims + ranks[i]);
+      dims += ranks[i];
+      tensors.push_back(executorch::extension::from_blob(
+          data[i], shape, static_cast<executorch::aten::ScalarType>(dtypes[i])));
+      args.emplace_back(*tensors.back());
+    }
+    auto meta = module.method_meta("forward");
+    if (!meta.ok()) {
+      std::snprintf(msg, msg_len, "method_meta failed: error %d", static_cast<int>(meta.error()));
+      return 1;
+    }
+    host_outputs.reserve(meta->num_outputs());  // from_blob keeps pointers into these
+    int given = 0;
+    for (size_t i = 0; i < meta->num_outputs(); i++) {
+      auto info = meta->output_tensor_meta(i);
+      if (!info.ok() || info->is_memory_planned()) continue;
+      void *buffer = nullptr;
+      if (out_data != nullptr) {
+        if (given >= n_outputs) {
+          std::snprintf(msg, msg_len, "the program leaves more than %d outputs to the caller", n_outputs);
+          return 1;
+        }
+        buffer = out_data[given++];
+      } else {
+        host_outputs.emplace_back(info->nbytes());
+        buffer = host_outputs.back().data();
+      }
+      std::vector<executorch::aten::SizesType> shape(info->sizes().begin(), info->sizes().end());
+      tensors.push_back(executorch::extension::from_blob(buffer, shape, info->scalar_type()));
+      const Error bound = module.set_output("forward", *tensors.back(), i);
+      if (bound != Error::Ok) {
+        std::snprintf(msg, msg_len, "set_output %zu failed: error %d", i, static_cast<int>(bound));
+        return 1;
+      }
+    }
+    if (out_data != nullptr && given != n_outputs) {
+      std::snprintf(msg, msg_len, "%d output buffers given but the program leaves %d to the caller",
+                    n_outputs, given);
+      return 1;
+    }
+    return 0;
   }
-  if (out_data != nullptr && given != n_outputs) {
-    std::snprintf(msg, msg_len, "%d output buffers given but the program leaves %d to the caller",
-                  n_outputs, given);
-    return 1;
-  }
-  for (int it = 0; it < warmup + iters; it++) {
+
+  // One synchronous forward(); its microseconds, or a negative value with msg set.
+  double call(char *msg, int msg_len) {
     const double t0 = now_us();
     auto result = module.forward(args);
     const double t1 = now_us();
     if (!result.ok()) {
       std::snprintf(msg, msg_len, "forward failed: error %d", static_cast<int>(result.error()));
-      return 2;
+      return -1.0;
     }
-    if (it >= warmup) times_us[it - warmup] = t1 - t0;
+    return t1 - t0;
   }
-  return 0;
-}
+};
 
-// Loads a blob on CUDA and times warmup + iters executes: on the caller's buffers when ptrs
-// holds one per binding (in binding order; device memory is bound in place), else on host
-// buffers shaped by its bindings and filled with small pseudo-random values.
-extern "C" __attribute__((visibility("default"))) int kb_time_blob(
-    const void *blob, size_t size, void *const *ptrs, int warmup, int iters, double *times_us,
-    char *msg, int msg_len) {
-  kiln_error err;
-  kiln_engine_options opts;
-  kiln_engine_options_default(&opts);
-  opts.device = KILN_DEVICE_CUDA;
+// A blob loaded on CUDA through the C API, on the caller's buffers when ptrs holds one per
+// binding (in binding order; device memory is bound in place), else on host buffers shaped by
+// its bindings and filled with small pseudo-random values.
+struct BlobRun {
   kiln_engine *engine = nullptr;
-  if (kiln_engine_load(blob, size, &opts, &engine, &err) != KILN_OK) {
-    std::snprintf(msg, msg_len, "%s", err.message);
-    return 1;
-  }
-  const kiln_metadata *md = kiln_engine_metadata(engine);
-  std::vector<std::vector<uint8_t>> buffers(md->n_bindings);
+  std::vector<std::vector<uint8_t>> buffers;
   std::vector<kiln_tensor_view> in, out;
-  uint32_t seed = 1;
-  for (uint32_t b = 0; b < md->n_bindings; b++) {
-    const kiln_binding &bd = md->bindings[b];
-    kiln_tensor_view v;
-    std::memset(&v, 0, sizeof v);
-    size_t n = 1;
-    for (int d = bd.rank - 1; d >= 0; d--) {
-      v.sizes[d] = bd.shape[d];
-      v.strides[d] = static_cast<int64_t>(n);
-      n *= static_cast<size_t>(bd.shape[d]);
+
+  ~BlobRun() { kiln_engine_destroy(engine); }
+
+  int prepare(const void *blob, size_t size, void *const *ptrs, char *msg, int msg_len) {
+    kiln_error err;
+    kiln_engine_options opts;
+    kiln_engine_options_default(&opts);
+    opts.device = KILN_DEVICE_CUDA;
+    if (kiln_engine_load(blob, size, &opts, &engine, &err) != KILN_OK) {
+      std::snprintf(msg, msg_len, "%s", err.message);
+      return 1;
     }
-    buffers[b].resize(n * kiln_dtype_size(bd.dtype) + 1);
-    for (auto &byte : buffers[b]) {
-      seed = seed * 1664525u + 1013904223u;
-      byte = static_cast<uint8_t>((seed >> 24) & 0x3f);  // small finite values in any float type
+    const kiln_metadata *md = kiln_engine_metadata(engine);
+    buffers.resize(md->n_bindings);
+    uint32_t seed = 1;
+    for (uint32_t b = 0; b < md->n_bindings; b++) {
+      const kiln_binding &bd = md->bindings[b];
+      kiln_tensor_view v;
+      std::memset(&v, 0, sizeof v);
+      size_t n = 1;
+      for (int d = bd.rank - 1; d >= 0; d--) {
+        v.sizes[d] = bd.shape[d];
+        v.strides[d] = static_cast<int64_t>(n);
+        n *= static_cast<size_t>(bd.shape[d]);
+      }
+      if (!ptrs) {
+        buffers[b].resize(n * kiln_dtype_size(bd.dtype) + 1);
+        for (auto &byte : buffers[b]) {
+          seed = seed * 1664525u + 1013904223u;
+          byte = static_cast<uint8_t>((seed >> 24) & 0x3f);  // small finite values in any float type
+        }
+      }
+      v.data = ptrs ? ptrs[b] : buffers[b].data();
+      v.nbytes = n * kiln_dtype_size(bd.dtype);
+      v.dtype = bd.dtype;
+      v.rank = bd.rank;
+      (bd.kind == KILN_IO_INPUT ? in : out).push_back(v);
     }
-    v.data = ptrs ? ptrs[b] : buffers[b].data();
-    v.nbytes = n * kiln_dtype_size(bd.dtype);
-    v.dtype = bd.dtype;
-    v.rank = bd.rank;
-    (bd.kind == KILN_IO_INPUT ? in : out).push_back(v);
+    return 0;
   }
-  for (int it = 0; it < warmup + iters; it++) {
+
+  double call(char *msg, int msg_len) {
+    kiln_error err;
     const double t0 = now_us();
     const kiln_status st = kiln_engine_execute(engine, in.data(), static_cast<uint32_t>(in.size()),
                                                out.data(), static_cast<uint32_t>(out.size()), &err);
     const double t1 = now_us();
     if (st != KILN_OK) {
       std::snprintf(msg, msg_len, "%s", err.message);
-      kiln_engine_destroy(engine);
-      return 2;
+      return -1.0;
     }
-    if (it >= warmup) times_us[it - warmup] = t1 - t0;
+    return t1 - t0;
   }
-  kiln_engine_destroy(engine);
+};
+
+}  // namespace
+
+// Loads path's forward method (see PteRun), then times warmup + iters synchronous forward()
+// calls; times_us receives the last iters.
+extern "C" __attribute__((visibility("default"))) int kb_time_pte(
+    const char *path, int n_inputs, void *const *data, const int64_t *sizes, const int *ranks,
+    const int *dtypes, int n_outputs, void *const *out_data, int warmup, int iters,
+    double *times_us, char *msg, int msg_len) {
+  PteRun run(path);
+  if (run.prepare(n_inputs, data, sizes, ranks, dtypes, n_outputs, out_data, msg, msg_len) != 0) return 1;
+  for (int it = 0; it < warmup + iters; it++) {
+    const double t = run.call(msg, msg_len);
+    if (t < 0) return 2;
+    if (it >= warmup) times_us[it - warmup] = t;
+  }
+  return 0;
+}
+
+// Loads a blob on CUDA (see BlobRun) and times warmup + iters executes.
+extern "C" __attribute__((visibility("default"))) int kb_time_blob(
+    const void *blob, size_t size, void *const *ptrs, int warmup, int iters, double *times_us,
+    char *msg, int msg_len) {
+  BlobRun run;
+  if (run.prepare(blob, size, ptrs, msg, msg_len) != 0) return 1;
+  for (int it = 0; it < warmup + iters; it++) {
+    const double t = run.call(msg, msg_len);
+    if (t < 0) return 2;
+    if (it >= warmup) times_us[it - warmup] = t;
+  }
+  return 0;
+}
+
+// The .pte through Module (as kb_time_pte) and its blob through the C API (as kb_time_blob),
+// loaded side by side and called alternately, the order swapped every iteration: both see the
+// same clocks and temperature, so their difference is what ExecuTorch and the adapter add, not
+// the drift between two runs minutes apart. times_pte and times_blob receive the last iters.
+extern "C" __attribute__((visibility("default"))) int kb_time_pair(
+    const char *path, int n_inputs, void *const *data, const int64_t *sizes, const int *ranks,
+    const int *dtypes, int n_outputs, void *const *out_data, const void *blob, size_t size,
+    void *const *ptrs, int warmup, int iters, double *times_pte, double *times_blob, char *msg,
+    int msg_len) {
+  PteRun pte(path);
+  if (pte.prepare(n_inputs, data, sizes, ranks, dtypes, n_outputs, out_data, msg, msg_len) != 0) return 1;
+  BlobRun c;
+  if (c.prepare(blob, size, ptrs, msg, msg_len) != 0) return 1;
+  for (int it = 0; it < warmup + iters; it++) {
+    double tp = 0, tb = 0;
+    if (it % 2 == 0) {
+      tp = pte.call(msg, msg_len);
+      tb = tp < 0 ? tp : c.call(msg, msg_len);
+    } else {
+      tb = c.call(msg, msg_len);
+      tp = tb < 0 ? tb : pte.call(msg, msg_len);
+    }
+    if (tp < 0 || tb < 0) return 2;
+    if (it >= warmup) {
+      times_pte[it - warmup] = tp;
+      times_blob[it - warmup] = tb;
+    }
+  }
   return 0;
 }
 

@@ -29,6 +29,7 @@ step() {
 nvidia-smi -L
 step "cuda ops" timeout 300 "$BUILD/tests/gpu/test_cuda_ops"
 step "device fault" timeout 60 "$BUILD/tests/gpu/test_cuda_ops" --fault
+step "staging" timeout 300 "$BUILD/tests/gpu/test_cuda_staging"
 gpus=$(nvidia-smi -L | grep -c '^GPU')
 if [ "$gpus" -ge 2 ]; then
   step "two gpus" timeout 120 "$BUILD/tests/gpu/test_two_gpus"

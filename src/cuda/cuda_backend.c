@@ -3,13 +3,14 @@
  * each caller buffer, replays a graph and synchronizes, allocating nothing.
  *
  * Graphs: graph_host is captured once with engine-owned device buffers for every input and
- * output. When all of the I/O fits in one staging chunk, the copies from and to the pinned
- * ring are inside it, so a small call on host tensors is one replay; larger host buffers move
- * through the ring in chunks (cuda_staging.c) around a replay of the ops alone. graph_dev holds the
- * same ops without host copies; when a caller passes device buffers, which are bound in
- * place, their addresses differ from the ones captured, so the op sequence is re-captured
- * and applied to graph_dev with cudaGraphExecUpdate (the driver keeps the recording; no
- * engine buffer is allocated), and reused for as long as the addresses repeat. */
+ * output. When all of the I/O is small (KCU_WHOLE_IO_BYTES each way), the copies from and to
+ * the pinned ring are inside it, so a small call on host tensors is one replay; larger host
+ * buffers move through the ring in chunks (cuda_staging.c, copied by the staging threads)
+ * around a replay of the ops alone. Pinned caller memory skips the ring: one DMA each way.
+ * graph_dev holds the same ops without host copies; when a caller passes device buffers,
+ * which are bound in place, their addresses differ from the ones captured, so the op sequence
+ * is re-captured and applied to graph_dev with cudaGraphExecUpdate (the driver keeps the
+ * recording; no engine buffer is allocated), and reused for as long as the addresses repeat. */
 #include "cuda_backend.h"
 
 #include "core/engine_internal.h"
@@ -33,8 +34,12 @@
 #define KCU_WORKSPACE_BYTES ((size_t)32 << 20)
 #define KCU_BIND_ALIGN 256u
 #define KCU_MIN_CC 80
+/* Host I/O up to this much each way rides inside graph_host: one replay, no chunk calls. */
+#define KCU_WHOLE_IO_BYTES ((size_t)512 << 10)
 
-typedef enum kcu_mode { KCU_HOST, KCU_BOUND, KCU_DEVSTAGE } kcu_mode;
+/* HOST: pageable, through the ring; BOUND: used in place; DEVSTAGE (an unaligned device
+ * buffer) and PINNED (pinned host memory): one cudaMemcpyAsync to or from the engine's buffer. */
+typedef enum kcu_mode { KCU_HOST, KCU_BOUND, KCU_DEVSTAGE, KCU_PINNED } kcu_mode;
 
 typedef struct kcu_io {
   uint32_t tensor;
@@ -55,6 +60,7 @@ typedef struct kcu_state {
   int *fault_dev, *fault_host;
   void *ring;        /* pinned host staging, sized at init */
   kcu_staging staging;
+  kiln_stage_pool *pool; /* the staging threads, started at init */
   int whole_io;      /* all I/O fits the ring at once: graph_host holds the host copies */
   uint32_t n_in, n_out;
   kcu_io *in, *out;
@@ -311,6 +317,7 @@ static void kcu_destroy(kiln_engine *e) {
   for (uint32_t i = 0; s->in && i < s->n_in; i++) cudaFree(s->in[i].dev);
   for (uint32_t i = 0; s->out && i < s->n_out; i++) cudaFree(s->out[i].dev);
   kcu_staging_release(&s->staging);
+  kiln_stage_pool_destroy(s->pool);
   cudaFreeHost(s->ring);
   cudaFree(s->weights);
   cudaFree(s->arena);
@@ -430,15 +437,27 @@ static kiln_status kcu_setup_io(kcu_state *s, const kiln_engine *e, kiln_error *
     if (s->out[i].nbytes > largest) largest = s->out[i].nbytes;
   }
   if (st != KILN_OK) return st;
+  kiln_stage_settings stage;
+  if ((st = kiln_stage_settings_from_env(&stage, err)) != KILN_OK) return st;
   /* Inputs are copied in before outputs are copied out, so the two share the ring. */
-  s->whole_io = in_total <= KCU_STAGE_CHUNK && out_total <= KCU_STAGE_CHUNK;
-  size_t ring = kcu_staging_bytes(largest);
+  s->whole_io = in_total <= KCU_WHOLE_IO_BYTES && out_total <= KCU_WHOLE_IO_BYTES;
+  size_t ring = kcu_staging_bytes(largest, stage.chunk_bytes);
   size_t whole = in_total > out_total ? in_total : out_total;
   if (s->whole_io && whole > ring) ring = whole;
   if ((st = kcu_pinned_alloc(s, &s->ring, ring, "staging ring", err)) != KILN_OK) return st;
+  /* Threads only where a transfer is large enough to share: smaller ones never wake them. */
+  int threads = largest >= KILN_STAGE_PARALLEL_MIN ? stage.threads : 1;
+  if (kcu_injected())
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of host memory for the %d staging threads of cuda:%d; free memory or "
+                     "set KILN_STAGE_THREADS lower", threads, s->device);
+  if ((st = kiln_stage_pool_create(threads, &s->pool, err)) != KILN_OK) return st;
+  s->stats.init_allocs++;
+  s->stats.stage_threads = (uint64_t)kiln_stage_pool_threads(s->pool);
   if (kcu_injected()) return kcu_oom(s, 0, "staging events", err);
-  cudaError_t rc = kcu_staging_init(&s->staging, s->ring, ring);
+  cudaError_t rc = kcu_staging_init(&s->staging, s->ring, largest, stage.chunk_bytes, s->pool);
   if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "staging events", err);
+  s->stats.stage_slot_bytes = s->staging.ring.slot_bytes;
   return KILN_OK;
 }
 
@@ -682,6 +701,12 @@ static kiln_status kcu_place(kcu_state *s, const kcu_io *io, const char *kind, v
     *addr = io->dev;
     return KILN_OK;
   }
+  if (a.type == cudaMemoryTypeHost) {
+    /* Pinned: one DMA to or from the engine's buffer, rather than kernels reading the link. */
+    *mode = KCU_PINNED;
+    *addr = io->dev;
+    return KILN_OK;
+  }
   if (!kcu_reachable(s, &a, ptr))
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                      "%.6s %.64s is memory of cuda:%d, which cuda:%d cannot reach; enabling peer "
@@ -741,6 +766,7 @@ static cudaError_t kcu_stage_in(kcu_state *s, uint32_t i, const void *data) {
     return cudaSuccess;
   }
   s->stats.staged++;
+  s->stats.pinned_copies += s->in_mode[i] == KCU_PINNED;
   if (n == 0) return cudaSuccess;
   if (s->in_mode[i] == KCU_HOST) return kcu_stage_upload(&s->staging, s->stream, s->in[i].dev, data, n);
   return cudaMemcpyAsync(s->in[i].dev, data, n, cudaMemcpyDefault, s->stream);
@@ -753,6 +779,7 @@ static cudaError_t kcu_copy_device_out(kcu_state *s, uint32_t i, void *data) {
     return cudaSuccess;
   }
   s->stats.staged++;
+  s->stats.pinned_copies += s->out_mode[i] == KCU_PINNED;
   if (s->out_mode[i] == KCU_HOST || s->out[i].nbytes == 0) return cudaSuccess;
   return cudaMemcpyAsync(data, s->out[i].dev, s->out[i].nbytes, cudaMemcpyDefault, s->stream);
 }
@@ -780,7 +807,7 @@ static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
   if (whole) {
     /* Small host I/O: through the ring in one piece, the copies inside graph_host. */
     for (uint32_t i = 0; i < s->n_in; i++)
-      memcpy((char *)s->ring + s->in[i].ring_off, inputs[i].data, s->in[i].nbytes);
+      kcu_stage_copy(&s->staging, (char *)s->ring + s->in[i].ring_off, inputs[i].data, s->in[i].nbytes);
     s->stats.staged += s->n_in + s->n_out;
     s->stats.graph_replays++;
     rc = cudaGraphLaunch(s->graph_host, s->stream);
@@ -808,7 +835,7 @@ static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
       rc = kcu_stage_download(&s->staging, s->stream, outputs[i].data, s->out[i].dev, s->out[i].nbytes);
   cudaError_t sync = cudaStreamSynchronize(s->stream);
   kcu_staging_idle(&s->staging);
-  s->stats.stage_chunks = s->staging.chunks;
+  s->stats.stage_chunks = s->staging.ring.chunks;
   if (rc == cudaSuccess) rc = sync;
   if (rc != cudaSuccess) {
     cudaGetLastError();
@@ -820,7 +847,7 @@ static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
   }
   if (whole)
     for (uint32_t i = 0; i < s->n_out; i++)
-      memcpy(outputs[i].data, (char *)s->ring + s->out[i].ring_off, s->out[i].nbytes);
+      kcu_stage_copy(&s->staging, outputs[i].data, (char *)s->ring + s->out[i].ring_off, s->out[i].nbytes);
   if (*s->fault_host)
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                      "an index input holds a value outside its dim (embedding, index_select, "

@@ -16,6 +16,9 @@ typedef struct kiln_cuda_stats {
   uint64_t direct_runs;   /* runs launched op by op (a graph update was refused) */
   uint64_t init_allocs;   /* allocations made by init */
   uint64_t stage_chunks;  /* pieces host buffers moved in through the pinned ring, in and out */
+  uint64_t pinned_copies; /* caller pinned host buffers moved by one DMA each, not the ring */
+  uint64_t stage_threads; /* threads that copy a staged transfer, the caller included */
+  uint64_t stage_slot_bytes; /* bytes of one ring slot: the largest chunk */
 } kiln_cuda_stats;
 
 /* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend. */

@@ -1,30 +1,39 @@
 /* Host buffers to and from the device at the link's rate: a ring of pinned slots allocated at
- * init, through which a transfer moves in chunks, the CPU copying one chunk while the copy
- * engine moves the one before. Nothing is allocated per transfer. */
+ * init, through which a transfer moves in chunks, the pool's threads copying one chunk while
+ * the copy engine moves the one before (core/stage_ring.h); this file is its CUDA side: each
+ * slot's DMA on the engine's stream, and an event recorded after it. Nothing is allocated per
+ * transfer. */
 #ifndef KILN_CUDA_STAGING_H
 #define KILN_CUDA_STAGING_H
+
+#include "core/stage_ring.h"
 
 #include <cuda_runtime_api.h>
 #include <stddef.h>
 
-#define KCU_STAGE_SLOTS 4
-#define KCU_STAGE_CHUNK ((size_t)2 << 20)
+#define KCU_STAGE_SLOTS KILN_STAGE_SLOTS
 
 typedef struct kcu_staging {
-  unsigned char *ring;     /* pinned host memory: KCU_STAGE_SLOTS slots of slot_bytes */
-  size_t slot_bytes;
+  kiln_stage_ring ring;   /* over pinned host memory owned by the caller of init */
+  kiln_stage_pool *pool;  /* owned by the caller of init */
   cudaEvent_t done[KCU_STAGE_SLOTS]; /* recorded after the DMA that last used each slot */
-  int busy[KCU_STAGE_SLOTS];         /* an event was recorded and not yet waited for */
-  unsigned next;                     /* the slot the next chunk takes */
-  unsigned long long chunks;         /* chunks moved, for tests */
+  int busy[KCU_STAGE_SLOTS];         /* an event was recorded and not yet seen complete */
+  kiln_stage_transport transport;
+  /* the transfer in progress */
+  cudaStream_t stream;
+  unsigned char *dev;
+  int upload;
+  cudaError_t error;
 } kcu_staging;
 
-/* Bytes of pinned memory a ring needs for transfers of at most `largest` bytes each. */
-size_t kcu_staging_bytes(size_t largest);
+/* Bytes of pinned memory a ring needs for transfers of at most `largest` bytes each, in
+ * chunks of at most chunk_bytes. */
+size_t kcu_staging_bytes(size_t largest, size_t chunk_bytes);
 
-/* Takes `ring` (ring_bytes of pinned memory, at least kcu_staging_bytes of the largest
- * transfer, owned by the caller) and creates the slot events; on failure none is left. */
-cudaError_t kcu_staging_init(kcu_staging *st, void *ring, size_t ring_bytes);
+/* Takes `ring` (pinned memory of kcu_staging_bytes(largest, chunk_bytes) bytes) and the pool,
+ * and creates the slot events; on failure none is left. */
+cudaError_t kcu_staging_init(kcu_staging *st, void *ring, size_t largest, size_t chunk_bytes,
+                             kiln_stage_pool *pool);
 
 void kcu_staging_release(kcu_staging *st);
 
@@ -37,6 +46,10 @@ cudaError_t kcu_stage_upload(kcu_staging *st, cudaStream_t stream, void *dst, co
  * returns once dst holds them. */
 cudaError_t kcu_stage_download(kcu_staging *st, cudaStream_t stream, void *dst, const void *src,
                                size_t n);
+
+/* A host copy of n bytes (between a caller buffer and the ring), on the pool's threads when it
+ * is large enough to pay for waking them. */
+void kcu_stage_copy(kcu_staging *st, void *dst, const void *src, size_t n);
 
 /* After the stream was synchronized: every slot is free again. */
 void kcu_staging_idle(kcu_staging *st);

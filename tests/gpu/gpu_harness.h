@@ -1,5 +1,6 @@
 /* Hand-built plans run on both backends directly: the CPU reference engine is the oracle,
- * the CUDA engine is compared with it on random data, staged and bound. */
+ * the CUDA engine is compared with it on random data, staged and bound. The helpers are inline:
+ * a program that uses a few of them compiles without unused-function warnings. */
 #ifndef KILN_TEST_GPU_HARNESS_H
 #define KILN_TEST_GPU_HARNESS_H
 
@@ -32,12 +33,12 @@ typedef struct prog {
 } prog;
 
 static uint32_t rng_state = 12345u;
-static double rnd(void) { /* uniform in [-1, 1) */
+static inline double rnd(void) { /* uniform in [-1, 1) */
   rng_state = rng_state * 1664525u + 1013904223u;
   return (double)(rng_state >> 8) / (double)(1u << 23) - 1.0;
 }
 
-static void die(const char *what) {
+static inline void die(const char *what) {
   fprintf(stderr, "fatal: %s\n", what);
   exit(2);
 }
@@ -48,18 +49,18 @@ static prog *p_new(void) {
   return p;
 }
 
-static void p_free(prog *p) {
+static inline void p_free(prog *p) {
   free(p->weights);
   free(p);
 }
 
-static uint64_t p_count(const kiln_tensor_desc *t) {
+static inline uint64_t p_count(const kiln_tensor_desc *t) {
   uint64_t n = 1;
   for (int d = 0; d < t->rank; d++) n *= (uint64_t)t->dims[d];
   return n;
 }
 
-static uint32_t p_tensor(prog *p, kiln_storage st, kiln_dtype dt, int32_t rank, const int64_t *dims) {
+static inline uint32_t p_tensor(prog *p, kiln_storage st, kiln_dtype dt, int32_t rank, const int64_t *dims) {
   kiln_tensor_desc *t = &p->tensors[p->n_tensors];
   memset(t, 0, sizeof *t);
   t->dtype = dt;
@@ -81,7 +82,7 @@ static uint32_t p_tensor(prog *p, kiln_storage st, kiln_dtype dt, int32_t rank, 
 }
 
 /* Stores element i of a random value v in dtype dt (floats as given, integers rounded). */
-static void put_value(void *buf, kiln_dtype dt, uint64_t i, double v) {
+static inline void put_value(void *buf, kiln_dtype dt, uint64_t i, double v) {
   switch (dt) {
   case KILN_F32: ((float *)buf)[i] = (float)v; break;
   case KILN_F16: ((uint16_t *)buf)[i] = kiln_f32_to_f16((float)v); break;
@@ -92,7 +93,7 @@ static void put_value(void *buf, kiln_dtype dt, uint64_t i, double v) {
   }
 }
 
-static double get_value(const void *buf, kiln_dtype dt, uint64_t i) {
+static inline double get_value(const void *buf, kiln_dtype dt, uint64_t i) {
   switch (dt) {
   case KILN_F32: return ((const float *)buf)[i];
   case KILN_F16: return kiln_f16_to_f32(((const uint16_t *)buf)[i]);
@@ -104,11 +105,11 @@ static double get_value(const void *buf, kiln_dtype dt, uint64_t i) {
 }
 
 /* Random values in [lo, hi): floats uniform, integers rounded. */
-static void fill(void *buf, kiln_dtype dt, uint64_t n, double lo, double hi) {
+static inline void fill(void *buf, kiln_dtype dt, uint64_t n, double lo, double hi) {
   for (uint64_t i = 0; i < n; i++) put_value(buf, dt, i, lo + (hi - lo) * (rnd() + 1.0) / 2.0);
 }
 
-static uint32_t p_weight(prog *p, kiln_dtype dt, int32_t rank, const int64_t *dims, double lo,
+static inline uint32_t p_weight(prog *p, kiln_dtype dt, int32_t rank, const int64_t *dims, double lo,
                          double hi) {
   uint32_t id = p_tensor(p, KILN_STORE_WEIGHT, dt, rank, dims);
   kiln_tensor_desc *t = &p->tensors[id];
@@ -183,14 +184,14 @@ static kiln_engine *p_load(const prog *p, const kiln_backend *be, int device, ki
   return e;
 }
 
-static void p_unload(kiln_engine *e) {
+static inline void p_unload(kiln_engine *e) {
   if (!e) return;
   e->backend->destroy(e);
   free(e->weights);
   free(e);
 }
 
-static void p_view(const kiln_tensor_desc *t, void *data, kiln_tensor_view *v) {
+static inline void p_view(const kiln_tensor_desc *t, void *data, kiln_tensor_view *v) {
   memset(v, 0, sizeof *v);
   v->data = data;
   v->nbytes = (size_t)t->nbytes;
@@ -204,7 +205,7 @@ static void p_view(const kiln_tensor_desc *t, void *data, kiln_tensor_view *v) {
   }
 }
 
-static kiln_status p_execute(kiln_engine *e, const prog *p, void *const *in, void *const *out,
+static inline kiln_status p_execute(kiln_engine *e, const prog *p, void *const *in, void *const *out,
                              kiln_error *err) {
   kiln_tensor_view iv[P_MAX_IO], ov[P_MAX_IO];
   for (uint32_t i = 0; i < p->n_inputs; i++) p_view(&p->tensors[p->inputs[i]], in[i], &iv[i]);
@@ -212,12 +213,12 @@ static kiln_status p_execute(kiln_engine *e, const prog *p, void *const *in, voi
   return e->backend->execute(e, iv, ov, err);
 }
 
-static double dtype_tolerance(kiln_dtype dt) {
+static inline double dtype_tolerance(kiln_dtype dt) {
   return dt == KILN_F16 ? 1e-2 : dt == KILN_BF16 ? 2e-2 : dt == KILN_F32 ? 1e-4 : 0.0;
 }
 
 /* max|got - want| / max|want| (absolute when want is all zeros); NaN where they disagree on NaN. */
-static double rel_error(const void *got, const void *want, kiln_dtype dt, uint64_t n) {
+static inline double rel_error(const void *got, const void *want, kiln_dtype dt, uint64_t n) {
   double peak = 0.0, worst = 0.0;
   for (uint64_t i = 0; i < n; i++) peak = fmax(peak, fabs(get_value(want, dt, i)));
   for (uint64_t i = 0; i < n; i++) {
