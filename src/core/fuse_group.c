@@ -211,32 +211,32 @@ static int64_t emit_cat(compiler *c, const kiln_op *op, uint32_t t, const frame 
   return result;
 }
 
-/* The steps of a POINTWISE chain (f32 between steps, one rounding after). */
+/* The steps of a POINTWISE chain, each rounded to the chain's dtype as its op alone rounds. */
 static int64_t emit_chain(compiler *c, const kiln_op *op, uint32_t t, const frame *f,
                           const box *bx) {
   const kiln_gtensor *ts = c->g->tensors;
+  kiln_dtype dt = ts[t].desc.dtype;
   int64_t v = emit_value(c, op->inputs[0], f, bx);
   for (uint32_t s = 0; s < op->n_iattr && v >= 0; s++) {
-    int64_t step = op->iattr[s], y;
+    int64_t step = op->iattr[s], y, one = double_word(1.0);
     kiln_op_kind kind = KILN_PW_STEP_KIND(step);
-    uint32_t k = KILN_PW_STEP_INPUT(step);
+    int alpha = kind == KILN_OP_ADD || kind == KILN_OP_SUB;
     frame of;
     if (!kiln_pw_is_binary(kind)) {
       v = emit_instr(c, KILN_FX_UNARY, v, -1, (uint32_t)kind,
                      kind == KILN_OP_POW ? double_word(op->fattr[0]) : 0,
                      (step & KILN_PW_GELU_TANH) != 0, t);
-      continue;
+    } else {
+      of = broadcast(f, &ts[op->inputs[KILN_PW_STEP_INPUT(step)]].desc);
+      if ((y = emit_value(c, op->inputs[KILN_PW_STEP_INPUT(step)], &of, bx)) < 0) return -1;
+      v = step & KILN_PW_REVERSED
+              ? emit_instr(c, KILN_FX_BINARY, y, v, (uint32_t)kind, alpha ? one : 0, 0, t)
+              : emit_instr(c, KILN_FX_BINARY, v, y, (uint32_t)kind, alpha ? one : 0, 0, t);
     }
-    of = broadcast(f, &ts[op->inputs[k]].desc);
-    if ((y = emit_value(c, op->inputs[k], &of, bx)) < 0) return -1;
-    v = step & KILN_PW_REVERSED
-            ? emit_instr(c, KILN_FX_BINARY, y, v, (uint32_t)kind, double_word(1.0), 0, t)
-            : emit_instr(c, KILN_FX_BINARY, v, y, (uint32_t)kind,
-                         kind == KILN_OP_ADD || kind == KILN_OP_SUB ? double_word(1.0) : 0, 0, t);
-    if (step & KILN_PW_REVERSED && kind != KILN_OP_ADD && kind != KILN_OP_SUB && v >= 0)
-      c->code[v].imm = 0;
+    if (s + 1 < op->n_iattr && dt != KILN_F32 && v >= 0)
+      v = emit_instr(c, KILN_FX_ROUND, v, -1, (uint32_t)dt, 0, 0, t);
   }
-  return round_to(c, v, ts[t].desc.dtype, t);
+  return round_to(c, v, dt, t);
 }
 
 /* The value of tensor t at frame f, computed only where the output coordinate lies in bx. */

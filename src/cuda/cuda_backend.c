@@ -213,6 +213,8 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
   }
   case KILN_OP_POINTWISE:
     return kcu_fused_pointwise(st, op, in, &out);
+  case KILN_OP_FUSED:
+    return kcu_fused(st, p, op, in, &out);
   case KILN_OP_CUMSUM:
     return kcu_cumsum(st, &in[0], &out, (int32_t)op->iattr[0]);
   case KILN_OP_ARGMAX:
