@@ -185,6 +185,34 @@ static int later_kinds_seed(const char *dir, kiln_error *err) {
   return rc;
 }
 
+/* The rotary embedding as transformers writes it, which the builder fuses into one FUSED op:
+ * q = permute(reshape(x[1,4,16], [1,4,2,8])), q * cos + cat(-q[..., 4:], q[..., :4]) * sin,
+ * in f16 so its program rounds. */
+static int fused_group_seed(const char *dir, kiln_error *err) {
+  kiln_builder *b = kiln_builder_create();
+  if (!b) return -1;
+  int64_t xd[3] = {1, 4, 16}, td[2] = {4, 8}, split[4] = {1, 4, 2, 8}, perm[4] = {0, 2, 1, 3};
+  int64_t hi[4] = {3, 4, 8, 1}, lo[4] = {3, 0, 4, 1}, cat3[1] = {3};
+  int32_t x = kiln_builder_add_input(b, "x", KILN_F16, 3, xd, err);
+  int32_t c = kiln_builder_add_input(b, "cos", KILN_F16, 2, td, err);
+  int32_t s = kiln_builder_add_input(b, "sin", KILN_F16, 2, td, err);
+  int32_t h = kiln_builder_add_op(b, KILN_OP_RESHAPE, &x, 1, split, 4, NULL, 0, err);
+  int32_t q = kiln_builder_add_op(b, KILN_OP_PERMUTE, &h, 1, perm, 4, NULL, 0, err);
+  int32_t a = kiln_builder_add_op(b, KILN_OP_SLICE, &q, 1, hi, 4, NULL, 0, err);
+  int32_t z = kiln_builder_add_op(b, KILN_OP_SLICE, &q, 1, lo, 4, NULL, 0, err);
+  int32_t n = kiln_builder_add_op(b, KILN_OP_NEG, &a, 1, NULL, 0, NULL, 0, err);
+  int32_t r = kiln_builder_add_op(b, KILN_OP_CAT, (int32_t[]){n, z}, 2, cat3, 1, NULL, 0, err);
+  int32_t m1 = kiln_builder_add_op(b, KILN_OP_MUL, (int32_t[]){q, c}, 2, NULL, 0, NULL, 0, err);
+  int32_t m2 = kiln_builder_add_op(b, KILN_OP_MUL, (int32_t[]){r, s}, 2, NULL, 0, NULL, 0, err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_ADD, (int32_t[]){m1, m2}, 2, NULL, 0, NULL, 0, err);
+  int rc = y < 0 || kiln_builder_mark_output(b, y, "q", err) != KILN_OK ||
+                   save(dir, "fused_group.blob", b, err) != 0
+               ? -1
+               : 0;
+  kiln_builder_destroy(b);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   kiln_error err = {KILN_OK, ""};
   if (argc != 2) {
@@ -192,7 +220,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (linear_seed(argv[1], &err) != 0 || elementwise_seed(argv[1], &err) != 0 ||
-      layers_seed(argv[1], &err) != 0 || later_kinds_seed(argv[1], &err) != 0) {
+      layers_seed(argv[1], &err) != 0 || later_kinds_seed(argv[1], &err) != 0 ||
+      fused_group_seed(argv[1], &err) != 0) {
     fprintf(stderr, "make_seeds: %s\n", err.message);
     return 1;
   }

@@ -5,6 +5,7 @@
 #include "mapped_file.h"
 #include "pte_reader.h"
 
+#include "core/fused_program.h"
 #include "core/linear_inputs.h"
 #include "core/load_checks.h"
 #include "core/pointwise_steps.h"
@@ -124,6 +125,22 @@ static void print_fused_steps(const kiln_op *op) {
   printf("]");
 }
 
+/* A FUSED op's program: "; group [r0=in0[0;4,1] -> r1=neg(r0) -> store r1]". Loads show the
+ * offset and the stride per output dim, "boxed" when they read only part of the output. */
+static void print_group(const kiln_plan *plan, const kiln_op *op) {
+  const kiln_tensor_desc *in[KILN_MAX_OP_INPUTS];
+  kiln_fx_prog prog;
+  char text[160];
+  for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = &plan->tensors[op->inputs[k]];
+  if (kiln_fx_decode(plan->words, plan->n_words, op, 0, in, &plan->tensors[op->output], &prog,
+                     NULL) != KILN_OK)
+    return; /* the load checks passed it, so this does not happen */
+  printf("; group [");
+  for (uint32_t i = 0; i < prog.n_instrs; i++)
+    printf("%s%s", i ? " -> " : "", kiln_fx_instr_str(&prog, i, text, sizeof text));
+  printf("]");
+}
+
 static void print_plan(const kiln_plan *plan, const char *in) {
   printf("%splan: version %u, %u tensors, %u ops, %u inputs, %u outputs, arena %llu bytes\n", in,
          (unsigned)plan->version, (unsigned)plan->n_tensors, (unsigned)plan->n_ops,
@@ -157,6 +174,8 @@ static void print_plan(const kiln_plan *plan, const char *in) {
              kiln_linear_has_residual(op) ? ", + residual" : "");
     } else if (op->kind == KILN_OP_POINTWISE) {
       print_fused_steps(op);
+    } else if (op->kind == KILN_OP_FUSED) {
+      print_group(plan, op);
     } else if (op->n_iattr) {
       kiln_pw_span span;
       uint32_t na = op->n_iattr < KILN_MAX_IATTR ? op->n_iattr : KILN_MAX_IATTR;

@@ -298,6 +298,10 @@ typedef enum kiln_op_kind {
                            negative index counts from the end; one outside -n..n-1 faults */
   KILN_OP_ARGMAX,       /* x -> i64 index of the first maximum along iattr0 = dim (NaN is the
                            largest), iattr1 = keepdim */
+  KILN_OP_FUSED,        /* a fused group: one pass over the output, its register program (see
+                           KILN_FX) in the plan's words: iattr0 = first word, iattr1 = word count.
+                           Inputs are read through the program's index maps (any float dtype);
+                           the output is the program's STORE rounded to the output dtype */
   KILN_OP_COUNT
 } kiln_op_kind;
 
@@ -334,6 +338,37 @@ typedef enum kiln_bool_op {
   ((int64_t)(kind) | ((int64_t)(input) << KILN_PW_INPUT_SHIFT) | (int64_t)(flags))
 #define KILN_PW_STEP_KIND(step) ((kiln_op_kind)((step)&KILN_PW_KIND_MASK))
 #define KILN_PW_STEP_INPUT(step) ((uint32_t)(((step) >> KILN_PW_INPUT_SHIFT) & KILN_PW_INPUT_MASK))
+
+/* KILN_OP_FUSED's program, int64 words: n_maps, n_instrs, then n_maps index maps of 2 + 3R words
+ * (R = the output's rank): input slot, element offset, R strides, R box starts, R box ends; then
+ * n_instrs instructions of two words: KILN_FX_INSTR(code, dst, a, b, arg) and an immediate. A
+ * LOAD of map m (arg) reads input slot at offset + sum(coord[d] * stride[d]) when every output
+ * coordinate lies in the map's box, else gives 0; the parser checks every box's addresses lie in
+ * its input. Registers hold f32 and are written before they are read. UNARY: dst = arg(a)
+ * (a KILN_OP_* pointwise kind; immediate = POW's exponent as double bits; flag GELU_TANH).
+ * BINARY: dst = a arg b (ADD and SUB: a + alpha * b, alpha the immediate's double). ROUND: dst =
+ * a rounded to dtype arg. SELECT: dst = coord[arg] < immediate ? a : b. STORE (last, once): a. */
+#define KILN_FX_MAX_MAPS 12
+#define KILN_FX_MAX_INSTRS 64
+#define KILN_FX_MAX_REGS 16
+typedef enum kiln_fx_code {
+  KILN_FX_LOAD = 1,
+  KILN_FX_UNARY = 2,
+  KILN_FX_BINARY = 3,
+  KILN_FX_ROUND = 4,
+  KILN_FX_SELECT = 5,
+  KILN_FX_STORE = 6
+} kiln_fx_code;
+#define KILN_FX_GELU_TANH ((int64_t)1 << 48)
+#define KILN_FX_INSTR(code, dst, a, b, arg)                                                   \
+  ((int64_t)(code) | ((int64_t)(dst) << 8) | ((int64_t)(a) << 16) | ((int64_t)(b) << 24) | \
+   ((int64_t)(arg) << 32))
+#define KILN_FX_CODE(w) ((uint32_t)((w)&0xff))
+#define KILN_FX_DST(w) ((uint32_t)(((w) >> 8) & 0xff))
+#define KILN_FX_A(w) ((uint32_t)(((w) >> 16) & 0xff))
+#define KILN_FX_B(w) ((uint32_t)(((w) >> 24) & 0xff))
+#define KILN_FX_ARG(w) ((uint32_t)(((w) >> 32) & 0xffff))
+#define KILN_FX_KNOWN_BITS (((int64_t)1 << 48) - 1 + KILN_FX_GELU_TANH)
 
 /* A spatial attribute pair (h, w) in one integer attribute; each of h and w is 0..2^31-1. */
 #define KILN_PAIR(h, w) (((int64_t)(h) << 32) | (int64_t)(uint32_t)(w))
@@ -396,6 +431,8 @@ typedef struct kiln_plan {
   kiln_op *ops;
   uint32_t *inputs;  /* tensor index of each input, in binding order */
   uint32_t *outputs; /* tensor index of each output, in binding order */
+  uint32_t n_words;  /* the FUSED ops' programs, one after another in op order */
+  int64_t *words;
 } kiln_plan;
 
 /* Decodes and checks an untrusted plan section against the weights section size: every

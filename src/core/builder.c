@@ -5,6 +5,7 @@
 #include "core/fold_batch_norm.h"
 #include "core/fuse.h"
 #include "core/fuse_attention.h"
+#include "core/fuse_group.h"
 #include "core/fuse_grouped_kv.h"
 #include "core/fuse_swiglu.h"
 #include "core/fuse_norm.h"
@@ -423,12 +424,25 @@ static kiln_status plan_ops_and_arena(const kiln_graph *g, build_parts *p, kiln_
                   (unsigned)plan->n_tensors);
     goto done;
   }
+  for (uint32_t i = 0; i < g->n_ops; i++)
+    if (!g->dead[i] && g->ops[i].kind == KILN_OP_FUSED) plan->n_words += (uint32_t)g->ops[i].iattr[1];
+  if (!(plan->words = kiln_calloc(plan->n_words, sizeof *plan->words))) {
+    s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                  "builder: out of memory for %u program words; free memory and retry",
+                  (unsigned)plan->n_words);
+    goto done;
+  }
   for (uint32_t t = 0; t < plan->n_tensors; t++) block_of[t] = -1;
-  for (uint32_t i = 0; i < g->n_ops; i++) {
+  for (uint32_t i = 0, word = 0; i < g->n_ops; i++) {
     kiln_op *op;
     if (g->dead[i]) continue;
     op = &plan->ops[step];
     *op = g->ops[i];
+    if (op->kind == KILN_OP_FUSED) { /* the program moves from its graph constant to the plan */
+      memcpy(plan->words + word, g->tensors[op->iattr[0]].data, (size_t)op->iattr[1] * 8u);
+      op->iattr[0] = word;
+      word += (uint32_t)op->iattr[1];
+    }
     op->output = (uint32_t)p->map[op->output];
     for (uint32_t k = 0; k < op->n_inputs; k++) {
       op->inputs[k] = (uint32_t)p->map[op->inputs[k]];
@@ -500,7 +514,8 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
  * epilogues fused, dead code removed, then SwiGLU's gate and up projections joined into one
  * GEMM, repeated k and v heads dropped (grouped-query attention), attention's head split and
  * merge taken into the SDPA, pointwise chains fused (after the epilogues, so a GEMM keeps its
- * activation), then pointwise ops next to a norm fused into it. */
+ * activation), pointwise ops next to a norm fused into it, then what remains of pointwise ops,
+ * casts and views grouped into FUSED ops. */
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, kiln_error *err) {
   kiln_status s;
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
@@ -511,7 +526,8 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, kil
   if (opts->fuse && (s = kiln_fuse_grouped_kv(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_attention(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_pointwise(g, err))) return s;
-  return opts->fuse ? kiln_fuse_norms(g, err) : KILN_OK;
+  if (opts->fuse && (s = kiln_fuse_norms(g, err))) return s;
+  return opts->fuse ? kiln_fuse_groups(g, err) : KILN_OK;
 }
 
 kiln_status kiln_builder_build(kiln_builder *b, const kiln_build_options *opts, void **blob,

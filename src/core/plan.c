@@ -9,8 +9,11 @@
  * then one 160-byte record per op (128 bytes with iattr[8] in version 1)
  *   0 u32 kind  4 u32 n_inputs  8 u32 inputs[8]  40 u32 output  44 u32 n_iattr
  *  48 i64 iattr[12]  144 f64 fattr[2]
- * then u32 tensor indices of the inputs, then of the outputs. Unused slots are zero. */
+ * then u32 tensor indices of the inputs, then of the outputs, then the i64 words of the FUSED
+ * ops' programs, one after another in op order (none when the plan has no FUSED op). Unused
+ * slots are zero. */
 #include "core/alloc.h"
+#include "core/fused_program.h"
 #include "core/internal.h"
 #include "core/memplan.h"
 #include "core/shape.h"
@@ -72,7 +75,12 @@ kiln_status kiln_plan_serialize(const kiln_plan *plan, void **out, size_t *out_s
                      "plan serialize: a NULL plan, output or array with a non-zero count; pass "
                      "a complete plan");
   size = plan_bytes(KILN_PLAN_VERSION, plan->n_tensors, plan->n_ops, plan->n_inputs,
-                    plan->n_outputs);
+                    plan->n_outputs) +
+         (uint64_t)plan->n_words * 8u;
+  if (plan->n_words && !plan->words)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "plan serialize: %u program words but no array; pass a complete plan",
+                     (unsigned)plan->n_words);
   if (size > SIZE_MAX || !(buf = kiln_malloc((size_t)size)))
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "plan serialize: out of memory for %llu bytes; free memory and retry",
@@ -91,6 +99,7 @@ kiln_status kiln_plan_serialize(const kiln_plan *plan, void **out, size_t *out_s
     put_op(p, &plan->ops[i]);
   for (uint32_t i = 0; i < plan->n_inputs; i++, p += 4) kiln_wr_u32(p, plan->inputs[i]);
   for (uint32_t i = 0; i < plan->n_outputs; i++, p += 4) kiln_wr_u32(p, plan->outputs[i]);
+  for (uint32_t i = 0; i < plan->n_words; i++, p += 8) kiln_wr_u64(p, (uint64_t)plan->words[i]);
   *out = buf;
   *out_size = (size_t)size;
   return KILN_OK;
@@ -102,6 +111,7 @@ void kiln_plan_release(kiln_plan *plan) {
   free(plan->ops);
   free(plan->inputs);
   free(plan->outputs);
+  free(plan->words);
   memset(plan, 0, sizeof *plan);
 }
 
@@ -279,7 +289,13 @@ static kiln_status check_op(const kiln_plan *plan, uint32_t i, int64_t *writer, 
                      "re-export the program",
                      (unsigned)i, name, (unsigned)op->output, (long long)writer[op->output]);
   site.index = i;
-  if ((s = kiln_infer_op(op, in, &site, &got, err))) return s;
+  if (op->kind == KILN_OP_FUSED) {
+    kiln_fx_prog prog; /* the program fixes no shape: it is checked against the output's */
+    if ((s = kiln_fx_decode(plan->words, plan->n_words, op, i, in, want, &prog, err))) return s;
+    got = *want;
+  } else if ((s = kiln_infer_op(op, in, &site, &got, err))) {
+    return s;
+  }
   if (got.dtype != want->dtype || got.rank != want->rank ||
       memcmp(got.dims, want->dims, sizeof got.dims) != 0)
     return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
@@ -346,6 +362,29 @@ static kiln_status check_arena(const kiln_plan *plan, kiln_error *err) {
   return KILN_OK;
 }
 
+/* The FUSED ops' programs tile the words in op order, so no word is unaccounted for. */
+static kiln_status check_words(const kiln_plan *plan, kiln_error *err) {
+  uint64_t at = 0;
+  for (uint32_t i = 0; i < plan->n_ops; i++) {
+    const kiln_op *op = &plan->ops[i];
+    if (op->kind != KILN_OP_FUSED) continue;
+    if (op->n_iattr != 2 || op->iattr[0] != (int64_t)at || op->iattr[1] < 2 ||
+        (uint64_t)op->iattr[1] > plan->n_words - at)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan op %u (fused): program at word %lld (+%lld) does not follow the one "
+                       "before at word %llu of %u; re-export the program",
+                       (unsigned)i, (long long)op->iattr[0], (long long)op->iattr[1],
+                       (unsigned long long)at, (unsigned)plan->n_words);
+    at += (uint64_t)op->iattr[1];
+  }
+  if (at != plan->n_words)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan has %u program words but its fused ops' programs take %llu; "
+                     "re-export the program",
+                     (unsigned)plan->n_words, (unsigned long long)at);
+  return KILN_OK;
+}
+
 static kiln_status parse_body(const uint8_t *p, uint64_t weights_size, kiln_plan *plan,
                               kiln_error *err) {
   int64_t *writer;
@@ -357,6 +396,8 @@ static kiln_status parse_body(const uint8_t *p, uint64_t weights_size, kiln_plan
     if ((s = parse_op(p, i, plan->version, plan->n_tensors, &plan->ops[i], err))) return s;
   for (uint32_t i = 0; i < plan->n_inputs; i++, p += 4) plan->inputs[i] = kiln_rd_u32(p);
   for (uint32_t i = 0; i < plan->n_outputs; i++, p += 4) plan->outputs[i] = kiln_rd_u32(p);
+  for (uint32_t i = 0; i < plan->n_words; i++, p += 8) plan->words[i] = (int64_t)kiln_rd_u64(p);
+  if ((s = check_words(plan, err))) return s;
   if ((s = check_io_list(plan, KILN_STORE_INPUT, plan->inputs, plan->n_inputs, err)) ||
       (s = check_io_list(plan, KILN_STORE_OUTPUT, plan->outputs, plan->n_outputs, err)))
     return s;
@@ -410,6 +451,10 @@ kiln_status kiln_plan_parse(const void *data, size_t size, uint64_t weights_size
   plan.n_outputs = kiln_rd_u32(p + 20);
   plan.arena_size = kiln_rd_u64(p + 24);
   need = plan_bytes(plan.version, plan.n_tensors, plan.n_ops, plan.n_inputs, plan.n_outputs);
+  if (size > need && (size - need) % 8u == 0 && (size - need) / 8u <= UINT32_MAX) {
+    plan.n_words = (uint32_t)((size - need) / 8u); /* programs; check_words accounts for each */
+    need = size;
+  }
   if (need != size)
     return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
                      "plan section is %llu bytes but its counts (%u tensors, %u ops, %u inputs, "
@@ -426,7 +471,8 @@ kiln_status kiln_plan_parse(const void *data, size_t size, uint64_t weights_size
   plan.ops = kiln_calloc(plan.n_ops, sizeof *plan.ops);
   plan.inputs = kiln_calloc(plan.n_inputs, sizeof *plan.inputs);
   plan.outputs = kiln_calloc(plan.n_outputs, sizeof *plan.outputs);
-  if (!plan.tensors || !plan.ops || !plan.inputs || !plan.outputs) {
+  plan.words = kiln_calloc(plan.n_words, sizeof *plan.words);
+  if (!plan.tensors || !plan.ops || !plan.inputs || !plan.outputs || !plan.words) {
     s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                   "plan: out of memory for %u tensors and %u ops; free memory and retry",
                   (unsigned)plan.n_tensors, (unsigned)plan.n_ops);

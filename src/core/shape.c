@@ -52,6 +52,7 @@ static const op_arity arity[KILN_OP_COUNT] = {
     [KILN_OP_WHERE] = {3, 3, 0, 0},
     [KILN_OP_SDPA] = {1, 4, 2, 3},
     [KILN_OP_POINTWISE] = {1, KILN_MAX_OP_INPUTS, 1, KILN_PW_MAX_STEPS},
+    [KILN_OP_FUSED] = {1, KILN_MAX_OP_INPUTS, 2, 2},
     [KILN_OP_COMPARE] = {2, 2, 1, 1},
     [KILN_OP_LOGICAL] = {1, 2, 1, 1},
     [KILN_OP_BITWISE] = {1, 2, 1, 1},
@@ -979,6 +980,11 @@ static kiln_status infer_dispatch(const infer_ctx *c, kiln_tensor_desc *out) {
   case KILN_OP_GATHER: return infer_gather(c, out);
   case KILN_OP_INDEX: return infer_index(c, out);
   case KILN_OP_ARGMAX: return infer_argmax(c, out);
+  case KILN_OP_FUSED: /* its shape comes with its program, which the plan parser checks */
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (fused): fused groups are made by the builder's fusion pass, "
+                     "not added%.24s",
+                     c->stage, c->index, c->remedy);
   case KILN_OP_COUNT: break;
   }
   return kiln_fail(c->err, c->status, "%.7s op %u: op kind %u is unknown%.24s", c->stage,

@@ -148,6 +148,7 @@ static kiln_status run_op(const kiln_cpu_run *r, uint32_t index, kiln_error *err
   case KILN_OP_WHERE: kiln_cpu_where(r, op); break;
   case KILN_OP_SDPA: kiln_cpu_sdpa(r, op); break;
   case KILN_OP_POINTWISE: kiln_cpu_fused_pointwise(r, op); break;
+  case KILN_OP_FUSED: kiln_cpu_fused(r, op); break;
   case KILN_OP_CONV: kiln_cpu_conv(r, op); break;
   case KILN_OP_CONV_TRANSPOSE: kiln_cpu_conv_transpose(r, op); break;
   case KILN_OP_BATCH_NORM: kiln_cpu_batch_norm(r, op); break;

@@ -1,6 +1,7 @@
 /* Init-time checks of what the CPU kernels rely on beyond the engine's shape validation:
  * storage bounds, input counts, dtypes and the attributes used as indices. After them,
  * execute can fail only on data. Also sizes the scratch the ops share. */
+#include "core/fused_program.h"
 #include "core/index_layout.h"
 #include "core/internal.h"
 #include "core/linear_inputs.h"
@@ -214,6 +215,12 @@ static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
     uint32_t where;
     return kiln_pointwise_check(op, &where) == KILN_PW_FINE && operands_fit(p, op, 1);
   }
+  case KILN_OP_FUSED: {
+    const kiln_tensor_desc *in[KILN_MAX_OP_INPUTS];
+    kiln_fx_prog prog;
+    for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = &p->tensors[op->inputs[k]];
+    return kiln_fx_decode(p->words, p->n_words, op, 0, in, out, &prog, NULL) == KILN_OK;
+  }
   case KILN_OP_COMPARE: return a[0] >= KILN_CMP_EQ && a[0] <= KILN_CMP_GE;
   case KILN_OP_LOGICAL:
   case KILN_OP_BITWISE:
@@ -292,7 +299,8 @@ static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_c
   case KILN_OP_INDEX_SELECT: *min_in = *max_in = 2, *cls = OUT_SAME; break;
   case KILN_OP_WHERE: *min_in = *max_in = 3, *cls = OUT_ANY; break;
   case KILN_OP_SDPA: *min_in = 1, *max_in = 4; break;
-  case KILN_OP_POINTWISE: *max_in = KILN_MAX_OP_INPUTS; break;
+  case KILN_OP_POINTWISE:
+  case KILN_OP_FUSED: *max_in = KILN_MAX_OP_INPUTS; break;
   case KILN_OP_CONV:
   case KILN_OP_CONV_TRANSPOSE: *min_in = 2, *max_in = 4; break;
   case KILN_OP_BATCH_NORM: *min_in = 3, *max_in = 5; break;

@@ -144,6 +144,8 @@ int kiln_cpu_steps_init(kiln_cpu_steps *st, const kiln_op *op);
 float kiln_cpu_steps_run(const kiln_cpu_run *r, const kiln_op *op, const kiln_cpu_steps *st,
                          uint32_t from, uint32_t to, float v, const int64_t *off);
 void kiln_cpu_fused_pointwise(const kiln_cpu_run *r, const kiln_op *op);
+/* cpu_fused_group.c: FUSED, its program per output element (f32 registers, its roundings). */
+void kiln_cpu_fused(const kiln_cpu_run *r, const kiln_op *op);
 
 /* cpu_gemm.c */
 void kiln_cpu_linear(const kiln_cpu_run *r, const kiln_op *op);

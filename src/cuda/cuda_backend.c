@@ -241,6 +241,8 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
       return kcu_resize(st, op, &d, &in[0], &out);
     return kcu_pool(st, op, &win, &d, &in[0], &out);
   }
+  case KILN_OP_FUSED:
+    return kcu_fused(st, p, op, in, &out);
   case KILN_OP_CUMSUM:
     return kcu_cumsum(st, &in[0], &out, (int32_t)op->iattr[0]);
   case KILN_OP_ARGMAX:

@@ -3,6 +3,7 @@
  * while a refusal here is an ordinary error that loses nothing. */
 #include "cuda_check.h"
 
+#include "core/fused_program.h"
 #include "core/linear_inputs.h"
 #include "core/pointwise_steps.h"
 #include "core/shape.h"
@@ -450,6 +451,12 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
     return kcu_check_vision(p, op, i, err);
   case KILN_OP_CUMSUM: case KILN_OP_ARGMAX: case KILN_OP_GATHER: case KILN_OP_INDEX:
     return kcu_check_index_scan(p, op, i, err);
+  case KILN_OP_FUSED: {
+    const kiln_tensor_desc *in[KILN_MAX_OP_INPUTS];
+    kiln_fx_prog prog;
+    for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = &p->tensors[op->inputs[k]];
+    return kiln_fx_decode(p->words, p->n_words, op, i, in, out, &prog, err);
+  }
   case KILN_OP_POINTWISE: {
     uint32_t step;
     int ok = kcu_float(out->dtype) && kcu_same_dims(x, out) &&

@@ -12,6 +12,7 @@
 
 #define G_MAX_TENSORS 40
 #define G_MAX_OPS 32
+#define G_MAX_WORDS 256
 #define G_MAX_IO 8
 #define G_WEIGHT_BYTES 4096
 
@@ -25,6 +26,8 @@ typedef struct graph {
   uint64_t weights_size;
   kiln_alias aliases[2];
   uint32_t n_aliases;
+  int64_t words[G_MAX_WORDS]; /* FUSED programs */
+  uint32_t n_words;
 } graph;
 
 static inline graph *g_new(void) {
@@ -88,6 +91,22 @@ static inline kiln_op *g_op(graph *g, kiln_op_kind kind, uint32_t n_in, const ui
   return op;
 }
 
+/* A FUSED op over rank-`rank` output `out` with maps (2 + 3 * rank words each) and
+ * instructions (two words each) as kiln.h lays them out. */
+static inline kiln_op *g_fused(graph *g, uint32_t n_in, const uint32_t *in, uint32_t out,
+                               int32_t rank, uint32_t n_maps, const int64_t *maps,
+                               uint32_t n_instrs, const int64_t *instrs) {
+  uint32_t at = g->n_words, map_words = n_maps * (2u + 3u * (uint32_t)rank);
+  g->words[g->n_words++] = n_maps;
+  g->words[g->n_words++] = n_instrs;
+  memcpy(g->words + g->n_words, maps, map_words * sizeof *maps);
+  g->n_words += map_words;
+  memcpy(g->words + g->n_words, instrs, 2u * n_instrs * sizeof *instrs);
+  g->n_words += 2u * n_instrs;
+  return g_op(g, KILN_OP_FUSED, n_in, in, out, 2,
+              (const int64_t[]){at, (int64_t)(g->n_words - at)}, 0);
+}
+
 static inline kiln_engine *g_engine(graph *g) {
   kiln_engine *e = calloc(1, sizeof *e);
   if (!e) {
@@ -105,6 +124,8 @@ static inline kiln_engine *g_engine(graph *g) {
   p->ops = g->ops;
   p->inputs = g->inputs;
   p->outputs = g->outputs;
+  p->n_words = g->n_words;
+  p->words = g->words;
   e->weights = g->weights_size ? g->weights : NULL;
   e->weights_size = g->weights_size;
   e->metadata.n_aliases = g->n_aliases;

@@ -2,6 +2,7 @@
  * wrappers around glibc's allocator and runs plans that together touch every op kind (checked
  * against the op enum, so a new kind fails here until a plan runs it). Under
  * AddressSanitizer, which owns malloc, the count is not taken and the runs still are. */
+#include "fused_programs.h"
 #include "test_cpu_harness.h"
 
 #include <errno.h>
@@ -316,6 +317,41 @@ static void test_scan_index(void) {
   free(g);
 }
 
+/* FUSED programs: the rotary embedding of a packed projection, rounded to f16, checked against
+ * the same arithmetic written out here; then a program of every instruction code. */
+static void test_fused_group(void) {
+  float x[24], cs[12], sn[12], mix[12] = {0}, y[4] = {0.5f, -1.0f, 1.5f, 2.0f};
+  uint16_t out[24] = {0};
+  int64_t maps[5 * 14], code[2 * KILN_FX_MAX_INSTRS];
+  uint32_t seed = 5;
+  for (int i = 0; i < 24; i++) x[i] = (float)next_random(&seed);
+  for (int i = 0; i < 12; i++) cs[i] = (float)next_random(&seed), sn[i] = (float)next_random(&seed);
+  graph *g = g_new();
+  uint32_t tx = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 3, DIMS(1, 3, 8));
+  uint32_t tc = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, DIMS(3, 4));
+  uint32_t ts = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, DIMS(3, 4));
+  uint32_t tm = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, DIMS(3, 4));
+  uint32_t ty = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 1, DIMS(4));
+  uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F16, 4, DIMS(1, 2, 3, 4));
+  uint32_t tmix = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(3, 4));
+  uint32_t n = fx_rotary(maps, code, 1, 2, 3, 4, KILN_F16);
+  g_fused(g, 3, IDS(tx, tc, ts), to, 4, 5, maps, n, code);
+  n = fx_mix(maps, code, 3, 4);
+  g_fused(g, 2, IDS(tm, ty), tmix, 2, 2, maps, n, code);
+  CHECK(count_execute(g, BUFS(x, cs, sn, cs, y), BUFS(out, mix)) == 0);
+  for (int h = 0; h < 2; h++)
+    for (int s = 0; s < 3; s++)
+      for (int d = 0; d < 4; d++) {
+        const float *row = x + s * 8 + h * 4;
+        float a = kiln_f16_to_f32(kiln_f32_to_f16(row[d] * cs[s * 4 + d]));
+        float r = d < 2 ? -row[d + 2] : row[d - 2];
+        float b = kiln_f16_to_f32(kiln_f32_to_f16(r * sn[s * 4 + d]));
+        CHECK(out[(h * 3 + s) * 4 + d] == kiln_f32_to_f16(a + b));
+      }
+  CHECK(mix[0] != 0.0f || mix[5] != 0.0f); /* the second program ran */
+  free(g);
+}
+
 int main(void) {
 #ifdef SANITIZED
   printf("test_cpu_noalloc: AddressSanitizer owns malloc; allocations are not counted here\n");
@@ -333,6 +369,7 @@ int main(void) {
   test_remaining_kinds();
   test_logic_and_math();
   test_scan_index();
+  test_fused_group();
   test_every_kind_ran();
   return check_report("test_cpu_noalloc");
 }

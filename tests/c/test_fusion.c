@@ -607,12 +607,10 @@ static void test_chain_boundaries(void) {
   check_same_as_unfused(g_multi_use, KILN_F32, -2.0, 2.0);
 
   if (build(g_enlarging, KILN_F32, 1, &x)) {
-    CHECK(x.plan.n_ops == 4);
-    CHECK(plan_op(&x, 0)->kind == KILN_OP_RELU);
-    CHECK(plan_op(&x, 1)->kind == KILN_OP_POINTWISE);
-    CHECK(plan_op(&x, 1)->inputs[0] == 1 && plan_op(&x, 1)->inputs[1] == plan_op(&x, 0)->output);
-    CHECK(plan_op(&x, 1)->iattr[0] == KILN_PW_STEP(KILN_OP_ADD, 1, 0));
-    CHECK(plan_op(&x, 2)->kind == KILN_OP_ADD && plan_op(&x, 3)->kind == KILN_OP_SIGMOID);
+    /* a group broadcasts its operands: each output is one FUSED op */
+    CHECK(x.plan.n_ops == 2);
+    CHECK(plan_op(&x, 0)->kind == KILN_OP_FUSED && plan_op(&x, 0)->n_inputs == 2);
+    CHECK(plan_op(&x, 1)->kind == KILN_OP_FUSED && plan_op(&x, 1)->n_inputs == 2);
   }
   release(&x);
   check_same_as_unfused(g_enlarging, KILN_F32, -2.0, 2.0);
@@ -624,21 +622,15 @@ static void test_chain_boundaries(void) {
   release(&x);
 
   if (build(g_long, KILN_F32, 1, &x)) {
-    CHECK(x.plan.n_ops == 2);
-    CHECK(plan_op(&x, 0)->kind == KILN_OP_POINTWISE && plan_op(&x, 0)->n_iattr == 8);
-    CHECK(plan_op(&x, 1)->kind == KILN_OP_POINTWISE && plan_op(&x, 1)->n_iattr == 2);
-    CHECK(plan_op(&x, 1)->inputs[0] == plan_op(&x, 0)->output);
+    /* the two chains it splits into are one group */
+    CHECK(x.plan.n_ops == 1 && plan_op(&x, 0)->kind == KILN_OP_FUSED);
   }
   release(&x);
   check_same_as_unfused(g_long, KILN_F32, -2.0, 2.0);
 
   if (build(g_two_pows, KILN_F32, 1, &x)) {
-    CHECK(x.plan.n_ops == 2);
-    CHECK(plan_op(&x, 0)->kind == KILN_OP_POINTWISE && plan_op(&x, 0)->n_iattr == 2);
-    CHECK(plan_op(&x, 0)->fattr[0] == 2.0);
-    CHECK(plan_op(&x, 1)->kind == KILN_OP_POINTWISE && plan_op(&x, 1)->fattr[0] == 0.5);
-    CHECK(plan_op(&x, 1)->iattr[0] == KILN_PW_STEP(KILN_OP_POW, 0, 0));
-    CHECK_STR(kiln_pointwise_step_str(plan_op(&x, 1)->iattr[0], 0.5, text, sizeof text),
+    CHECK(x.plan.n_ops == 1 && plan_op(&x, 0)->kind == KILN_OP_FUSED);
+    CHECK_STR(kiln_pointwise_step_str(KILN_PW_STEP(KILN_OP_POW, 0, 0), 0.5, text, sizeof text),
               "pow(0.5)");
   }
   release(&x);
@@ -655,18 +647,19 @@ static void test_chain_boundaries(void) {
   check_same_as_unfused(g_many_operands, KILN_F32, -2.0, 2.0);
 
   if (build(g_shared_reader, KILN_F32, 1, &x)) {
-    CHECK(x.plan.n_ops == 2 && plan_op(&x, 0)->kind == KILN_OP_EXP);
-    CHECK(plan_op(&x, 1)->kind == KILN_OP_POINTWISE && plan_op(&x, 1)->n_iattr == 3);
-    CHECK(plan_op(&x, 1)->inputs[1] == plan_op(&x, 0)->output);
+    /* exp(y), read only inside the group, joins it */
+    CHECK(x.plan.n_ops == 1 && plan_op(&x, 0)->kind == KILN_OP_FUSED);
+    CHECK(plan_op(&x, 0)->n_inputs == 2);
   }
   release(&x);
   check_same_as_unfused(g_shared_reader, KILN_F32, -2.0, 2.0);
 
   if (build(g_alpha, KILN_F32, 1, &x)) {
-    CHECK(x.plan.n_ops == 2 && plan_op(&x, 0)->kind == KILN_OP_ADD);
-    CHECK(plan_op(&x, 1)->kind == KILN_OP_RELU);
+    /* a chain keeps only alpha 1; a group's ADD carries its alpha */
+    CHECK(x.plan.n_ops == 1 && plan_op(&x, 0)->kind == KILN_OP_FUSED);
   }
   release(&x);
+  check_same_as_unfused(g_alpha, KILN_F32, -2.0, 2.0);
 
   if (build(g_linear, KILN_F32, 1, &x)) {
     CHECK(x.plan.n_ops == 4);
@@ -1089,7 +1082,7 @@ static void test_residual_fuses(void) {
 static void test_views(void) {
   built x;
   void *outs[MAX_OUTS];
-  if (!build(g_views, KILN_F32, 1, &x)) return;
+  if (!build(g_views, KILN_F32, 0, &x)) return; /* fused, the slice joins exp's group */
   const kiln_op *neg = find_op(&x, KILN_OP_NEG, 0), *sel = find_op(&x, KILN_OP_SELECT, 0);
   const kiln_op *flat = find_op(&x, KILN_OP_RESHAPE, 0), *sl = find_op(&x, KILN_OP_SLICE, 0);
   CHECK(neg && sel && flat && sl);
@@ -1214,6 +1207,167 @@ static void test_swiglu(void) {
   }
 }
 
+/* ---------------------------------------------------------------- fused groups */
+
+static int32_t op_n(kiln_builder *b, kiln_op_kind kind, const int32_t *inputs, uint32_t n,
+                    const int64_t *iattr, uint32_t n_iattr) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t id = kiln_builder_add_op(b, kind, inputs, n, iattr, n_iattr, NULL, 0, &err);
+  if (id < 0) fprintf(stderr, "add_op: %s\n", err.message);
+  CHECK(id >= 0);
+  return id;
+}
+
+/* transformers' rotary embedding: heads split by reshape and permute, then
+ * q * cos + cat(-q[..., 4:], q[..., :4]) * sin, for q (two heads) and k (one head). */
+static int32_t rotary(kiln_builder *b, int32_t x, int64_t heads, int32_t cos, int32_t sin) {
+  int32_t h = op_n(b, KILN_OP_RESHAPE, T(x), 1, D(1, 4, heads, 8), 4);
+  int32_t q = op_n(b, KILN_OP_PERMUTE, T(h), 1, D(0, 2, 1, 3), 4);
+  int32_t hi = op_n(b, KILN_OP_SLICE, T(q), 1, D(3, 4, 8, 1), 4);
+  int32_t lo = op_n(b, KILN_OP_SLICE, T(q), 1, D(3, 0, 4, 1), 4);
+  int32_t rot = op_n(b, KILN_OP_CAT, T(unary(b, KILN_OP_NEG, hi), lo), 2, D(3), 1);
+  return binary(b, KILN_OP_ADD, binary(b, KILN_OP_MUL, q, cos), binary(b, KILN_OP_MUL, rot, sin));
+}
+
+static void g_rotary(kiln_builder *b, kiln_dtype dt) {
+  int32_t xq = in(b, "xq", dt, 3, D(1, 4, 16)), xk = in(b, "xk", dt, 3, D(1, 4, 8));
+  int32_t cos = in(b, "cos", dt, 2, D(4, 8)), sin = in(b, "sin", dt, 2, D(4, 8));
+  out(b, rotary(b, xq, 2, cos, sin), "q");
+  out(b, rotary(b, xk, 1, cos, sin), "k");
+}
+
+/* GPT-2's tanh GELU as written: 0.5 * x * (1 + tanh(0.79788456 * (x + 0.044715 * x^3))). */
+static void g_gelu_tanh(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 2, D(3, 16));
+  int32_t cube = op(b, KILN_OP_POW, T(x), 1, 0, 0, (const double[]){3.0}, 1);
+  int32_t inner = binary(b, KILN_OP_ADD, x, binary(b, KILN_OP_MUL, scalar(b, dt, 0.044715f), cube));
+  int32_t t = unary(b, KILN_OP_TANH, binary(b, KILN_OP_MUL, scalar(b, dt, 0.7978845608f), inner));
+  int32_t half = binary(b, KILN_OP_MUL, scalar(b, dt, 0.5f), x);
+  out(b, binary(b, KILN_OP_MUL, half, binary(b, KILN_OP_ADD, t, scalar(b, dt, 1.0f))), "y");
+}
+
+/* RMSNorm computed in f32 and cast back, as transformers writes it:
+ * w * cast(x32 * rsqrt(mean(x32^2) + eps)), x32 = cast(x, f32). */
+static void g_rms_cast(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 3, D(2, 3, 8)), w = in(b, "w", dt, 1, D(8));
+  int32_t x32 = op(b, KILN_OP_CAST, T(x), 1, KILN_F32, 1, NULL, 0);
+  int32_t sq = op(b, KILN_OP_POW, T(x32), 1, 0, 0, (const double[]){2.0}, 1);
+  int32_t m = op_n(b, KILN_OP_MEAN, T(sq), 1, D(4, 1), 2);
+  int32_t r = unary(b, KILN_OP_RSQRT, binary(b, KILN_OP_ADD, m, scalar(b, KILN_F32, 1e-6f)));
+  int32_t y = op(b, KILN_OP_CAST, T(binary(b, KILN_OP_MUL, x32, r)), 1, dt, 1, NULL, 0);
+  out(b, binary(b, KILN_OP_MUL, w, y), "y");
+}
+
+/* Broadcasts, permutes, reshapes and selects around pointwise ops: (x + expand(y)) split by a
+ * reshape and permuted, times z; exp(x) merged by a reshape (read back through it, the merged
+ * dims are no affine map of the output's, so exp is written by an op of its own, and what
+ * follows is a plain chain); relu of a selected row times y. */
+static void g_views_group(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 3, D(2, 3, 4)), y = in(b, "y", dt, 3, D(1, 1, 4));
+  int32_t z = in(b, "z", dt, 4, D(2, 1, 1, 1)), q = in(b, "q", dt, 1, D(12));
+  int32_t e = op_n(b, KILN_OP_EXPAND, T(y), 1, D(2, 3, 4), 3);
+  int32_t s = op_n(b, KILN_OP_RESHAPE, T(binary(b, KILN_OP_ADD, x, e)), 1, D(2, 3, 2, 2), 4);
+  int32_t p = op_n(b, KILN_OP_PERMUTE, T(s), 1, D(3, 0, 2, 1), 4);
+  out(b, binary(b, KILN_OP_MUL, p, z), "a");
+  int32_t flat = op_n(b, KILN_OP_RESHAPE, T(unary(b, KILN_OP_EXP, x)), 1, D(2, 12), 2);
+  out(b, binary(b, KILN_OP_ADD, unary(b, KILN_OP_NEG, flat), q), "b");
+  int32_t row = op_n(b, KILN_OP_SELECT, T(x), 1, D(1, 2), 2);
+  out(b, binary(b, KILN_OP_MUL, unary(b, KILN_OP_RELU, row), y), "c");
+}
+
+static uint32_t count_kind(const built *x, kiln_op_kind kind) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < x->plan.n_ops; i++) n += x->plan.ops[i].kind == kind;
+  return n;
+}
+
+static void test_groups_fuse(void) {
+  static const kiln_dtype dts[3] = {KILN_F32, KILN_F16, KILN_BF16};
+  built x;
+  if (build(g_rotary, KILN_F32, 1, &x)) { /* each rotary embedding is one op */
+    CHECK(x.plan.n_ops == 2 && count_kind(&x, KILN_OP_FUSED) == 2);
+    CHECK(plan_op(&x, 0)->n_inputs == 3 && plan_op(&x, 1)->n_inputs == 3);
+  }
+  release(&x);
+  if (build(g_gelu_tanh, KILN_F32, 1, &x)) CHECK(x.plan.n_ops == 1 && count_kind(&x, KILN_OP_FUSED) == 1);
+  release(&x);
+  if (build(g_rms_cast, KILN_F16, 1, &x)) { /* the mean stays; what follows it is one op */
+    CHECK(count_kind(&x, KILN_OP_MEAN) == 1 && count_kind(&x, KILN_OP_FUSED) >= 1);
+    CHECK(x.plan.n_ops <= 4 && !find_op(&x, KILN_OP_RSQRT, 0));
+  }
+  release(&x);
+  if (build(g_views_group, KILN_F32, 1, &x)) {
+    CHECK(count_kind(&x, KILN_OP_EXP) == 1 && count_kind(&x, KILN_OP_POINTWISE) == 1);
+    CHECK(count_kind(&x, KILN_OP_FUSED) == 2 && x.plan.n_ops == 5);
+    CHECK(!find_op(&x, KILN_OP_PERMUTE, 0) && !find_op(&x, KILN_OP_SELECT, 0));
+  }
+  release(&x);
+  /* every rounding of the unfused plan is kept: the same bytes in every float dtype */
+  for (int k = 0; k < 3; k++) {
+    check_same_as_unfused(g_rotary, dts[k], -2.0, 2.0);
+    check_same_as_unfused(g_gelu_tanh, dts[k], -3.0, 3.0);
+    check_same_as_unfused(g_rms_cast, dts[k], -2.0, 2.0);
+    check_same_as_unfused(g_views_group, dts[k], -2.0, 2.0);
+  }
+}
+
+/* A copy of blob x with program word `word` (counted over the plan's words) set to v. */
+static void *with_word(const built *x, uint32_t word, int64_t v) {
+  uint8_t *copy = malloc(x->size);
+  size_t end = (size_t)((const uint8_t *)x->view.plan - (const uint8_t *)x->blob) + x->view.plan_size;
+  if (!copy) return NULL;
+  memcpy(copy, x->blob, x->size);
+  for (int i = 0; i < 8; i++)
+    copy[end - 8u * x->plan.n_words + 8u * word + (size_t)i] = (uint8_t)((uint64_t)v >> (8 * i));
+  return copy;
+}
+
+static void expect_word_refused(const built *x, uint32_t word, int64_t v, const char *part) {
+  kiln_engine_options opts;
+  kiln_engine *e = NULL;
+  kiln_error err = {KILN_OK, ""};
+  void *bad = with_word(x, word, v);
+  kiln_engine_options_default(&opts);
+  opts.device = KILN_DEVICE_CPU;
+  CHECK(bad && kiln_engine_load(bad, x->size, &opts, &e, &err) == KILN_ERR_INVALID_PROGRAM);
+  if (!strstr(err.message, part)) fprintf(stderr, "word %u: got \"%s\"\n", word, err.message);
+  CHECK(strstr(err.message, part) != NULL);
+  if (e) kiln_engine_destroy(e);
+  free(bad);
+}
+
+/* Every field of a program is checked: no malformed program loads. */
+static void test_group_refusals(void) {
+  built x;
+  if (!build(g_gelu_tanh, KILN_F32, 1, &x)) return;
+  const kiln_op *f = plan_op(&x, 0);
+  const int64_t *w = x.plan.words + f->iattr[0];
+  uint32_t at = (uint32_t)f->iattr[0], maps = (uint32_t)w[0], rank = 2;
+  uint32_t first = at + 2 + maps * (2 + 3 * rank); /* the first instruction */
+  uint32_t last = at + (uint32_t)f->iattr[1] - 2;  /* the store */
+  CHECK(x.plan.n_ops == 1 && f->kind == KILN_OP_FUSED && maps >= 2);
+  expect_word_refused(&x, at, maps + 1, "do not fill");
+  expect_word_refused(&x, at + 1, 0, "do not fill");
+  expect_word_refused(&x, at + 2, 7, "input slot");                 /* map 0 reads no input */
+  expect_word_refused(&x, at + 3, 1, "reaches elements");           /* offset past the end */
+  expect_word_refused(&x, at + 3, -1, "reaches elements");          /* and before the start */
+  expect_word_refused(&x, at + 4, 17, "reaches elements");          /* a stride too long */
+  expect_word_refused(&x, at + 4 + 2 * rank, 4, "box");     /* a box past the output */
+  expect_word_refused(&x, at + 4 + rank + 1, 17, "box");    /* one that ends before it starts */
+  expect_word_refused(&x, first, KILN_FX_INSTR(KILN_FX_LOAD, 0, 0, 0, 12), "malformed");  /* no map 12 */
+  expect_word_refused(&x, first, KILN_FX_INSTR(KILN_FX_LOAD, 16, 0, 0, 0), "malformed");  /* no r16 */
+  expect_word_refused(&x, first, KILN_FX_INSTR(KILN_FX_UNARY, 0, 5, 0, KILN_OP_NEG), "malformed");
+  expect_word_refused(&x, first, KILN_FX_INSTR(9, 0, 0, 0, 0), "malformed");
+  expect_word_refused(&x, first, w[2 + maps * (2 + 3 * rank)] | ((int64_t)1 << 50), "malformed");
+  expect_word_refused(&x, first + 1, 1, "malformed");               /* a load takes no immediate */
+  expect_word_refused(&x, last, KILN_FX_INSTR(KILN_FX_STORE, 0, 9, 0, 0), "malformed");
+  expect_word_refused(&x, last, KILN_FX_INSTR(KILN_FX_UNARY, 0, 0, 0, KILN_OP_NEG), "store");
+  expect_word_refused(&x, last, KILN_FX_INSTR(KILN_FX_BINARY, 0, 0, 0, KILN_OP_RELU), "malformed");
+  expect_word_refused(&x, last, KILN_FX_INSTR(KILN_FX_ROUND, 0, 0, 0, KILN_F32), "malformed");
+  expect_word_refused(&x, last, KILN_FX_INSTR(KILN_FX_SELECT, 0, 0, 0, 2), "malformed");
+  release(&x);
+}
+
 int main(void) {
   test_chain_fuses();
   test_chain_boundaries();
@@ -1228,5 +1382,7 @@ int main(void) {
   test_packed_attention();
   test_grouped_kv();
   test_swiglu();
+  test_groups_fuse();
+  test_group_refusals();
   return check_report("test_fusion");
 }

@@ -98,12 +98,12 @@ static void plan_blocks(const kiln_plan *p, kiln_mem_block *blocks, uint32_t *n)
   }
 }
 
-static int built_plan(kiln_builder *b, kiln_plan *plan) {
+static int built_plan_with(kiln_builder *b, const kiln_build_options *opts, kiln_plan *plan) {
   kiln_error err = {KILN_OK, ""};
   kiln_blob_view view;
   void *blob = NULL;
   size_t size = 0;
-  int ok = kiln_builder_build(b, NULL, &blob, &size, &err) == KILN_OK &&
+  int ok = kiln_builder_build(b, opts, &blob, &size, &err) == KILN_OK &&
            kiln_blob_parse(blob, size, &view, &err) == KILN_OK &&
            kiln_plan_parse(view.plan, view.plan_size, view.weights_size, plan, &err) == KILN_OK;
   if (!ok) fprintf(stderr, "build: %s\n", err.message);
@@ -111,6 +111,8 @@ static int built_plan(kiln_builder *b, kiln_plan *plan) {
   kiln_free(blob);
   return ok;
 }
+
+static int built_plan(kiln_builder *b, kiln_plan *plan) { return built_plan_with(b, NULL, plan); }
 
 /* Random graphs of pointwise ops, reductions and joins over a few shapes, random outputs. */
 static void test_random_graphs(void) {
@@ -173,15 +175,18 @@ static void test_random_graphs(void) {
   }
 }
 
-/* relu applied 20 times to [64,64] f32: two 16 KiB slots, not twenty. */
+/* relu applied 20 times to [64,64] f32, unfused: two 16 KiB slots, not twenty. */
 static void test_builder_chain(void) {
   kiln_builder *b = kiln_builder_create();
   kiln_error err = {KILN_OK, ""};
+  kiln_build_options opts;
   kiln_plan plan;
+  kiln_build_options_default(&opts);
+  opts.fuse = 0;
   int32_t t = kiln_builder_add_input(b, "x", KILN_F32, 2, (int64_t[]){64, 64}, &err);
   for (int i = 0; i < 20; i++) t = kiln_builder_add_op(b, KILN_OP_RELU, &t, 1, NULL, 0, NULL, 0, &err);
   CHECK(kiln_builder_mark_output(b, t, "y", &err) == KILN_OK);
-  if (built_plan(b, &plan)) {
+  if (built_plan_with(b, &opts, &plan)) {
     CHECK(plan.arena_size == 2 * 16384);
     CHECK(kiln_builder_arena_size(b) == 2 * 16384);
     kiln_plan_release(&plan);

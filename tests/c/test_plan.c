@@ -41,7 +41,7 @@ static void fresh(fixture *f) {
   f->ops[1] = (kiln_op){KILN_OP_RELU, 1, {3}, 4, 0, {0}, {0, 0}};
   f->inputs[0] = 0;
   f->outputs[0] = 4;
-  f->plan = (kiln_plan){KILN_PLAN_VERSION, 5, 2, 1, 1, 32, f->tensors, f->ops, f->inputs, f->outputs};
+  f->plan = (kiln_plan){KILN_PLAN_VERSION, 5, 2, 1, 1, 32, f->tensors, f->ops, f->inputs, f->outputs, 0, NULL};
 }
 
 static uint8_t *encode(const fixture *f, size_t *size) {

@@ -30,6 +30,8 @@ typedef struct prog {
   int allow_tf32;
   kiln_alias aliases[2];
   uint32_t n_aliases;
+  int64_t words[256]; /* FUSED programs */
+  uint32_t n_words;
 } prog;
 
 static uint32_t rng_state = 12345u;
@@ -137,6 +139,20 @@ static kiln_op *p_op(prog *p, kiln_op_kind kind, uint32_t n_in, const uint32_t *
   return op;
 }
 
+/* A FUSED op over a rank-`rank` output with maps and instructions laid out as in kiln.h. */
+static kiln_op *p_fused(prog *p, uint32_t n_in, const uint32_t *in, uint32_t out, int32_t rank,
+                        uint32_t n_maps, const int64_t *maps, uint32_t n_instrs,
+                        const int64_t *instrs) {
+  uint32_t at = p->n_words, map_words = n_maps * (2u + 3u * (uint32_t)rank);
+  p->words[p->n_words++] = n_maps;
+  p->words[p->n_words++] = n_instrs;
+  memcpy(p->words + p->n_words, maps, map_words * sizeof *maps);
+  p->n_words += map_words;
+  memcpy(p->words + p->n_words, instrs, 2u * n_instrs * sizeof *instrs);
+  p->n_words += 2u * n_instrs;
+  return p_op(p, KILN_OP_FUSED, n_in, in, out, 2, (const int64_t[]){at, (int64_t)(p->n_words - at)}, 0);
+}
+
 /* An engine through backend init, with its own aligned copy of the weights (the CUDA engine
  * frees the host copy once uploaded). NULL with err set on failure. */
 static kiln_engine *p_load(const prog *p, const kiln_backend *be, int device, kiln_error *err) {
@@ -153,6 +169,8 @@ static kiln_engine *p_load(const prog *p, const kiln_backend *be, int device, ki
   pl->ops = (kiln_op *)p->ops;
   pl->inputs = (uint32_t *)p->inputs;
   pl->outputs = (uint32_t *)p->outputs;
+  pl->n_words = p->n_words;
+  pl->words = (int64_t *)p->words;
   if (p->weights_size) {
     e->weights = aligned_alloc(KILN_WEIGHTS_ALIGN, (p->weights_size + 63) & ~(uint64_t)63);
     if (!e->weights) die("out of memory");

@@ -7,6 +7,7 @@
  * compared cases whose name contains SUBSTRING (`--only conv` the cuDNN convolutions), and
  * `--time-sdpa` times the attention paths on
  * the benchmark's shapes. */
+#include "fused_programs.h"
 #include "gpu_harness.h"
 
 #include "core/pointwise_steps.h"
@@ -524,6 +525,31 @@ static void test_fused_pointwise(void) {
         strstr(err.message, "op 0 (pointwise)"));
   p_unload(e);
   p_free(p);
+}
+
+/* FUSED programs: the rotary embedding of a packed projection (odd sizes, boxed loads and a
+ * select), rounded as its unfused ops would, and a program of every instruction code. */
+static void test_fused_group(void) {
+  char name[96];
+  int64_t maps[5 * 14], code[2 * KILN_FX_MAX_INSTRS];
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    prog *p = p_new();
+    uint32_t x = IN(p, dt, 3, 3, 37, 5 * 64), c = IN(p, dt, 2, 37, 64), s = IN(p, dt, 2, 37, 64);
+    uint32_t n = fx_rotary(maps, code, 3, 5, 37, 64, dt);
+    p_fused(p, 3, OPS(x, c, s), OUT(p, dt, 4, 3, 5, 37, 64), 4, 5, maps, n, code);
+    snprintf(name, sizeof name, "fused group rotary %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    p = p_new();
+    x = IN(p, dt, 2, 33, 129);
+    uint32_t y = IN(p, dt, 1, 129);
+    n = fx_mix(maps, code, 33, 129);
+    p_fused(p, 2, OPS(x, y), OUT(p, dt, 2, 33, 129), 2, 2, maps, n, code);
+    snprintf(name, sizeof name, "fused group every code %s", kiln_dtype_name(dt));
+    io_range r[2] = {{-3, 3}, {0.5, 2}};
+    compare(p, name, r);
+  }
 }
 
 static void test_normalize_reduce(void) {
@@ -1928,6 +1954,7 @@ int main(int argc, char **argv) {
   test_pointwise();
   test_logic();
   test_fused_pointwise();
+  test_fused_group();
   test_normalize_reduce();
   test_layout_gather();
   test_index_scan();
