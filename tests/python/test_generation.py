@@ -56,6 +56,17 @@ def test_the_decoder_is_one_blob_holding_its_cache(exported):
     assert [spec.kind for spec in signature.input_specs] == [InputKind.USER_INPUT, InputKind.USER_INPUT]
 
 
+def test_default_export_arguments_give_the_same_single_blob(exported, tmp_path):
+    # Non-strict export lifts the cache layers' tensors as constants, whose writes lowering
+    # cannot functionalize; kiln.export then exports strictly, where they are buffers.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.export(decoders.greedy_step(exported[0]), decoders.example_inputs(),
+                              str(tmp_path / "default.pte"), require_whole=True)
+    assert len(kiln.blobs(program)) == 1
+    assert not program.exported_program().graph_signature.buffers_to_mutate
+
+
 @pytest.mark.parametrize("length", [1, 7])
 def test_generation_equals_eager(exported, method, length):
     model = exported[0]
