@@ -302,6 +302,11 @@ typedef enum kiln_op_kind {
                            KILN_FX) in the plan's words: iattr0 = first word, iattr1 = word count.
                            Inputs are read through the program's index maps (any float dtype);
                            the output is the program's STORE rounded to the output dtype */
+  KILN_OP_INDEX_COPY,   /* x, idx[n] (i32/i64), values (x's dtype and shape but n along iattr0 =
+                           dim) -> x with slot idx[k] along dim replaced by values' slot k; an
+                           index outside 0..x.dims[dim]-1 refuses the run before this op writes.
+                           The one op (with COPY) that may write a state tensor: in place when
+                           x is that state */
   KILN_OP_COUNT
 } kiln_op_kind;
 
@@ -390,7 +395,9 @@ typedef enum kiln_storage {
   KILN_STORE_ARENA = 0,  /* offset into the run's arena */
   KILN_STORE_WEIGHT = 1, /* offset into the weights section */
   KILN_STORE_INPUT = 2,  /* offset 0 of the caller's input (index = tensor's io_index) */
-  KILN_STORE_OUTPUT = 3  /* offset 0 of the caller's output (index = tensor's io_index) */
+  KILN_STORE_OUTPUT = 3, /* offset 0 of the caller's output (index = tensor's io_index) */
+  KILN_STORE_STATE = 4   /* the engine's state buffer io_index, kept across executes; offset is
+                            where its initial value lies in the weights section */
 } kiln_storage;
 
 typedef struct kiln_tensor_desc {
@@ -433,6 +440,7 @@ typedef struct kiln_plan {
   uint32_t *outputs; /* tensor index of each output, in binding order */
   uint32_t n_words;  /* the FUSED ops' programs, one after another in op order */
   int64_t *words;
+  uint32_t n_states; /* state buffers: 1 + the highest state index (set by parse, not stored) */
 } kiln_plan;
 
 /* Decodes and checks an untrusted plan section against the weights section size: every
@@ -466,6 +474,17 @@ KILN_API kiln_status kiln_builder_get_shape(const kiln_builder *b, int32_t tenso
                                             kiln_dtype *dtype, int32_t *rank, int64_t *dims,
                                             kiln_error *err);
 KILN_API kiln_status kiln_builder_mark_output(kiln_builder *b, int32_t tensor, const char *name,
+                                              kiln_error *err);
+/* Mutable state (a KV cache): a tensor the engine keeps across executes, starting from the
+ * initial bytes (copied; nbytes must equal the shape's byte size). Reading the returned id
+ * reads the state's value at the start of the run. */
+KILN_API int32_t kiln_builder_add_state(kiln_builder *b, kiln_dtype dtype, int32_t rank,
+                                        const int64_t *dims, const void *initial, size_t nbytes,
+                                        kiln_error *err);
+/* The state's value after each run is tensor value (same dtype and shape), once per state. An
+ * INDEX_COPY of the state that is its last reader becomes an in-place write; any other value
+ * is copied into the state at the end of the run. */
+KILN_API kiln_status kiln_builder_write_state(kiln_builder *b, int32_t state, int32_t value,
                                               kiln_error *err);
 
 typedef struct kiln_build_options {
@@ -513,6 +532,9 @@ KILN_API kiln_status kiln_engine_execute(kiln_engine *e, const kiln_tensor_view 
                                          uint32_t n_inputs, const kiln_tensor_view *outputs,
                                          uint32_t n_outputs, kiln_error *err);
 KILN_API void kiln_engine_destroy(kiln_engine *e);
+/* Sets every state tensor back to its initial value (one copy per state from the engine's own
+ * memory, on the engine's device; nothing is allocated). Serialized with execute. */
+KILN_API kiln_status kiln_engine_reset_state(kiln_engine *e, kiln_error *err);
 
 KILN_API const kiln_metadata *kiln_engine_metadata(const kiln_engine *e);
 KILN_API const kiln_plan *kiln_engine_plan(const kiln_engine *e);

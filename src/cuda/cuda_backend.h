@@ -19,6 +19,8 @@ typedef struct kiln_cuda_stats {
   uint64_t pinned_copies; /* caller pinned host buffers moved by one DMA each, not the ring */
   uint64_t stage_threads; /* threads that copy a staged transfer, the caller included */
   uint64_t stage_slot_bytes; /* bytes of one ring slot: the largest chunk */
+  uint64_t state_resets;  /* state buffers set back to their initial values (init does one) */
+  uint64_t host_out_bytes; /* output bytes execute copied from the device to host memory */
 } kiln_cuda_stats;
 
 /* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend. */
