@@ -329,7 +329,7 @@ static void test_binding_checks(void) {
   CHECK(kiln_blob_parse(blob, size, &v, &err) == KILN_OK);
   ((uint8_t *)blob)[v.plan - (const uint8_t *)blob + 4] = 9;
   expect_load_refusal(blob, size, KILN_ERR_INCOMPATIBLE,
-                      "plan version 9 is newer than this runtime understands (1): re-export the "
+                      "plan version 9 is newer than this runtime understands (2): re-export the "
                       "program with this Kiln release or upgrade the Kiln runtime");
   kiln_free(blob);
 }
