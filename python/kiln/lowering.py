@@ -1016,6 +1016,8 @@ def build_graph(graph, constant_of, device_id=0, allow_tf32=False, fuse=True, bo
         index = 0  # of the next binding
         for node in graph.nodes:
             if node.op == "placeholder":
+                if _sym_scalar(node):  # a dynamic size ExecuTorch passes; the engine reads the shapes
+                    continue
                 constant = constant_of(node)
                 if constant is not None:
                     ctx.values[node] = ctx.builder.add_constant(constant)

@@ -240,22 +240,29 @@ class KilnBackend final : public BackendInterface {
     const kiln_metadata *metadata = kiln_engine_metadata(handle->engine);
     kiln_error err = {};
     const size_t expected = static_cast<size_t>(handle->n_inputs) + handle->n_outputs;
-    if (args.size() != expected) {
+    // A dynamic plan's outputs take their bound before the call and this call's shape after;
+    // the dynamic sizes ExecuTorch also passes (integers) are read from the input shapes instead.
+    const bool dynamic = kiln_engine_plan(handle->engine)->n_symbols > 0;
+    EValue *tensors[KILN_MAX_BINDINGS];
+    size_t n = 0;
+    for (size_t i = 0; i < args.size(); i++) {
+      if (dynamic && args[i]->isInt()) continue;
+      if (n < KILN_MAX_BINDINGS) tensors[n] = args[i];
+      n++;
+    }
+    if (n != expected) {
       kiln_fail(&err, KILN_ERR_INVALID_PROGRAM,
                 "the delegate call passes %llu values but its Kiln blob has %u inputs and %u "
                 "outputs: the program does not match its blob; re-export it",
-                static_cast<unsigned long long>(args.size()), handle->n_inputs,
-                handle->n_outputs);
+                static_cast<unsigned long long>(n), handle->n_inputs, handle->n_outputs);
       return log_failure("execute", err);
     }
-    // A dynamic plan's outputs take their bound before the call and this call's shape after.
-    const bool dynamic = kiln_engine_plan(handle->engine)->n_symbols > 0;
-    for (size_t i = 0; i < args.size(); i++) {
+    for (size_t i = 0; i < n; i++) {
       // A shape other than the binding's (an output planned larger) is refused by the engine.
       const kiln_binding &binding = metadata->bindings[handle->binding_of_arg[i]];
       if ((dynamic && i >= handle->n_inputs &&
-           resize_output(*args[i], binding, binding.rank, binding.shape, &err) != KILN_OK) ||
-          view_of(*args[i], binding, &handle->views[i], &err) != KILN_OK) {
+           resize_output(*tensors[i], binding, binding.rank, binding.shape, &err) != KILN_OK) ||
+          view_of(*tensors[i], binding, &handle->views[i], &err) != KILN_OK) {
         return log_failure("execute", err);
       }
     }
@@ -269,7 +276,7 @@ class KilnBackend final : public BackendInterface {
       int32_t rank = 0;
       int64_t dims[KILN_MAX_RANK];
       if (kiln_engine_output_shape(handle->engine, k, &rank, dims, &err) != KILN_OK ||
-          resize_output(*args[i], metadata->bindings[handle->binding_of_arg[i]], rank, dims,
+          resize_output(*tensors[i], metadata->bindings[handle->binding_of_arg[i]], rank, dims,
                         &err) != KILN_OK) {
         return log_failure("execute", err);
       }
