@@ -19,6 +19,14 @@ from .partitioner import KilnPartitioner
 from .report import NotWholeError, delegation_report
 
 
+def _finite(value):
+    """value as an int, or None for an infinite or symbolic bound."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
+
+
 def _unbounded_refusal(program):
     """The first dynamic dimension of a user input without finite bounds, as a message; None when
     every one is bounded (Kiln plans memory for the upper bound)."""
@@ -31,11 +39,8 @@ def _unbounded_refusal(program):
             if isinstance(size, int):
                 continue
             bounds = program.range_constraints.get(size.node.expr)
-            try:
-                if bounds is not None and int(bounds.upper) >= int(bounds.lower):
-                    continue
-            except (TypeError, ValueError, OverflowError):
-                pass
+            if bounds is not None and _finite(bounds.upper) is not None and _finite(bounds.lower) is not None:
+                continue
             within = f" in [{bounds.lower}, {bounds.upper}]" if bounds is not None else ""
             return (f"kiln: input {node.name!r} dimension {dim} is dynamic ({size}{within}) without an upper "
                     "bound; Kiln plans memory for the bound: export it with torch.export.Dim(name, max=N)")
@@ -82,8 +87,8 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
     refusal = _unbounded_refusal(exported)
     if refusal is not None:
         raise ValueError(refusal)
-    bounds = {str(symbol): (int(r.lower), int(r.upper)) for symbol, r in exported.range_constraints.items()
-              if r.lower.is_integer and r.upper.is_integer}
+    bounds = {str(symbol): (_finite(r.lower), _finite(r.upper)) for symbol, r in exported.range_constraints.items()
+              if _finite(r.lower) is not None and _finite(r.upper) is not None}
     partitioner = KilnPartitioner(device_id=device_id, allow_tf32=allow_tf32, fuse=fuse, bounds=bounds)
     edge = to_edge_transform_and_lower(exported, transform_passes=[FoldConstants(fold_limit_bytes)],
                                        partitioner=[partitioner])

@@ -118,7 +118,7 @@ class Context:
             ranges = self.bounds(symbol, size)
             try:
                 low, high = int(ranges[0]), int(ranges[1])
-            except (TypeError, ValueError, OverflowError):
+            except (TypeError, ValueError, OverflowError, AttributeError):
                 raise KilnError(_lib.ERR_UNSUPPORTED, f"dynamic size {symbol} has no finite bounds "
                                 f"({ranges}); export it with torch.export.Dim(min=, max=)") from None
             number = self.builder.add_symbol(str(symbol)[:15], max(low, 0), high)
