@@ -89,7 +89,7 @@ static void print_metadata(const kiln_metadata *md, const char *in) {
            (unsigned)md->aliases[i].input, md->aliases[i].kind);
 }
 
-static const char *const storage_names[] = {"arena", "weight", "input", "output"};
+static const char *const storage_names[] = {"arena", "weight", "input", "output", "state"};
 
 static void print_tensor_ref(const kiln_plan *plan, uint32_t t) {
   printf("t%u ", (unsigned)t);
@@ -141,16 +141,40 @@ static void print_group(const kiln_plan *plan, const kiln_op *op) {
   printf("]");
 }
 
+/* A dynamic tensor's dims as expressions of the plan's symbols: " as [2,seq,2*seq-1]". */
+static void print_sym_dims(const kiln_plan *plan, const kiln_tensor_desc *t) {
+  int dynamic = 0;
+  for (int32_t d = 0; d < t->rank; d++) dynamic |= t->sym[d].symbol != 0;
+  if (!dynamic) return;
+  printf(" as [");
+  for (int32_t d = 0; d < t->rank; d++) {
+    const kiln_sym_size *s = &t->sym[d];
+    if (d) printf(",");
+    if (!s->symbol) {
+      printf("%lld", (long long)t->dims[d]);
+      continue;
+    }
+    if (s->coeff != 1) printf("%lld*", (long long)s->coeff);
+    printf("%s", plan->symbols[s->symbol - 1].name);
+    if (s->offset) printf("%+lld", (long long)s->offset);
+  }
+  printf("]");
+}
+
 static void print_plan(const kiln_plan *plan, const char *in) {
   printf("%splan: version %u, %u tensors, %u ops, %u inputs, %u outputs, arena %llu bytes\n", in,
          (unsigned)plan->version, (unsigned)plan->n_tensors, (unsigned)plan->n_ops,
          (unsigned)plan->n_inputs, (unsigned)plan->n_outputs, (unsigned long long)plan->arena_size);
+  for (uint32_t k = 0; k < plan->n_symbols; k++)
+    printf("%s  dynamic size %s: %lld..%lld (dims shown at the upper bound)\n", in,
+           plan->symbols[k].name, (long long)plan->symbols[k].min, (long long)plan->symbols[k].max);
   printf("%s  tensors:\n", in);
   for (uint32_t i = 0; i < plan->n_tensors; i++) {
     const kiln_tensor_desc *t = &plan->tensors[i];
     printf("%s    t%u: %s ", in, (unsigned)i, kiln_dtype_name(t->dtype));
     print_dims(t->dims, t->rank);
-    const char *where = (unsigned)t->storage < 4 ? storage_names[t->storage] : "unknown";
+    print_sym_dims(plan, t);
+    const char *where = (unsigned)t->storage < 5 ? storage_names[t->storage] : "unknown";
     if (t->storage == KILN_STORE_INPUT || t->storage == KILN_STORE_OUTPUT)
       printf(" %s %u, %llu bytes\n", where, (unsigned)t->io_index, (unsigned long long)t->nbytes);
     else

@@ -141,7 +141,8 @@ typedef struct kiln_binding {
   kiln_io_kind kind;
   kiln_dtype dtype;
   int32_t rank;
-  int64_t shape[KILN_MAX_RANK];     /* the shape the plan was built for */
+  int64_t shape[KILN_MAX_RANK];     /* the shape the plan was built for (a dynamic dim's bound;
+                                       the plan's symbols hold its lower bound) */
   int64_t max_shape[KILN_MAX_RANK]; /* upper bound of each dimension (== shape if static) */
 } kiln_binding;
 
@@ -400,10 +401,28 @@ typedef enum kiln_storage {
                             where its initial value lies in the weights section */
 } kiln_storage;
 
+/* A size that follows a bounded symbol of the plan: coeff * value + offset. Dynamic plans store
+ * every size at its symbol's upper bound, so memory is planned for the largest call. */
+typedef struct kiln_sym_size {
+  uint32_t symbol; /* 1 + the symbol's index in the plan; 0: the size is static */
+  int64_t coeff;   /* >= 1 */
+  int64_t offset;
+} kiln_sym_size;
+
+#define KILN_MAX_SYMBOLS 8
+#define KILN_SYMBOL_NAME_MAX 16
+
+/* A dynamic dimension's symbol and the bounds its value may take at execute. */
+typedef struct kiln_symbol {
+  char name[KILN_SYMBOL_NAME_MAX]; /* 1..15 printable ASCII bytes, NUL-terminated */
+  int64_t min, max;                /* 0 <= min <= max <= 2^62 */
+} kiln_symbol;
+
 typedef struct kiln_tensor_desc {
   kiln_dtype dtype;
   int32_t rank;
-  int64_t dims[KILN_MAX_RANK];
+  int64_t dims[KILN_MAX_RANK]; /* at the symbols' upper bounds in a dynamic plan */
+  kiln_sym_size sym[KILN_MAX_RANK]; /* which dims follow a symbol */
   kiln_storage storage;
   uint32_t io_index; /* for INPUT/OUTPUT storage */
   uint64_t offset;   /* bytes into the arena or weights section */
@@ -422,9 +441,13 @@ typedef struct kiln_op {
   uint32_t n_iattr;
   int64_t iattr[KILN_MAX_IATTR];
   double fattr[KILN_MAX_FATTR];
+  /* Attributes that follow a symbol: reshape and expand target sizes, slice start and end,
+   * select index. */
+  kiln_sym_size iattr_sym[KILN_MAX_IATTR];
 } kiln_op;
 
-/* 2: twelve integer attributes per op; version 1 plans (eight) still load. */
+/* 2: twelve integer attributes per op and a symbol section (empty in a static plan); version 1
+ * plans (eight attributes, static) still load. */
 #define KILN_PLAN_VERSION 2u
 
 typedef struct kiln_plan {
@@ -441,6 +464,8 @@ typedef struct kiln_plan {
   uint32_t n_words;  /* the FUSED ops' programs, one after another in op order */
   int64_t *words;
   uint32_t n_states; /* state buffers: 1 + the highest state index (set by parse, not stored) */
+  uint32_t n_symbols; /* 0: every size is static */
+  kiln_symbol symbols[KILN_MAX_SYMBOLS];
 } kiln_plan;
 
 /* Decodes and checks an untrusted plan section against the weights section size: every
@@ -470,6 +495,19 @@ KILN_API int32_t kiln_builder_add_constant(kiln_builder *b, kiln_dtype dtype, in
 KILN_API int32_t kiln_builder_add_op(kiln_builder *b, kiln_op_kind op, const int32_t *inputs,
                                      uint32_t n_inputs, const int64_t *iattr, uint32_t n_iattr,
                                      const double *fattr, uint32_t n_fattr, kiln_error *err);
+/* A bounded dynamic size; returns its symbol number (>= 1, for kiln_sym_size.symbol) or -1. */
+KILN_API int32_t kiln_builder_add_symbol(kiln_builder *b, const char *name, int64_t min,
+                                         int64_t max, kiln_error *err);
+/* As add_input, where dims_sym (NULL: all static) gives the dims that follow a symbol; those
+ * dims are taken at the symbol's upper bound. */
+KILN_API int32_t kiln_builder_add_input_sym(kiln_builder *b, const char *name, kiln_dtype dtype,
+                                            int32_t rank, const int64_t *dims,
+                                            const kiln_sym_size *dims_sym, kiln_error *err);
+/* As add_op, where iattr_sym (NULL: all static) gives the attributes that follow a symbol. */
+KILN_API int32_t kiln_builder_add_op_sym(kiln_builder *b, kiln_op_kind op, const int32_t *inputs,
+                                         uint32_t n_inputs, const int64_t *iattr,
+                                         const kiln_sym_size *iattr_sym, uint32_t n_iattr,
+                                         const double *fattr, uint32_t n_fattr, kiln_error *err);
 KILN_API kiln_status kiln_builder_get_shape(const kiln_builder *b, int32_t tensor,
                                             kiln_dtype *dtype, int32_t *rank, int64_t *dims,
                                             kiln_error *err);
@@ -535,6 +573,12 @@ KILN_API void kiln_engine_destroy(kiln_engine *e);
 /* Sets every state tensor back to its initial value (one copy per state from the engine's own
  * memory, on the engine's device; nothing is allocated). Serialized with execute. */
 KILN_API kiln_status kiln_engine_reset_state(kiln_engine *e, kiln_error *err);
+/* The shape output k had in the last successful execute (before any, its upper bound). In a
+ * dynamic plan an output's dynamic dims follow the inputs: execute accepts an output view whose
+ * dynamic dims are at least this call's sizes (its bound always fits) and writes the output
+ * contiguously in this call's shape. Call it from the thread that executes. */
+KILN_API kiln_status kiln_engine_output_shape(const kiln_engine *e, uint32_t k, int32_t *rank,
+                                              int64_t *dims, kiln_error *err);
 
 KILN_API const kiln_metadata *kiln_engine_metadata(const kiln_engine *e);
 KILN_API const kiln_plan *kiln_engine_plan(const kiln_engine *e);

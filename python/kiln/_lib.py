@@ -97,6 +97,10 @@ class TensorView(ctypes.Structure):
     ]
 
 
+class SymSize(ctypes.Structure):
+    _fields_ = [("symbol", ctypes.c_uint32), ("coeff", ctypes.c_int64), ("offset", ctypes.c_int64)]
+
+
 class Binding(ctypes.Structure):
     _fields_ = [
         ("name", ctypes.c_char * NAME_MAX),
@@ -177,6 +181,14 @@ def _load():
             i32,
             [vp, ctypes.c_int, p(i32), u32, p(i64), u32, p(ctypes.c_double), u32, err],
         ),
+        "kiln_builder_add_symbol": (i32, [vp, ctypes.c_char_p, i64, i64, err]),
+        "kiln_builder_add_input_sym": (
+            i32, [vp, ctypes.c_char_p, ctypes.c_int, i32, p(i64), p(SymSize), err],
+        ),
+        "kiln_builder_add_op_sym": (
+            i32,
+            [vp, ctypes.c_int, p(i32), u32, p(i64), p(SymSize), u32, p(ctypes.c_double), u32, err],
+        ),
         "kiln_builder_get_shape": (ctypes.c_int, [vp, i32, p(ctypes.c_int), p(i32), p(i64), err]),
         "kiln_builder_mark_output": (ctypes.c_int, [vp, i32, ctypes.c_char_p, err]),
         "kiln_builder_add_state": (i32, [vp, ctypes.c_int, i32, p(i64), vp, sz, err]),
@@ -189,6 +201,7 @@ def _load():
         "kiln_engine_execute": (ctypes.c_int, [vp, p(TensorView), u32, p(TensorView), u32, err]),
         "kiln_engine_destroy": (None, [vp]),
         "kiln_engine_metadata": (p(Metadata), [vp]),
+        "kiln_engine_output_shape": (ctypes.c_int, [vp, u32, p(i32), p(i64), err]),
     }
     for name, (restype, argtypes) in signatures.items():
         try:
@@ -217,6 +230,13 @@ def _raise(error):
 
 def _dims(shape):
     return (ctypes.c_int64 * max(len(shape), 1))(*shape)
+
+
+def _sym_sizes(sizes):
+    """A SymSize array for (symbol, coeff, offset) or None entries; None when all are static."""
+    if not sizes or all(size is None for size in sizes):
+        return None
+    return (SymSize * len(sizes))(*[SymSize(*size) if size else SymSize(0, 0, 0) for size in sizes])
 
 
 class _Owned:
@@ -251,10 +271,20 @@ class Builder(_Owned):
     def _release(handle):
         lib.kiln_builder_destroy(handle)
 
-    def add_input(self, name, dtype, shape):
+    def add_symbol(self, name, low, high):
+        """A bounded dynamic size; its number for the (symbol, coeff, offset) of sizes."""
         error = Error()
-        tensor = lib.kiln_builder_add_input(
-            self._handle, name.encode("utf-8"), dtype, len(shape), _dims(shape), ctypes.byref(error)
+        number = lib.kiln_builder_add_symbol(self._handle, name.encode("ascii"), low, high, ctypes.byref(error))
+        if number < 0:
+            _raise(error)
+        return number
+
+    def add_input(self, name, dtype, shape, shape_sym=None):
+        """shape_sym: per dim None or (symbol, coeff, offset); such dims are taken at the bound."""
+        error = Error()
+        tensor = lib.kiln_builder_add_input_sym(
+            self._handle, name.encode("utf-8"), dtype, len(shape), _dims(shape), _sym_sizes(shape_sym),
+            ctypes.byref(error)
         )
         if tensor < 0:
             _raise(error)
@@ -288,13 +318,14 @@ class Builder(_Owned):
         if lib.kiln_builder_write_state(self._handle, state, value, ctypes.byref(error)) != OK:
             _raise(error)
 
-    def add_op(self, op, inputs, iattr=(), fattr=()):
+    def add_op(self, op, inputs, iattr=(), fattr=(), iattr_sym=None):
+        """iattr_sym: per attribute None or (symbol, coeff, offset) of a size that follows a symbol."""
         error = Error()
         ins = (ctypes.c_int32 * max(len(inputs), 1))(*inputs)
         ia = (ctypes.c_int64 * max(len(iattr), 1))(*iattr)
         fa = (ctypes.c_double * max(len(fattr), 1))(*fattr)
-        out = lib.kiln_builder_add_op(
-            self._handle, OP[op], ins, len(inputs), ia, len(iattr), fa, len(fattr),
+        out = lib.kiln_builder_add_op_sym(
+            self._handle, OP[op], ins, len(inputs), ia, _sym_sizes(iattr_sym), len(iattr), fa, len(fattr),
             ctypes.byref(error),
         )
         if out < 0:
@@ -399,6 +430,14 @@ class Engine(_Owned):
         error = Error()
         if lib.kiln_engine_reset_state(self._handle, ctypes.byref(error)) != OK:
             _raise(error)
+
+    def output_shape(self, index):
+        """The shape output index had in the last execute (a dynamic output follows the inputs)."""
+        error = Error()
+        rank, dims = ctypes.c_int32(), (ctypes.c_int64 * MAX_RANK)()
+        if lib.kiln_engine_output_shape(self._handle, index, ctypes.byref(rank), dims, ctypes.byref(error)) != OK:
+            _raise(error)
+        return tuple(dims[: rank.value])
 
 
 def _view(tensor):

@@ -7,16 +7,31 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from . import lowering
 
-_SPEC_KEYS = ("device_id", "allow_tf32", "fuse")
+_SPEC_KEYS = ("device_id", "allow_tf32", "fuse", "bounds")
+
+
+def _parse_bounds(text):
+    """{symbol name: (min, max)} from the partitioner's "name=min:max;..." spec."""
+    bounds = {}
+    for item in filter(None, text.split(";")):
+        name, _, span = item.partition("=")
+        low, _, high = span.partition(":")
+        if not name or not low.isdigit() or not high.isdigit():
+            raise ValueError(f"kiln: compile spec bounds entry {item!r} is not name=min:max")
+        bounds[name] = (int(low), int(high))
+    return bounds
 
 
 def parse_compile_specs(compile_specs: List[CompileSpec]):
-    """The build options the partitioner recorded: device_id, allow_tf32, fuse."""
+    """The build options the partitioner recorded: device_id, allow_tf32, fuse, bounds."""
     options = {"device_id": 0, "allow_tf32": False, "fuse": True}
     for spec in compile_specs:
         if spec.key not in _SPEC_KEYS:
             raise ValueError(f"kiln: unknown compile spec {spec.key!r}; known: {', '.join(_SPEC_KEYS)}")
         text = bytes(spec.value).decode("ascii", "replace")
+        if spec.key == "bounds":
+            options["bounds"] = _parse_bounds(text)
+            continue
         if not text.isdigit():
             raise ValueError(f"kiln: compile spec {spec.key}={text!r} is not a non-negative integer")
         value = int(text)

@@ -19,19 +19,31 @@ from .partitioner import KilnPartitioner
 from .report import NotWholeError, delegation_report
 
 
-def _static_refusal(program):
-    """The first dynamic dimension among the program's user inputs, as a message; None when all are static."""
+def _finite(value):
+    """value as an int, or None for an infinite or symbolic bound."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
+
+
+def _unbounded_refusal(program):
+    """The first dynamic dimension of a user input without finite bounds, as a message; None when
+    every one is bounded (Kiln plans memory for the upper bound)."""
     user_inputs = set(program.graph_signature.user_inputs)
     for node in program.graph.find_nodes(op="placeholder"):
         value = node.meta.get("val")
         if node.name not in user_inputs or not isinstance(value, torch.Tensor):
             continue
         for dim, size in enumerate(value.shape):
-            if not isinstance(size, int):
-                bounds = program.range_constraints.get(size.node.expr)
-                within = f" in [{bounds.lower}, {bounds.upper}]" if bounds is not None else ""
-                return (f"kiln: input {node.name!r} dimension {dim} is dynamic ({size}{within}); Kiln plans "
-                        "static shapes for now: export with a static size for it (drop it from dynamic_shapes)")
+            if isinstance(size, int):
+                continue
+            bounds = program.range_constraints.get(size.node.expr)
+            if bounds is not None and _finite(bounds.upper) is not None and _finite(bounds.lower) is not None:
+                continue
+            within = f" in [{bounds.lower}, {bounds.upper}]" if bounds is not None else ""
+            return (f"kiln: input {node.name!r} dimension {dim} is dynamic ({size}{within}) without an upper "
+                    "bound; Kiln plans memory for the bound: export it with torch.export.Dim(name, max=N)")
     return None
 
 
@@ -96,10 +108,12 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
     if isinstance(fold_limit_bytes, bool) or not isinstance(fold_limit_bytes, int) or fold_limit_bytes < 0:
         raise ValueError(f"kiln: fold_limit_bytes={fold_limit_bytes!r} is not a byte count; pass an int >= 0")
     exported = _exported(model, example_inputs, kwargs, dynamic_shapes, strict)
-    refusal = _static_refusal(exported)
+    refusal = _unbounded_refusal(exported)
     if refusal is not None:
         raise ValueError(refusal)
-    partitioner = KilnPartitioner(device_id=device_id, allow_tf32=allow_tf32, fuse=fuse)
+    bounds = {str(symbol): (_finite(r.lower), _finite(r.upper)) for symbol, r in exported.range_constraints.items()
+              if _finite(r.lower) is not None and _finite(r.upper) is not None}
+    partitioner = KilnPartitioner(device_id=device_id, allow_tf32=allow_tf32, fuse=fuse, bounds=bounds)
     edge = to_edge_transform_and_lower(exported, transform_passes=[FoldConstants(fold_limit_bytes)],
                                        partitioner=[partitioner])
     # Constants whose readers all went into blobs may be left unread; see drop_unused_constants.

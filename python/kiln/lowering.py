@@ -11,6 +11,7 @@ written here.
 import operator
 from typing import Callable, Dict, NamedTuple, Optional
 
+import sympy
 import torch
 from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from torch._export.utils import (
@@ -77,17 +78,90 @@ def _dims_mask(dims, rank):
     return mask
 
 
-class Context:
-    """Builder state while lowering one graph: the tensor id of each lowered node."""
+def _shape_env_bounds(symbol, size):
+    """A symbol's range as the shape environment of size records it (torch.export keeps sizes 0
+    and 1 apart from the others, so its lower bound there may be above the user's)."""
+    ranges = size.node.shape_env.var_to_range.get(symbol)
+    return None if ranges is None else (ranges.lower, ranges.upper)
 
-    def __init__(self, builder):
+
+def program_bounds(program, user_bounds=None):
+    """A bounds function for Context: the user's range of a symbol (user_bounds by name), else
+    program's range_constraints, else the shape environment's."""
+    constraints = getattr(program, "range_constraints", None) or {}
+    user_bounds = user_bounds or {}
+
+    def bounds(symbol, size):
+        if str(symbol) in user_bounds:
+            return user_bounds[str(symbol)]
+        ranges = constraints.get(symbol)
+        return (ranges.lower, ranges.upper) if ranges is not None else _shape_env_bounds(symbol, size)
+
+    return bounds
+
+
+def _sym_scalar(value):
+    return isinstance(value, torch.SymInt) or (isinstance(value, torch.fx.Node) and isinstance(
+        value.meta.get("val"), torch.SymInt))
+
+
+class Context:
+    """Builder state while lowering one graph: the tensor id of each lowered node, and the builder
+    symbol of each dynamic size (sympy symbol) met so far."""
+
+    def __init__(self, builder, bounds=_shape_env_bounds):
         self.builder = builder
         self.values: Dict[torch.fx.Node, int] = {}
+        self.bounds = bounds
+        self.symbols = {}  # sympy symbol -> (builder symbol number, upper bound)
+
+    def _symbol(self, symbol, size):
+        if symbol not in self.symbols:
+            ranges = self.bounds(symbol, size)
+            try:
+                low, high = int(ranges[0]), int(ranges[1])
+            except (TypeError, ValueError, OverflowError, AttributeError):
+                raise KilnError(_lib.ERR_UNSUPPORTED, f"dynamic size {symbol} has no finite bounds "
+                                f"({ranges}); export it with torch.export.Dim(min=, max=)") from None
+            number = self.builder.add_symbol(str(symbol)[:15], max(low, 0), high)
+            self.symbols[symbol] = (number, high)
+        return self.symbols[symbol]
+
+    def size(self, value):
+        """(value at the upper bounds, None or (symbol, coeff, offset)) of an int, a SymInt or a node
+        holding one; a SymInt must be coeff * s + offset of one symbol s."""
+        if isinstance(value, torch.fx.Node):
+            value = value.meta["val"]
+        if not isinstance(value, torch.SymInt):
+            return int(value), None
+        expr = sympy.expand(value.node.expr)
+        if expr.is_Integer:
+            return int(expr), None
+        free = list(expr.free_symbols)
+        poly = None
+        if len(free) == 1:
+            try:
+                poly = sympy.Poly(expr, free[0])
+            except sympy.PolynomialError:
+                poly = None
+        coeffs = poly.all_coeffs() if poly is not None and poly.degree() == 1 else None
+        if coeffs is None or not all(c.is_Integer for c in coeffs) or coeffs[0] < 1:
+            raise KilnError(_lib.ERR_UNSUPPORTED, f"dynamic size {expr} is not a*s+b of one symbol s with "
+                            "a >= 1, which Kiln plans need; export with a static size for it")
+        number, high = self._symbol(free[0], value)
+        coeff, offset = int(coeffs[0]), int(coeffs[1])
+        return coeff * high + offset, (number, coeff, offset)
+
+    def sizes(self, values):
+        """([values at the upper bounds], [None or (symbol, coeff, offset)]) of a shape or list."""
+        pairs = [self.size(v) for v in values]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
 
     def input(self, node, name):
-        """A builder input shaped like node's value."""
+        """A builder input shaped like node's value (dynamic dims at their bound)."""
         val = _val(node)
-        return self.builder.add_input(name, _lib.kiln_dtype(val.dtype), tuple(val.shape))
+        dims, syms = self.sizes(val.shape)
+        return self.builder.add_input(name, _lib.kiln_dtype(val.dtype), tuple(dims), syms)
 
     def tensor(self, node):
         return self.values[node]
@@ -106,7 +180,9 @@ class Context:
         return tensor
 
     def op(self, name, inputs, iattr=(), fattr=()):
-        return self.builder.add_op(name, inputs, iattr, fattr)
+        """A builder op; an integer attribute may be a SymInt (or a node of one): a dynamic size."""
+        values, syms = self.sizes(iattr)
+        return self.builder.add_op(name, inputs, values, fattr, syms)
 
 
 # ------------------------------------------------------------------ lowerings
@@ -346,16 +422,29 @@ def _lower_cat(ctx, node):
 _INT64_MAX = 2**63 - 1
 
 
+def _bound_at(ctx, size, bound):
+    """A slice bound or select index against a dim of dynamic size: counted from the end when
+    negative, the size itself when at or past it (the builder clamps only static bounds)."""
+    if isinstance(bound, torch.fx.Node) or not isinstance(size, torch.SymInt):
+        return bound
+    if bound < 0:
+        return size + bound
+    return size if bound >= ctx.size(size)[0] else bound
+
+
 def _lower_slice(ctx, node):
     args = node_args(node)
     start = 0 if args["start"] is None else args["start"]
     end = _INT64_MAX if args["end"] is None else args["end"]
+    size = _val(args["self"]).shape[args["dim"]]
+    start, end = _bound_at(ctx, size, start), _bound_at(ctx, size, end)
     return ctx.op("slice", [ctx.tensor(args["self"])], [args["dim"], start, end, args["step"]])
 
 
 def _lower_select(ctx, node):
     args = node_args(node)
-    return ctx.op("select", [ctx.tensor(args["self"])], [args["dim"], args["index"]])
+    index = _bound_at(ctx, _val(args["self"]).shape[args["dim"]], args["index"])
+    return ctx.op("select", [ctx.tensor(args["self"])], [args["dim"], index])
 
 
 def _lower_copy(ctx, node):
@@ -656,6 +745,24 @@ def _lower_split(ctx, node):
     return tuple(pieces)
 
 
+_SIZE_TARGETS = (torch.ops.aten.sym_size.int, operator.add, operator.sub, operator.mul, operator.neg)
+
+
+def _lower_size(ctx, node):
+    return None
+
+
+def _check_size(node):
+    """A size read or computed on dynamic dims goes with its readers: each must be a Kiln op."""
+    if not isinstance(node.meta.get("val"), torch.SymInt):
+        return f"{_op_name(node)} of a value other than a dynamic size"
+    for user in node.users:
+        reason = refusal(user)
+        if reason is not None:
+            return f"a dynamic size read by {user.name}, which stays on ExecuTorch ({reason})"
+    return None
+
+
 def _lower_alias(ctx, node):
     return ctx.op("copy", [ctx.tensor(node.args[0])])
 
@@ -678,6 +785,9 @@ def _filled(value_of):
 
     def lower(ctx, node):
         val = _val(node)
+        if not all(isinstance(d, int) for d in val.shape):
+            raise KilnError(_lib.ERR_UNSUPPORTED, f"{_op_name(node)} of dynamic shape {tuple(val.shape)}: a "
+                            "Kiln constant has a static shape")
         return ctx.builder.add_constant(torch.full(tuple(val.shape), value_of(node), dtype=val.dtype))
 
     return lower
@@ -794,6 +904,9 @@ def _table():
     add(["aten::arange.default", "aten::arange.start", "aten::arange.start_step"],
         Lowering(_lower_arange, _static_scalars("start", "end", "step"), compute=False))
     table[operator.getitem] = Lowering(_lower_getitem, compute=False)
+    # Size arithmetic on dynamic dims: no builder op; the ops reading it take it as an attribute.
+    for target in _SIZE_TARGETS:
+        table[target] = Lowering(_lower_size, _check_size, compute=False)
     return table
 
 
@@ -822,19 +935,35 @@ def _tensor_refusal(value, what):
         return f"{what} is not a tensor"
     if _lib.kiln_dtype(value.dtype) is None:
         return f"{what} has dtype {value.dtype}, which Kiln does not support"
-    if not all(isinstance(d, int) for d in value.shape):
-        return f"{what} has a dynamic shape {tuple(value.shape)} (Kiln plans are static)"
     return None
+
+
+def _has_dynamic_shape(node):
+    values = [node.meta.get("val")] + [arg.meta.get("val") for arg in node.all_input_nodes]
+    flat = [v for value in values for v in (value if isinstance(value, (tuple, list)) else [value])]
+    return any(isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape) for v in flat)
 
 
 def _probe(node, lowering):
     """Builds the node alone, its tensor inputs as builder inputs; the builder's refusal or None."""
+    if _has_dynamic_shape(node):
+        try:
+            return _probe_static(node, lowering)
+        except (TypeError, ValueError, RuntimeError) as exc:  # a lowering that needs static sizes
+            return f"{_op_name(node)} with a dynamic shape, which its lowering cannot take ({exc})"
+    return _probe_static(node, lowering)
+
+
+def _probe_static(node, lowering):
     with Builder() as builder:
         ctx = Context(builder)
         try:
             for index, arg in enumerate(node.all_input_nodes):
-                ctx.values[arg] = ctx.input(arg, f"probe_{index}")
-            check_inferred(ctx, node, lowering.lower(ctx, node))
+                if not _sym_scalar(arg):
+                    ctx.values[arg] = ctx.input(arg, f"probe_{index}")
+            tensor = lowering.lower(ctx, node)
+            if tensor is not None:
+                check_inferred(ctx, node, tensor)
         except KilnError as exc:
             return exc.message
     return None
@@ -850,9 +979,13 @@ def refusal(node):
     if node.target is operator.getitem:  # of a multi-output node: supported with its source
         return refusal(node.args[0])
     for arg in node.all_input_nodes:
+        if _sym_scalar(arg):  # a dynamic size, taken as an attribute
+            continue
         reason = _tensor_refusal(arg.meta.get("val"), f"input {arg.name}")
         if reason:
             return reason
+    if lowering.lower is _lower_size:
+        return lowering.check(node)
     # Before the outputs: a check names the cause of an output shape that is not static.
     if lowering.check is not None:
         reason = lowering.check(node)
@@ -886,7 +1019,7 @@ def check_inferred(ctx, node, tensor):
         pairs = [(tensor, val[0] if isinstance(val, (tuple, list)) else val)]
     for one, value in pairs:
         dtype, shape = ctx.builder.get_shape(one)
-        expected = (_lib.kiln_dtype(value.dtype), tuple(value.shape))
+        expected = (_lib.kiln_dtype(value.dtype), tuple(ctx.sizes(value.shape)[0]))
         if (dtype, shape) != expected:
             raise KilnError(
                 _lib.ERR_UNSUPPORTED,
@@ -909,7 +1042,7 @@ def _constant(program, node):
     return None
 
 
-def build_blob(program, device_id=0, allow_tf32=False, fuse=True):
+def build_blob(program, device_id=0, allow_tf32=False, fuse=True, bounds=None):
     """Lowers a delegated edge subprogram into blob bytes.
 
     Its parameters, buffers and lifted constants become builder constants; the buffers it
@@ -922,7 +1055,7 @@ def build_blob(program, device_id=0, allow_tf32=False, fuse=True):
     return build_graph(
         program.graph, lambda node: _constant(program, node),
         device_id=device_id, allow_tf32=allow_tf32, fuse=fuse, states=states,
-        mutations=_mutation_targets(program),
+        mutations=_mutation_targets(program), bounds=program_bounds(program, bounds),
     )
 
 
@@ -942,17 +1075,21 @@ def _binding_name(name, index):
     return f"{name.encode('utf-8')[:48].decode('utf-8', 'ignore')}~{index}"
 
 
-def build_graph(graph, constant_of, device_id=0, allow_tf32=False, fuse=True, states=(), mutations=()):
+def build_graph(graph, constant_of, device_id=0, allow_tf32=False, fuse=True, states=(), mutations=(),
+                bounds=_shape_env_bounds):
     """Lowers a graph into blob bytes: each placeholder is a constant when constant_of(node)
     returns its tensor (a state, starting from that tensor, when its name is in states), else
     a builder input (in graph order); the outputs in order are the marked outputs, except
-    that output i writes the state mutations[i] names, when it names one."""
+    that output i writes the state mutations[i] names, when it names one. bounds(symbol, size)
+    gives a dynamic size's (min, max)."""
     with Builder() as builder:
-        ctx = Context(builder)
+        ctx = Context(builder, bounds)
         index = 0  # of the next binding
         state_of = {}
         for node in graph.nodes:
             if node.op == "placeholder":
+                if _sym_scalar(node):  # a dynamic size ExecuTorch passes; the engine reads the shapes
+                    continue
                 constant = constant_of(node)
                 if constant is not None and node.name in states:
                     ctx.values[node] = state_of[node.name] = ctx.builder.add_state(constant)
@@ -970,6 +1107,8 @@ def build_graph(graph, constant_of, device_id=0, allow_tf32=False, fuse=True, st
                 if lowering is None:
                     raise KilnError(_lib.ERR_UNSUPPORTED, f"{node.name}: {_op_name(node)} is not a Kiln op")
                 tensor = lowering.lower(ctx, node)
+                if tensor is None:  # a dynamic size, read by the ops that take it
+                    continue
                 check_inferred(ctx, node, tensor)
                 ctx.values[node] = tensor
             elif node.op == "output":

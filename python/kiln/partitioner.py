@@ -63,7 +63,9 @@ class KilnPartitioner(Partitioner):
     name of each node left to ExecuTorch to the reason.
     """
 
-    def __init__(self, device_id=0, allow_tf32=False, fuse=True):
+    def __init__(self, device_id=0, allow_tf32=False, fuse=True, bounds=None):
+        """bounds: {symbol name: (min, max)} of the dynamic sizes as the user exported them
+        (torch.export's edge programs raise a lower bound of 1 to 2); kiln.export passes them."""
         super().__init__()
         _lib.check_int32("device_id", device_id)
         self.compile_specs = [
@@ -71,6 +73,9 @@ class KilnPartitioner(Partitioner):
             CompileSpec("allow_tf32", b"1" if allow_tf32 else b"0"),
             CompileSpec("fuse", b"1" if fuse else b"0"),
         ]
+        if bounds:
+            text = ";".join(f"{name}={low}:{high}" for name, (low, high) in sorted(bounds.items()))
+            self.compile_specs.append(CompileSpec("bounds", text.encode("ascii")))
         self.delegation_spec = DelegationSpec(KilnBackend.__name__, self.compile_specs)
         self.refusals = {}
 

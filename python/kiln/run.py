@@ -10,7 +10,7 @@ def run_blob(blob, inputs, device="cpu"):
 
     Inputs are passed in binding order (those the delegate call receives); each is made
     contiguous first. Outputs are new tensors, shaped and typed by the blob's metadata, on
-    the device of the first input.
+    the device of the first input; a dynamic output has the shape this call gave it.
     """
     inputs = list(inputs)
     for index, tensor in enumerate(inputs):
@@ -30,4 +30,14 @@ def run_blob(blob, inputs, device="cpu"):
             if kind == _lib.IO_OUTPUT
         ]
         engine.execute(inputs, outputs)
+        # A dynamic output was allocated at its bound and written contiguously in this call's shape.
+        outputs = [out.view(-1)[: _numel(engine.output_shape(k))].view(engine.output_shape(k))
+                   for k, out in enumerate(outputs)]
     return outputs
+
+
+def _numel(shape):
+    count = 1
+    for size in shape:
+        count *= size
+    return count

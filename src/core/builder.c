@@ -1,6 +1,7 @@
 /* The builder API: records inputs, constants and ops, inferring each op's shape as it is
  * added, then builds a blob: graph passes, memory plan, plan, metadata and weights. */
 #include "core/alloc.h"
+#include "core/derive_symbols.h"
 #include "core/fold.h"
 #include "core/fold_batch_norm.h"
 #include "core/fuse.h"
@@ -15,6 +16,7 @@
 #include "core/memplan.h"
 #include "core/view.h"
 #include "core/shape.h"
+#include "core/symbolic.h"
 #include "core/utf8.h"
 
 #include <stdlib.h>
@@ -25,6 +27,8 @@
 struct kiln_builder {
   kiln_graph graph;
   uint64_t arena_size; /* of the last successful build */
+  uint32_t n_symbols;  /* bounded dynamic sizes; graph inputs' and ops' sym refer to them */
+  kiln_symbol symbols[KILN_MAX_SYMBOLS];
 };
 
 kiln_builder *kiln_builder_create(void) { return kiln_calloc(1, sizeof(kiln_builder)); }
@@ -105,13 +109,72 @@ static kiln_status check_builder(const kiln_builder *b, const char *call, kiln_e
                    "builder %.12s: the builder is NULL; create one with kiln_builder_create", call);
 }
 
+int32_t kiln_builder_add_symbol(kiln_builder *b, const char *name, int64_t min, int64_t max,
+                                kiln_error *err) {
+  size_t len = name ? strlen(name) : 0;
+  int printable = len > 0 && len < KILN_SYMBOL_NAME_MAX;
+  kiln_symbol *sym;
+  if (check_builder(b, "add_symbol", err)) return -1;
+  for (size_t i = 0; printable && i < len; i++) printable = name[i] > 0x20 && name[i] < 0x7f;
+  if (!printable || min < 0 || min > max || max > KILN_DIM_MAX || max < 1 ||
+      b->n_symbols == KILN_MAX_SYMBOLS) {
+    kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+              "builder add_symbol: \"%.15s\" with bounds %lld..%lld (symbol %u of at most %u); "
+              "pass 1..15 printable bytes and 0 <= min <= max <= 2^62, max >= 1",
+              name ? name : "", (long long)min, (long long)max, (unsigned)b->n_symbols + 1,
+              (unsigned)KILN_MAX_SYMBOLS);
+    return -1;
+  }
+  sym = &b->symbols[b->n_symbols++];
+  memset(sym, 0, sizeof *sym);
+  memcpy(sym->name, name, len);
+  sym->min = min;
+  sym->max = max;
+  return (int32_t)b->n_symbols;
+}
+
+/* A caller's size expression: a declared symbol, coeff >= 1, at or above 0 over its bounds;
+ * writes its value at the upper bound. `what` and `index` name the size in a refusal. */
+static kiln_status check_sym(const kiln_builder *b, const char *what, unsigned index,
+                             const kiln_sym_size *s, int64_t *at_max, kiln_error *err) {
+  const kiln_symbol *sym = s->symbol && s->symbol <= b->n_symbols ? &b->symbols[s->symbol - 1] : NULL;
+  int64_t top, bottom;
+  if (!sym || s->coeff < 1 || s->coeff > KILN_DIM_MAX || s->offset < -KILN_DIM_MAX ||
+      s->offset > KILN_DIM_MAX || __builtin_mul_overflow(s->coeff, sym->max, &top) ||
+      __builtin_add_overflow(top, s->offset, &top) || top > KILN_DIM_MAX ||
+      __builtin_mul_overflow(s->coeff, sym->min, &bottom) || bottom + s->offset < 0)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "builder %.12s %u: size %lld*symbol %u%+lld is not a size over the symbol's "
+                     "bounds (of %u symbols); pass coeff >= 1 and a size in 0..2^62",
+                     what, index, (long long)s->coeff, (unsigned)s->symbol, (long long)s->offset,
+                     (unsigned)b->n_symbols);
+  *at_max = top;
+  return KILN_OK;
+}
+
 int32_t kiln_builder_add_input(kiln_builder *b, const char *name, kiln_dtype dtype, int32_t rank,
                                const int64_t *dims, kiln_error *err) {
+  return kiln_builder_add_input_sym(b, name, dtype, rank, dims, NULL, err);
+}
+
+int32_t kiln_builder_add_input_sym(kiln_builder *b, const char *name, kiln_dtype dtype,
+                                   int32_t rank, const int64_t *dims,
+                                   const kiln_sym_size *dims_sym, kiln_error *err) {
   kiln_tensor_desc desc;
+  int64_t bound[KILN_MAX_RANK];
   int32_t id;
-  if (check_builder(b, "add_input", err) ||
-      check_shape("add_input", dtype, rank, dims, &desc, err) || check_name(&b->graph, name, err))
+  if (check_builder(b, "add_input", err)) return -1;
+  for (int32_t d = 0; dims && rank > 0 && rank <= KILN_MAX_RANK && d < rank; d++) {
+    bound[d] = dims[d];
+    if (dims_sym && dims_sym[d].symbol &&
+        check_sym(b, "input dim", (unsigned)d, &dims_sym[d], &bound[d], err))
+      return -1;
+  }
+  if (check_shape("add_input", dtype, rank, dims ? bound : NULL, &desc, err) ||
+      check_name(&b->graph, name, err))
     return -1;
+  for (int32_t d = 0; dims_sym && d < rank; d++)
+    if (dims_sym[d].symbol) desc.sym[d] = dims_sym[d];
   if ((id = kiln_graph_add_tensor(&b->graph, KILN_NODE_INPUT, &desc)) < 0) {
     kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
               "builder add_input: out of memory for input \"%.63s\"; free memory and retry", name);
@@ -273,7 +336,8 @@ static void normalize_attrs(kiln_op *op, const kiln_tensor_desc *const *in) {
 
 /* Checks, normalizes and infers one op, then appends it; *id is its output tensor. */
 static kiln_status record_op(kiln_builder *b, kiln_op_kind kind, const int32_t *inputs,
-                             uint32_t n_inputs, const int64_t *iattr, uint32_t n_iattr,
+                             uint32_t n_inputs, const int64_t *iattr,
+                             const kiln_sym_size *iattr_sym, uint32_t n_iattr,
                              const double *fattr, uint32_t n_fattr, int32_t *id,
                              kiln_error *err) {
   static const kiln_op_site site_base = {"builder", 0, KILN_ERR_INVALID_ARGUMENT, ""};
@@ -306,11 +370,22 @@ static kiln_status record_op(kiln_builder *b, kiln_op_kind kind, const int32_t *
     op.inputs[i] = (uint32_t)inputs[i];
     in[i] = &b->graph.tensors[inputs[i]].desc;
   }
-  for (uint32_t i = 0; i < n_iattr; i++) op.iattr[i] = iattr[i];
+  for (uint32_t i = 0; i < n_iattr; i++) {
+    op.iattr[i] = iattr[i];
+    if (!iattr_sym || !iattr_sym[i].symbol) continue;
+    if (!kiln_attr_may_follow_symbol(kind, i))
+      return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                       "builder op %u (%.12s): attribute %u follows a dynamic size, but only "
+                       "reshape/expand sizes, slice bounds and select indices may; make it static",
+                       index, name, (unsigned)i);
+    if ((s = check_sym(b, "op attribute", (unsigned)i, &iattr_sym[i], &op.iattr[i], err))) return s;
+    op.iattr_sym[i] = iattr_sym[i];
+  }
   for (uint32_t i = 0; i < n_fattr; i++) op.fattr[i] = fattr[i];
   if ((kind == KILN_OP_ADD || kind == KILN_OP_SUB) && n_fattr == 0) op.fattr[0] = 1.0; /* alpha */
   normalize_attrs(&op, in);
   site.index = index;
+  memset(&out, 0, sizeof out);
   if ((s = kiln_infer_op(&op, in, &site, &out, err))) return s;
   out.storage = KILN_STORE_ARENA;
   if (kiln_graph_add_op(&b->graph, &op, &out) < 0)
@@ -324,9 +399,17 @@ static kiln_status record_op(kiln_builder *b, kiln_op_kind kind, const int32_t *
 int32_t kiln_builder_add_op(kiln_builder *b, kiln_op_kind kind, const int32_t *inputs,
                             uint32_t n_inputs, const int64_t *iattr, uint32_t n_iattr,
                             const double *fattr, uint32_t n_fattr, kiln_error *err) {
+  return kiln_builder_add_op_sym(b, kind, inputs, n_inputs, iattr, NULL, n_iattr, fattr, n_fattr,
+                                 err);
+}
+
+int32_t kiln_builder_add_op_sym(kiln_builder *b, kiln_op_kind kind, const int32_t *inputs,
+                                uint32_t n_inputs, const int64_t *iattr,
+                                const kiln_sym_size *iattr_sym, uint32_t n_iattr,
+                                const double *fattr, uint32_t n_fattr, kiln_error *err) {
   int32_t id = -1;
   if (check_builder(b, "add_op", err) ||
-      record_op(b, kind, inputs, n_inputs, iattr, n_iattr, fattr, n_fattr, &id, err))
+      record_op(b, kind, inputs, n_inputs, iattr, iattr_sym, n_iattr, fattr, n_fattr, &id, err))
     return -1;
   return id;
 }
@@ -363,7 +446,7 @@ kiln_status kiln_builder_mark_output(kiln_builder *b, int32_t tensor, const char
   /* An output owns its buffer: an input, a constant or a second binding of one result gets
    * its own copy. */
   if (g->tensors[tensor].node != KILN_NODE_OP || kiln_graph_is_output(g, tensor)) {
-    if ((s = record_op(b, KILN_OP_COPY, &tensor, 1, NULL, 0, NULL, 0, &tensor, err))) return s;
+    if ((s = record_op(b, KILN_OP_COPY, &tensor, 1, NULL, NULL, 0, NULL, 0, &tensor, err))) return s;
   }
   g->outputs[g->n_outputs].tensor = tensor;
   memcpy(g->outputs[g->n_outputs].name, name, strlen(name) + 1);
@@ -475,6 +558,7 @@ static kiln_status number_tensors(const kiln_graph *g, build_parts *p, kiln_erro
     if (p->map[i] < 0) continue;
     t = &p->plan.tensors[p->map[i]];
     *t = g->tensors[i].desc;
+    if (g->tensors[i].node != KILN_NODE_INPUT) memset(t->sym, 0, sizeof t->sym); /* derived */
     t->storage = KILN_STORE_ARENA;
     t->io_index = 0;
     t->offset = 0;
@@ -534,14 +618,53 @@ static kiln_status pack_weights(const kiln_graph *g, build_parts *p, kiln_error 
   return KILN_OK;
 }
 
-/* The live ops in order, renumbered, and the arena laid out by liveness; a view (view.h) of an
- * arena tensor shares its input's block. */
-static kiln_status plan_ops_and_arena(const kiln_graph *g, build_parts *p, kiln_error *err) {
+/* The live ops in order, renumbered; each FUSED op's program moves from its graph constant to
+ * the plan's words. A static plan's ops carry no symbolic attributes. */
+static kiln_status number_ops(const kiln_graph *g, build_parts *p, kiln_error *err) {
+  uint32_t step = 0, word = 0;
+  kiln_plan *plan = &p->plan;
+  for (uint32_t i = 0; i < g->n_ops; i++)
+    if (!g->dead[i] && g->ops[i].kind == KILN_OP_FUSED) plan->n_words += (uint32_t)g->ops[i].iattr[1];
+  if (!(plan->words = kiln_calloc(plan->n_words, sizeof *plan->words)))
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "builder: out of memory for %u program words; free memory and retry",
+                     (unsigned)plan->n_words);
+  for (uint32_t i = 0; i < g->n_ops; i++) {
+    kiln_op *op;
+    if (g->dead[i]) continue;
+    op = &plan->ops[step++];
+    *op = g->ops[i];
+    if (!plan->n_symbols) memset(op->iattr_sym, 0, sizeof op->iattr_sym);
+    if (op->kind == KILN_OP_FUSED) {
+      memcpy(plan->words + word, g->tensors[op->iattr[0]].data, (size_t)op->iattr[1] * 8u);
+      op->iattr[0] = word;
+      word += (uint32_t)op->iattr[1];
+    }
+    op->output = (uint32_t)p->map[op->output];
+    for (uint32_t k = 0; k < op->n_inputs; k++) op->inputs[k] = (uint32_t)p->map[op->inputs[k]];
+  }
+  return KILN_OK;
+}
+
+/* 1 when op is a view (view.h) of its input at the same byte at the upper and, for a dynamic
+ * plan, the lower bounds (min_ops and min_tensors): the engines place a view once. */
+static int fixed_view(const kiln_plan *plan, uint32_t i, const kiln_op *min_ops,
+                      const kiln_tensor_desc *min_tensors, uint64_t *at) {
+  const kiln_op *op = &plan->ops[i];
+  uint64_t at_min;
+  if (!kiln_op_is_view(op, &plan->tensors[op->inputs[0]], at)) return 0;
+  return !min_ops || (kiln_op_is_view(&min_ops[i], &min_tensors[op->inputs[0]], &at_min) &&
+                      at_min == *at);
+}
+
+/* The arena laid out by liveness; a view of an arena tensor shares its input's block. */
+static kiln_status plan_arena(build_parts *p, const kiln_op *min_ops,
+                              const kiln_tensor_desc *min_tensors, kiln_error *err) {
   kiln_plan *plan = &p->plan;
   kiln_mem_block *blocks = kiln_calloc(plan->n_tensors, sizeof *blocks);
   int32_t *block_of = kiln_calloc(plan->n_tensors, sizeof *block_of);
   uint64_t *view_at = kiln_calloc(plan->n_tensors, sizeof *view_at); /* bytes into the block */
-  uint32_t n_blocks = 0, step = 0;
+  uint32_t n_blocks = 0;
   kiln_status s = KILN_OK;
   if (!blocks || !block_of || !view_at) {
     s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
@@ -549,34 +672,14 @@ static kiln_status plan_ops_and_arena(const kiln_graph *g, build_parts *p, kiln_
                   (unsigned)plan->n_tensors);
     goto done;
   }
-  for (uint32_t i = 0; i < g->n_ops; i++)
-    if (!g->dead[i] && g->ops[i].kind == KILN_OP_FUSED) plan->n_words += (uint32_t)g->ops[i].iattr[1];
-  if (!(plan->words = kiln_calloc(plan->n_words, sizeof *plan->words))) {
-    s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
-                  "builder: out of memory for %u program words; free memory and retry",
-                  (unsigned)plan->n_words);
-    goto done;
-  }
   for (uint32_t t = 0; t < plan->n_tensors; t++) block_of[t] = -1;
-  for (uint32_t i = 0, word = 0; i < g->n_ops; i++) {
-    kiln_op *op;
-    if (g->dead[i]) continue;
-    op = &plan->ops[step];
-    *op = g->ops[i];
-    if (op->kind == KILN_OP_FUSED) { /* the program moves from its graph constant to the plan */
-      memcpy(plan->words + word, g->tensors[op->iattr[0]].data, (size_t)op->iattr[1] * 8u);
-      op->iattr[0] = word;
-      word += (uint32_t)op->iattr[1];
-    }
-    op->output = (uint32_t)p->map[op->output];
-    for (uint32_t k = 0; k < op->n_inputs; k++) {
-      op->inputs[k] = (uint32_t)p->map[op->inputs[k]];
+  for (uint32_t step = 0; step < plan->n_ops; step++) {
+    const kiln_op *op = &plan->ops[step];
+    for (uint32_t k = 0; k < op->n_inputs; k++)
       if (block_of[op->inputs[k]] >= 0) blocks[block_of[op->inputs[k]]].last = step;
-    }
     if (plan->tensors[op->output].storage == KILN_STORE_ARENA) {
       uint64_t at;
-      if (block_of[op->inputs[0]] >= 0 &&
-          kiln_op_is_view(op, &plan->tensors[op->inputs[0]], &at)) {
+      if (block_of[op->inputs[0]] >= 0 && fixed_view(plan, step, min_ops, min_tensors, &at)) {
         /* a view: inside its input's block, which now lives as long as the view is read */
         block_of[op->output] = block_of[op->inputs[0]];
         view_at[op->output] = view_at[op->inputs[0]] + at;
@@ -585,7 +688,6 @@ static kiln_status plan_ops_and_arena(const kiln_graph *g, build_parts *p, kiln_
         block_of[op->output] = (int32_t)n_blocks++;
       }
     }
-    step++;
   }
   if ((s = kiln_memplan(blocks, n_blocks, KILN_ARENA_ALIGN, &plan->arena_size, err))) goto done;
   for (uint32_t t = 0; t < plan->n_tensors; t++)
@@ -595,6 +697,47 @@ done:
   free(block_of);
   free(view_at);
   return s;
+}
+
+/* Ops numbered, a dynamic plan's dims derived from its symbols, then the arena. */
+static kiln_status plan_ops_and_arena(const kiln_graph *g, build_parts *p, kiln_error *err) {
+  kiln_plan *plan = &p->plan;
+  kiln_tensor_desc *min_tensors = NULL;
+  kiln_op *min_ops = NULL;
+  kiln_status s;
+  if ((s = number_ops(g, p, err))) return s;
+  if (!plan->n_symbols) return plan_arena(p, NULL, NULL, err);
+  min_tensors = kiln_calloc(plan->n_tensors ? plan->n_tensors : 1, sizeof *min_tensors);
+  min_ops = kiln_calloc(plan->n_ops ? plan->n_ops : 1, sizeof *min_ops);
+  if (!min_tensors || !min_ops)
+    s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                  "builder: out of memory for the lower-bound shapes of %u tensors; free memory",
+                  (unsigned)plan->n_tensors);
+  else if ((s = kiln_derive_symbols(plan, min_tensors, min_ops, err)) == KILN_OK)
+    s = plan_arena(p, min_ops, min_tensors, err);
+  free(min_tensors);
+  free(min_ops);
+  return s;
+}
+
+/* Each symbol sizes some input dim, so that a call's inputs give its value. */
+static kiln_status take_symbols(const kiln_builder *b, const kiln_graph *g, kiln_plan *plan,
+                                kiln_error *err) {
+  for (uint32_t k = 0; k < b->n_symbols; k++) {
+    int used = 0;
+    for (uint32_t i = 0; i < g->n_inputs && !used; i++) {
+      const kiln_tensor_desc *t = &g->tensors[g->inputs[i].tensor].desc;
+      for (int32_t d = 0; d < t->rank; d++) used |= t->sym[d].symbol == k + 1;
+    }
+    if (!used)
+      return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                       "builder build: symbol %.15s sizes no input dim, so no call could give its "
+                       "value; use it in an input's dims or drop it",
+                       b->symbols[k].name);
+  }
+  plan->n_symbols = b->n_symbols;
+  memcpy(plan->symbols, b->symbols, sizeof plan->symbols);
+  return KILN_OK;
 }
 
 /* The metadata JSON: bindings are the inputs, then the outputs, in the order they were named. */
@@ -692,7 +835,8 @@ kiln_status kiln_builder_build(kiln_builder *b, const kiln_build_options *opts, 
                   (unsigned)g->n_tensors);
     goto done;
   }
-  if ((s = number_tensors(g, &parts, err)) || (s = pack_weights(g, &parts, err)) ||
+  if ((s = take_symbols(b, g, &parts.plan, err)) || (s = number_tensors(g, &parts, err)) ||
+      (s = pack_weights(g, &parts, err)) ||
       (s = plan_ops_and_arena(g, &parts, err)) ||
       (s = kiln_plan_serialize(&parts.plan, &plan_bytes, &plan_size, err)) ||
       (s = write_metadata(g, opts, &json, &json_len, err)) ||

@@ -5,6 +5,7 @@
 #include "core/engine_internal.h"
 #include "core/load_checks.h"
 #include "core/shape.h"
+#include "core/symbolic.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,8 @@ static const char *io_name(kiln_io_kind kind) { return kind == KILN_IO_INPUT ? "
 static void release_engine(kiln_engine *e, int locked) {
   if (!e) return;
   kiln_plan_release(&e->plan);
+  free(e->shaped.tensors);
+  free(e->shaped.ops);
   free(e->weights);
   if (locked) pthread_mutex_destroy(&e->lock);
   free(e);
@@ -42,6 +45,24 @@ static kiln_status read_blob(kiln_engine *e, const void *blob, size_t blob_size,
   return KILN_OK;
 }
 
+/* A dynamic plan gets its per-call copy of tensors and ops, at the upper bounds until a call. */
+static kiln_status prepare_shapes(kiln_engine *e, kiln_error *err) {
+  const kiln_plan *p = &e->plan;
+  e->current = p;
+  if (!p->n_symbols) return KILN_OK;
+  e->shaped = *p;
+  e->shaped.tensors = kiln_calloc(p->n_tensors ? p->n_tensors : 1, sizeof *p->tensors);
+  e->shaped.ops = kiln_calloc(p->n_ops ? p->n_ops : 1, sizeof *p->ops);
+  if (!e->shaped.tensors || !e->shaped.ops)
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of host memory for the per-call shapes of %u tensors; free memory",
+                     (unsigned)p->n_tensors);
+  memcpy(e->shaped.tensors, p->tensors, sizeof *p->tensors * p->n_tensors);
+  memcpy(e->shaped.ops, p->ops, sizeof *p->ops * p->n_ops);
+  e->current = &e->shaped;
+  return KILN_OK;
+}
+
 kiln_status kiln_engine_load(const void *blob, size_t blob_size, const kiln_engine_options *opts,
                              kiln_engine **out, kiln_error *err) {
   kiln_engine_options defaults;
@@ -59,7 +80,7 @@ kiln_status kiln_engine_load(const void *blob, size_t blob_size, const kiln_engi
   if (!(e = kiln_calloc(1, sizeof *e)))
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "out of host memory for the engine; free memory and retry");
-  if ((s = read_blob(e, blob, blob_size, err)) ||
+  if ((s = read_blob(e, blob, blob_size, err)) || (s = prepare_shapes(e, err)) ||
       (s = kiln_select_device(opts, e->metadata.device_id, kiln_cuda_count_devices, &kind,
                               &e->device_id, err))) {
     release_engine(e, 0);
@@ -103,7 +124,12 @@ static kiln_status check_view(const kiln_binding *b, uint32_t k, const kiln_tens
                      "%.6s %u (\"%.63s\") is %.7s but the program takes %.4s; pass a %.4s tensor",
                      io, (unsigned)k, b->name, kiln_dtype_name(v->dtype),
                      kiln_dtype_name(t->dtype), kiln_dtype_name(t->dtype));
-  if (v->rank != t->rank || memcmp(v->sizes, t->dims, sizeof t->dims[0] * (size_t)t->rank) != 0)
+  /* A dynamic output's view may be larger than this call's size (its bound, say). */
+  int sized = v->rank == t->rank;
+  for (int32_t d = 0; sized && d < t->rank; d++)
+    sized = b->kind == KILN_IO_OUTPUT && t->sym[d].symbol ? v->sizes[d] >= t->dims[d]
+                                                          : v->sizes[d] == t->dims[d];
+  if (!sized)
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                      "%.6s %u (\"%.63s\") has shape %.40s but the program takes %.40s; pass a "
                      "tensor of that shape",
@@ -113,14 +139,14 @@ static kiln_status check_view(const kiln_binding *b, uint32_t k, const kiln_tens
   /* Row-major, where a dim of size 1 may have any stride and an empty tensor is contiguous. */
   if (t->nbytes) {
     for (int32_t d = t->rank; d-- > 0;) {
-      if (t->dims[d] != 1 && v->strides[d] != expect)
+      if (v->sizes[d] != 1 && v->strides[d] != expect)
         return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                          "%.6s %u (\"%.63s\") has strides %.40s, not contiguous for shape %.40s; "
                          "pass a contiguous tensor",
                          io, (unsigned)k, b->name,
                          kiln_shape_str(t->rank, v->strides, have, sizeof have),
-                         kiln_shape_str(t->rank, t->dims, want, sizeof want));
-      expect *= t->dims[d];
+                         kiln_shape_str(t->rank, v->sizes, want, sizeof want));
+      expect *= v->sizes[d];
     }
   }
   if (v->nbytes < t->nbytes)
@@ -145,7 +171,7 @@ static void view_range(const kiln_plan *plan, kiln_io_kind kind, uint32_t k,
  * shared pair in place, declared alias or not. */
 static kiln_status check_disjoint(const kiln_engine *e, const kiln_tensor_view *inputs,
                                   const kiln_tensor_view *outputs, kiln_error *err) {
-  const kiln_plan *plan = &e->plan;
+  const kiln_plan *plan = e->current;
   const char *name[2][KILN_MAX_BINDINGS];
   uint32_t n[2] = {0, 0};
   for (uint32_t i = 0; i < e->metadata.n_bindings; i++) {
@@ -172,10 +198,10 @@ static kiln_status check_disjoint(const kiln_engine *e, const kiln_tensor_view *
   return KILN_OK;
 }
 
-static kiln_status check_views(const kiln_engine *e, const kiln_tensor_view *inputs,
+static kiln_status check_views(kiln_engine *e, const kiln_tensor_view *inputs,
                                uint32_t n_inputs, const kiln_tensor_view *outputs,
                                uint32_t n_outputs, kiln_error *err) {
-  const kiln_plan *plan = &e->plan;
+  const kiln_plan *plan = e->current;
   uint32_t n[2] = {0, 0};
   if (n_inputs != plan->n_inputs || n_outputs != plan->n_outputs || (n_inputs && !inputs) ||
       (n_outputs && !outputs))
@@ -185,6 +211,19 @@ static kiln_status check_views(const kiln_engine *e, const kiln_tensor_view *inp
                      (unsigned)n_inputs, (unsigned)n_outputs, inputs ? "given" : "NULL",
                      outputs ? "given" : "NULL", (unsigned)plan->n_inputs,
                      (unsigned)plan->n_outputs);
+  if (plan->n_symbols) {
+    static const kiln_op_site call_site = {"plan", 0, KILN_ERR_INVALID_PROGRAM,
+                                           "; re-export the program"};
+    const char *names[KILN_MAX_BINDINGS];
+    kiln_status s;
+    for (uint32_t i = 0; i < e->metadata.n_bindings; i++)
+      if (e->metadata.bindings[i].kind == KILN_IO_INPUT) names[n[0]++] = e->metadata.bindings[i].name;
+    n[0] = 0;
+    if ((s = kiln_plan_bind_symbols(&e->plan, names, inputs, e->sym_values, err)) ||
+        (s = kiln_plan_shapes_at(&e->plan, e->sym_values, 1, &call_site, e->shaped.tensors,
+                                 e->shaped.ops, err)))
+      return s;
+  }
   for (uint32_t i = 0; i < e->metadata.n_bindings; i++) {
     const kiln_binding *b = &e->metadata.bindings[i];
     uint32_t k = n[b->kind]++;
@@ -234,5 +273,19 @@ void kiln_engine_destroy(kiln_engine *e) {
 const kiln_metadata *kiln_engine_metadata(const kiln_engine *e) { return e ? &e->metadata : NULL; }
 
 const kiln_plan *kiln_engine_plan(const kiln_engine *e) { return e ? &e->plan : NULL; }
+
+kiln_status kiln_engine_output_shape(const kiln_engine *e, uint32_t k, int32_t *rank,
+                                     int64_t *dims, kiln_error *err) {
+  const kiln_tensor_desc *t;
+  if (!e || !rank || !dims || k >= e->plan.n_outputs)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "output_shape got a NULL engine, rank or dims, or output %u of the program's "
+                     "%u; pass an output index and room for 8 dims",
+                     (unsigned)k, e ? (unsigned)e->plan.n_outputs : 0u);
+  t = &e->current->tensors[e->current->outputs[k]];
+  *rank = t->rank;
+  for (int32_t d = 0; d < t->rank; d++) dims[d] = t->dims[d];
+  return KILN_OK;
+}
 
 const char *kiln_engine_device_name(const kiln_engine *e) { return e ? e->device_name : ""; }

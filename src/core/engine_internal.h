@@ -26,6 +26,11 @@ typedef struct kiln_backend {
 struct kiln_engine {
   kiln_metadata metadata;
   kiln_plan plan;
+  /* What a backend runs: plan itself, or for a dynamic plan `shaped`, whose tensors and ops
+   * (allocated at load) hold this call's dims and attributes; offsets stay the plan's. */
+  const kiln_plan *current;
+  kiln_plan shaped;
+  int64_t sym_values[KILN_MAX_SYMBOLS];
   uint8_t *weights; /* host copy, KILN_WEIGHTS_ALIGN-aligned; a backend may free it in init */
   uint64_t weights_size;
   int32_t device_id;
@@ -34,6 +39,11 @@ struct kiln_engine {
   void *impl; /* the backend's state */
   pthread_mutex_t lock;
 };
+
+/* The plan a backend runs this call (an engine assembled without kiln_engine_load has only plan). */
+static inline const kiln_plan *kiln_engine_current(const kiln_engine *e) {
+  return e->current ? e->current : &e->plan;
+}
 
 extern const kiln_backend kiln_cpu_backend;
 #ifdef KILN_WITH_CUDA

@@ -9,14 +9,22 @@
  * then one 160-byte record per op (128 bytes with iattr[8] in version 1)
  *   0 u32 kind  4 u32 n_inputs  8 u32 inputs[8]  40 u32 output  44 u32 n_iattr
  *  48 i64 iattr[12]  144 f64 fattr[2]
- * then u32 tensor indices of the inputs, then of the outputs, then the i64 words of the FUSED
- * ops' programs, one after another in op order (none when the plan has no FUSED op). Unused
- * slots are zero. */
+ * then u32 tensor indices of the inputs, then of the outputs. Unused slots are zero.
+ * Version 2 then holds a symbol section (empty in a static plan): u32 symbols, u32 tensor
+ * sizes, u32 attribute sizes, u32 0, then one 32-byte record per symbol
+ *   0 char[16] name (NUL-padded)  16 i64 min  24 i64 max
+ * then one 32-byte record per size that follows a symbol, tensor dims first, then op attributes,
+ * each list in increasing (index, slot) order
+ *   0 u32 tensor or op  4 u32 dim or attribute slot  8 u32 symbol (1-based)  12 u32 0
+ *  16 i64 coeff  24 i64 offset
+ * and last the i64 words of the FUSED ops' programs, one after another in op order (none when
+ * the plan has no FUSED op). */
 #include "core/alloc.h"
 #include "core/fused_program.h"
 #include "core/internal.h"
 #include "core/memplan.h"
 #include "core/shape.h"
+#include "core/symbolic.h"
 #include "core/view.h"
 
 #include <stdlib.h>
@@ -24,6 +32,8 @@
 #define PLAN_MAGIC "KPLN"
 #define PLAN_HEADER_SIZE 32u
 #define PLAN_TENSOR_SIZE 96u
+#define PLAN_SYM_HEADER_SIZE 16u
+#define PLAN_SYM_SIZE 32u
 
 /* Integer attribute slots of an op record, and the record's size, in a plan of this version. */
 static uint32_t iattr_slots(uint32_t version) { return version >= 2 ? KILN_MAX_IATTR : 8u; }
@@ -64,23 +74,71 @@ static void put_op(uint8_t *p, const kiln_op *op) {
   }
 }
 
+/* How many sizes of the plan follow a symbol: tensor dims, op attributes. */
+static void count_sym_sizes(const kiln_plan *plan, uint32_t *n_dims, uint32_t *n_attrs) {
+  *n_dims = *n_attrs = 0;
+  for (uint32_t t = 0; t < plan->n_tensors; t++)
+    for (int d = 0; d < KILN_MAX_RANK; d++) *n_dims += plan->tensors[t].sym[d].symbol != 0;
+  for (uint32_t i = 0; i < plan->n_ops; i++)
+    for (int k = 0; k < KILN_MAX_IATTR; k++) *n_attrs += plan->ops[i].iattr_sym[k].symbol != 0;
+}
+
+static uint8_t *put_sym_size(uint8_t *p, uint32_t index, uint32_t slot, const kiln_sym_size *s) {
+  kiln_wr_u32(p, index);
+  kiln_wr_u32(p + 4, slot);
+  kiln_wr_u32(p + 8, s->symbol);
+  kiln_wr_u32(p + 12, 0);
+  kiln_wr_u64(p + 16, (uint64_t)s->coeff);
+  kiln_wr_u64(p + 24, (uint64_t)s->offset);
+  return p + PLAN_SYM_SIZE;
+}
+
+/* Writes the symbol section (a header alone in a static plan); returns the byte after it. */
+static uint8_t *put_symbols(uint8_t *p, const kiln_plan *plan, uint32_t n_dims, uint32_t n_attrs) {
+  kiln_wr_u32(p, plan->n_symbols);
+  kiln_wr_u32(p + 4, n_dims);
+  kiln_wr_u32(p + 8, n_attrs);
+  kiln_wr_u32(p + 12, 0);
+  p += PLAN_SYM_HEADER_SIZE;
+  for (uint32_t k = 0; k < plan->n_symbols; k++, p += PLAN_SYM_SIZE) {
+    memset(p, 0, 16);
+    memcpy(p, plan->symbols[k].name, strnlen(plan->symbols[k].name, 15));
+    kiln_wr_u64(p + 16, (uint64_t)plan->symbols[k].min);
+    kiln_wr_u64(p + 24, (uint64_t)plan->symbols[k].max);
+  }
+  for (uint32_t t = 0; t < plan->n_tensors; t++)
+    for (uint32_t d = 0; d < KILN_MAX_RANK; d++)
+      if (plan->tensors[t].sym[d].symbol) p = put_sym_size(p, t, d, &plan->tensors[t].sym[d]);
+  for (uint32_t i = 0; i < plan->n_ops; i++)
+    for (uint32_t k = 0; k < KILN_MAX_IATTR; k++)
+      if (plan->ops[i].iattr_sym[k].symbol) p = put_sym_size(p, i, k, &plan->ops[i].iattr_sym[k]);
+  return p;
+}
+
 kiln_status kiln_plan_serialize(const kiln_plan *plan, void **out, size_t *out_size,
                                 kiln_error *err) {
   uint64_t size;
   uint8_t *buf, *p;
+  uint32_t n_dims, n_attrs;
   if (!plan || !out || !out_size || (plan->n_tensors && !plan->tensors) ||
       (plan->n_ops && !plan->ops) || (plan->n_inputs && !plan->inputs) ||
       (plan->n_outputs && !plan->outputs))
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                      "plan serialize: a NULL plan, output or array with a non-zero count; pass "
                      "a complete plan");
-  size = plan_bytes(KILN_PLAN_VERSION, plan->n_tensors, plan->n_ops, plan->n_inputs,
-                    plan->n_outputs) +
-         (uint64_t)plan->n_words * 8u;
+  if (plan->n_symbols > KILN_MAX_SYMBOLS)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "plan serialize: %u symbols exceed the limit of %u; use fewer dynamic sizes",
+                     (unsigned)plan->n_symbols, (unsigned)KILN_MAX_SYMBOLS);
   if (plan->n_words && !plan->words)
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                      "plan serialize: %u program words but no array; pass a complete plan",
                      (unsigned)plan->n_words);
+  count_sym_sizes(plan, &n_dims, &n_attrs);
+  size = plan_bytes(KILN_PLAN_VERSION, plan->n_tensors, plan->n_ops, plan->n_inputs,
+                    plan->n_outputs) +
+         PLAN_SYM_HEADER_SIZE + ((uint64_t)plan->n_symbols + n_dims + n_attrs) * PLAN_SYM_SIZE +
+         (uint64_t)plan->n_words * 8u;
   if (size > SIZE_MAX || !(buf = kiln_malloc((size_t)size)))
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "plan serialize: out of memory for %llu bytes; free memory and retry",
@@ -99,6 +157,7 @@ kiln_status kiln_plan_serialize(const kiln_plan *plan, void **out, size_t *out_s
     put_op(p, &plan->ops[i]);
   for (uint32_t i = 0; i < plan->n_inputs; i++, p += 4) kiln_wr_u32(p, plan->inputs[i]);
   for (uint32_t i = 0; i < plan->n_outputs; i++, p += 4) kiln_wr_u32(p, plan->outputs[i]);
+  p = put_symbols(p, plan, n_dims, n_attrs);
   for (uint32_t i = 0; i < plan->n_words; i++, p += 8) kiln_wr_u64(p, (uint64_t)plan->words[i]);
   *out = buf;
   *out_size = (size_t)size;
@@ -477,9 +536,153 @@ static kiln_status check_words(const kiln_plan *plan, kiln_error *err) {
   return KILN_OK;
 }
 
+/* Decodes one sized record's expression: a known symbol, coeff >= 1, the stored size `at_max` is
+ * its value at the symbol's bound and its value at the lower bound is not negative. */
+static kiln_status parse_sym_size(const uint8_t *p, const kiln_plan *plan, const char *what,
+                                  uint32_t index, uint32_t slot, int64_t at_max,
+                                  kiln_sym_size *out, kiln_error *err) {
+  const kiln_symbol *sym;
+  int64_t top, bottom;
+  out->symbol = kiln_rd_u32(p + 8);
+  out->coeff = (int64_t)kiln_rd_u64(p + 16);
+  out->offset = (int64_t)kiln_rd_u64(p + 24);
+  if (out->symbol == 0 || out->symbol > plan->n_symbols || kiln_rd_u32(p + 12) != 0)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan %.6s %u slot %u follows symbol %u but the plan has symbols 1..%u; "
+                     "re-export the program",
+                     what, (unsigned)index, (unsigned)slot, (unsigned)out->symbol,
+                     (unsigned)plan->n_symbols);
+  sym = &plan->symbols[out->symbol - 1];
+  if (out->coeff < 1 || out->coeff > KILN_DIM_MAX || out->offset < -KILN_DIM_MAX ||
+      out->offset > KILN_DIM_MAX || __builtin_mul_overflow(out->coeff, sym->max, &top) ||
+      __builtin_add_overflow(top, out->offset, &top) || top != at_max ||
+      (bottom = out->coeff * sym->min + out->offset) < 0)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan %.6s %u slot %u is %lld but %lld*%.15s%+lld over %.15s's bounds %lld..%lld "
+                     "does not end there at or above 0; re-export the program",
+                     what, (unsigned)index, (unsigned)slot, (long long)at_max,
+                     (long long)out->coeff, sym->name, (long long)out->offset, sym->name,
+                     (long long)sym->min, (long long)sym->max);
+  return KILN_OK;
+}
+
+/* The symbol section: bounds, then each size that follows a symbol, in increasing order. */
+static kiln_status parse_symbols(const uint8_t *p, kiln_plan *plan, kiln_error *err) {
+  uint32_t n_dims = kiln_rd_u32(p + 4), n_attrs = kiln_rd_u32(p + 8);
+  uint64_t last = 0;
+  int used[KILN_MAX_SYMBOLS] = {0};
+  kiln_status s;
+  p += PLAN_SYM_HEADER_SIZE;
+  for (uint32_t k = 0; k < plan->n_symbols; k++, p += PLAN_SYM_SIZE) {
+    kiln_symbol *sym = &plan->symbols[k];
+    size_t len = strnlen((const char *)p, 16);
+    int printable = len > 0 && len < 16;
+    for (size_t c = 0; c < 16; c++)
+      if (c < len ? p[c] < 0x21 || p[c] > 0x7e : p[c] != 0) printable = 0;
+    memcpy(sym->name, p, 16);
+    sym->name[15] = 0;
+    sym->min = (int64_t)kiln_rd_u64(p + 16);
+    sym->max = (int64_t)kiln_rd_u64(p + 24);
+    if (!printable)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan symbol %u: its name is not 1..15 printable ASCII bytes padded with "
+                       "NULs; re-export the program",
+                       (unsigned)k + 1);
+    if (sym->min < 0 || sym->min > sym->max || sym->max > KILN_DIM_MAX)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan symbol %u (%.15s): bounds %lld..%lld are inverted or outside "
+                       "0..2^62; re-export the program",
+                       (unsigned)k + 1, sym->name, (long long)sym->min, (long long)sym->max);
+  }
+  for (uint32_t j = 0; j < n_dims + n_attrs; j++, p += PLAN_SYM_SIZE) {
+    int is_dim = j < n_dims;
+    uint32_t index = kiln_rd_u32(p), slot = kiln_rd_u32(p + 4);
+    uint64_t key = (uint64_t)index << 32 | slot;
+    const char *what = is_dim ? "tensor" : "op";
+    if (j != 0 && j != n_dims && key <= last)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan %.6s %u slot %u is listed out of order or twice among the dynamic "
+                       "sizes; re-export the program",
+                       what, (unsigned)index, (unsigned)slot);
+    last = key;
+    if (is_dim) {
+      kiln_tensor_desc *t;
+      if (index >= plan->n_tensors || slot >= (uint32_t)plan->tensors[index].rank ||
+          plan->tensors[index].storage == KILN_STORE_WEIGHT)
+        return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                         "plan tensor %u dim %u cannot be dynamic: no such tensor or dim, or a "
+                         "weight; re-export the program",
+                         (unsigned)index, (unsigned)slot);
+      t = &plan->tensors[index];
+      if ((s = parse_sym_size(p, plan, what, index, slot, t->dims[slot], &t->sym[slot], err)))
+        return s;
+      if (t->storage == KILN_STORE_INPUT) used[t->sym[slot].symbol - 1] = 1;
+    } else {
+      kiln_op *op;
+      if (index >= plan->n_ops || slot >= plan->ops[index].n_iattr ||
+          !kiln_attr_may_follow_symbol(plan->ops[index].kind, slot))
+        return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                         "plan op %u attribute %u cannot be dynamic: no such op or attribute, or "
+                         "not a size; re-export the program",
+                         (unsigned)index, (unsigned)slot);
+      op = &plan->ops[index];
+      if ((s = parse_sym_size(p, plan, what, index, slot, op->iattr[slot], &op->iattr_sym[slot],
+                              err)))
+        return s;
+    }
+  }
+  for (uint32_t k = 0; k < plan->n_symbols; k++)
+    if (!used[k])
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan symbol %u (%.15s) sizes no input dim, so no call can give its value; "
+                       "re-export the program",
+                       (unsigned)k + 1, plan->symbols[k].name);
+  return KILN_OK;
+}
+
+/* A dynamic plan's shapes hold at the lower bounds too, and every view the memory plan placed
+ * on its input's bytes starts at the same byte there: the engines place views once. */
+static kiln_status check_dynamic(const kiln_plan *plan, kiln_error *err) {
+  static const kiln_op_site site = {"plan", 0, KILN_ERR_INVALID_PROGRAM, "; re-export the program"};
+  int64_t values[KILN_MAX_SYMBOLS];
+  kiln_tensor_desc *tensors = kiln_calloc(plan->n_tensors ? plan->n_tensors : 1, sizeof *tensors);
+  kiln_op *ops = kiln_calloc(plan->n_ops ? plan->n_ops : 1, sizeof *ops);
+  kiln_status s = KILN_OK;
+  if (!tensors || !ops) {
+    s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                  "plan: out of memory checking %u tensors at their lower bounds; free memory",
+                  (unsigned)plan->n_tensors);
+    goto done;
+  }
+  memcpy(tensors, plan->tensors, sizeof *tensors * plan->n_tensors);
+  memcpy(ops, plan->ops, sizeof *ops * plan->n_ops);
+  for (uint32_t k = 0; k < plan->n_symbols; k++) values[k] = plan->symbols[k].min;
+  if ((s = kiln_plan_shapes_at(plan, values, 1, &site, tensors, ops, err))) goto done;
+  for (uint32_t i = 0; i < plan->n_ops; i++) {
+    const kiln_op *op = &plan->ops[i];
+    const kiln_tensor_desc *in = &plan->tensors[op->inputs[0]], *out = &plan->tensors[op->output];
+    uint64_t at_max, at_min;
+    if (out->storage != KILN_STORE_ARENA || in->storage != KILN_STORE_ARENA ||
+        !kiln_op_is_view(op, in, &at_max) || out->offset != in->offset + at_max)
+      continue;
+    if (!kiln_op_is_view(&ops[i], &tensors[op->inputs[0]], &at_min) || at_min != at_max) {
+      s = kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                    "plan op %u (%.12s): a view at byte %llu of its input at the upper bounds "
+                    "moves at the lower bounds; re-export the program",
+                    (unsigned)i, kiln_op_name(op->kind), (unsigned long long)at_max);
+      goto done;
+    }
+  }
+done:
+  free(tensors);
+  free(ops);
+  return s;
+}
+
 static kiln_status parse_body(const uint8_t *p, uint64_t weights_size, kiln_plan *plan,
                               kiln_error *err) {
   int64_t *writer, *written;
+  const uint8_t *symbols;
   kiln_status s = KILN_OK;
   p += PLAN_HEADER_SIZE;
   for (uint32_t i = 0; i < plan->n_tensors; i++, p += PLAN_TENSOR_SIZE)
@@ -488,6 +691,10 @@ static kiln_status parse_body(const uint8_t *p, uint64_t weights_size, kiln_plan
     if ((s = parse_op(p, i, plan->version, plan->n_tensors, &plan->ops[i], err))) return s;
   for (uint32_t i = 0; i < plan->n_inputs; i++, p += 4) plan->inputs[i] = kiln_rd_u32(p);
   for (uint32_t i = 0; i < plan->n_outputs; i++, p += 4) plan->outputs[i] = kiln_rd_u32(p);
+  symbols = p; /* version 2: the symbol section, its sizes checked by kiln_plan_parse */
+  if (plan->version >= 2)
+    p += PLAN_SYM_HEADER_SIZE + ((uint64_t)kiln_rd_u32(p) + kiln_rd_u32(p + 4) + kiln_rd_u32(p + 8)) *
+                                   PLAN_SYM_SIZE;
   for (uint32_t i = 0; i < plan->n_words; i++, p += 8) plan->words[i] = (int64_t)kiln_rd_u64(p);
   if ((s = check_words(plan, err))) return s;
   if ((s = check_io_list(plan, KILN_STORE_INPUT, plan->inputs, plan->n_inputs, err)) ||
@@ -515,6 +722,8 @@ static kiln_status parse_body(const uint8_t *p, uint64_t weights_size, kiln_plan
   if (s == KILN_OK) s = check_arena(plan, err);
   free(writer);
   free(written);
+  if (s == KILN_OK && plan->n_symbols && (s = parse_symbols(symbols, plan, err)) == KILN_OK)
+    s = check_dynamic(plan, err);
   return s;
 }
 
@@ -552,9 +761,26 @@ kiln_status kiln_plan_parse(const void *data, size_t size, uint64_t weights_size
   plan.n_outputs = kiln_rd_u32(p + 20);
   plan.arena_size = kiln_rd_u64(p + 24);
   need = plan_bytes(plan.version, plan.n_tensors, plan.n_ops, plan.n_inputs, plan.n_outputs);
-  if (size > need && (size - need) % 8u == 0 && (size - need) / 8u <= UINT32_MAX) {
-    plan.n_words = (uint32_t)((size - need) / 8u); /* programs; check_words accounts for each */
-    need = size;
+  if (plan.version >= 2) {
+    const uint8_t *q = p + need;
+    if (need + PLAN_SYM_HEADER_SIZE > size)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan section is %llu bytes, too short for the symbol section a version 2 "
+                       "plan holds after %llu; re-export the program",
+                       (unsigned long long)size, (unsigned long long)need);
+    plan.n_symbols = kiln_rd_u32(q);
+    if (plan.n_symbols > KILN_MAX_SYMBOLS || kiln_rd_u32(q + 12) != 0 ||
+        (plan.n_symbols == 0 && (kiln_rd_u32(q + 4) || kiln_rd_u32(q + 8))))
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan declares %u symbols; a version 2 plan holds 0..%u (none with no "
+                       "dynamic size, and a zero reserved word); re-export the program",
+                       (unsigned)plan.n_symbols, (unsigned)KILN_MAX_SYMBOLS);
+    need += PLAN_SYM_HEADER_SIZE + ((uint64_t)plan.n_symbols + kiln_rd_u32(q + 4) +
+                                    kiln_rd_u32(q + 8)) * PLAN_SYM_SIZE;
+    if (size > need && (size - need) % 8u == 0 && (size - need) / 8u <= UINT32_MAX) {
+      plan.n_words = (uint32_t)((size - need) / 8u); /* programs; check_words accounts for each */
+      need = size;
+    }
   }
   if (need != size)
     return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,

@@ -106,8 +106,8 @@ static kiln_status cpu_init(kiln_engine *e, kiln_error *err) {
 static kiln_status resolve(kiln_engine *e, const kiln_tensor_view *inputs,
                            const kiln_tensor_view *outputs, kiln_error *err) {
   cpu_state *s = e->impl;
-  for (uint32_t i = 0; i < e->plan.n_tensors; i++) {
-    const kiln_tensor_desc *t = &e->plan.tensors[i];
+  for (uint32_t i = 0; i < kiln_engine_current(e)->n_tensors; i++) {
+    const kiln_tensor_desc *t = &kiln_engine_current(e)->tensors[i];
     void *base = NULL;
     switch (t->storage) {
     case KILN_STORE_ARENA: base = s->arena; break;
@@ -235,13 +235,14 @@ static kiln_status cpu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
   cpu_state *s = e->impl;
   kiln_status st = check_host_buffers(e, inputs, outputs, err);
   if (st == KILN_OK) st = resolve(e, inputs, outputs, err);
-  const kiln_cpu_run run = {&e->plan, s->data, s->scratch};
+  /* this call's sizes: a dynamic plan's kernels read the dims the engine set for the call */
+  const kiln_cpu_run run = {kiln_engine_current(e), s->data, s->scratch};
   for (uint32_t i = 0; st == KILN_OK && i < e->plan.n_ops; i++) st = run_op(&run, i, err);
   for (uint32_t i = 0; st == KILN_OK && i < e->metadata.n_aliases; i++) {
     const kiln_alias *a = &e->metadata.aliases[i];
     uint32_t from = e->plan.outputs[a->output], to = e->plan.inputs[a->input];
     if (s->data[from] != s->data[to])
-      memmove(s->data[to], s->data[from], (size_t)e->plan.tensors[from].nbytes);
+      memmove(s->data[to], s->data[from], (size_t)kiln_engine_current(e)->tensors[from].nbytes);
   }
   return st;
 }

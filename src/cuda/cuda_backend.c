@@ -707,6 +707,13 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
 }
 
 static kiln_status kcu_init(kiln_engine *e, kiln_error *err) {
+  /* Launch sizes, GEMM descriptors and graphs are all fixed at init here: no per-call shapes. */
+  if (e->plan.n_symbols)
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "the CUDA engine cannot run a plan with dynamic sizes yet (symbol %.15s, "
+                     "%lld..%lld); load it with device cpu or export with static shapes",
+                     e->plan.symbols[0].name, (long long)e->plan.symbols[0].min,
+                     (long long)e->plan.symbols[0].max);
   kcu_state *s = (kcu_state *)calloc(1, sizeof *s);
   if (!s || kcu_injected()) {
     free(s);

@@ -3,6 +3,7 @@
 #include "kiln/kiln.h"
 
 #include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 #include <executorch/runtime/platform/log.h>
 
 #include <array>
@@ -145,6 +146,23 @@ const char *kind_name(const kiln_binding &binding) {
   return binding.kind == KILN_IO_INPUT ? "input" : "output";
 }
 
+// Resizes an output of a dynamic plan (ExecuTorch plans it for its bound) to dims.
+kiln_status resize_output(EValue &value, const kiln_binding &binding, int32_t rank,
+                          const int64_t *dims, kiln_error *err) {
+  if (!value.isTensor()) {
+    return KILN_OK; // view_of refuses it
+  }
+  const Error status = executorch::runtime::resize_tensor(
+      value.toTensor(), ArrayRef<int64_t>(dims, static_cast<size_t>(rank)));
+  if (status != Error::Ok) {
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "output %.64s cannot be resized to this call's shape (ExecuTorch error 0x%x): "
+                     "export the program with its dynamic dims so ExecuTorch plans their bound",
+                     binding.name, static_cast<unsigned>(status));
+  }
+  return KILN_OK;
+}
+
 // Describes an ExecuTorch tensor to the C core, which checks it against the binding.
 kiln_status view_of(const EValue &value, const kiln_binding &binding, kiln_tensor_view *view,
                     kiln_error *err) {
@@ -222,18 +240,29 @@ class KilnBackend final : public BackendInterface {
     const kiln_metadata *metadata = kiln_engine_metadata(handle->engine);
     kiln_error err = {};
     const size_t expected = static_cast<size_t>(handle->n_inputs) + handle->n_outputs;
-    if (args.size() != expected) {
+    // A dynamic plan's outputs take their bound before the call and this call's shape after;
+    // the dynamic sizes ExecuTorch also passes (integers) are read from the input shapes instead.
+    const bool dynamic = kiln_engine_plan(handle->engine)->n_symbols > 0;
+    EValue *tensors[KILN_MAX_BINDINGS];
+    size_t n = 0;
+    for (size_t i = 0; i < args.size(); i++) {
+      if (dynamic && args[i]->isInt()) continue;
+      if (n < KILN_MAX_BINDINGS) tensors[n] = args[i];
+      n++;
+    }
+    if (n != expected) {
       kiln_fail(&err, KILN_ERR_INVALID_PROGRAM,
                 "the delegate call passes %llu values but its Kiln blob has %u inputs and %u "
                 "outputs: the program does not match its blob; re-export it",
-                static_cast<unsigned long long>(args.size()), handle->n_inputs,
-                handle->n_outputs);
+                static_cast<unsigned long long>(n), handle->n_inputs, handle->n_outputs);
       return log_failure("execute", err);
     }
-    for (size_t i = 0; i < args.size(); i++) {
+    for (size_t i = 0; i < n; i++) {
       // A shape other than the binding's (an output planned larger) is refused by the engine.
       const kiln_binding &binding = metadata->bindings[handle->binding_of_arg[i]];
-      if (view_of(*args[i], binding, &handle->views[i], &err) != KILN_OK) {
+      if ((dynamic && i >= handle->n_inputs &&
+           resize_output(*tensors[i], binding, binding.rank, binding.shape, &err) != KILN_OK) ||
+          view_of(*tensors[i], binding, &handle->views[i], &err) != KILN_OK) {
         return log_failure("execute", err);
       }
     }
@@ -241,6 +270,16 @@ class KilnBackend final : public BackendInterface {
                             handle->views + handle->n_inputs, handle->n_outputs,
                             &err) != KILN_OK) {
       return log_failure("execute", err);
+    }
+    for (uint32_t k = 0; dynamic && k < handle->n_outputs; k++) {
+      const size_t i = handle->n_inputs + k;
+      int32_t rank = 0;
+      int64_t dims[KILN_MAX_RANK];
+      if (kiln_engine_output_shape(handle->engine, k, &rank, dims, &err) != KILN_OK ||
+          resize_output(*tensors[i], metadata->bindings[handle->binding_of_arg[i]], rank, dims,
+                        &err) != KILN_OK) {
+        return log_failure("execute", err);
+      }
     }
     return Error::Ok;
   }

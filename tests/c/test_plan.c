@@ -37,8 +37,8 @@ static void fresh(fixture *f) {
   set_tensor(&f->tensors[2], KILN_F32, 1, (int64_t[]){4}, KILN_STORE_WEIGHT, 0, 64);
   set_tensor(&f->tensors[3], KILN_F32, 2, (int64_t[]){2, 4}, KILN_STORE_ARENA, 0, 0);
   set_tensor(&f->tensors[4], KILN_F32, 2, (int64_t[]){2, 4}, KILN_STORE_OUTPUT, 0, 0);
-  f->ops[0] = (kiln_op){KILN_OP_LINEAR, 3, {0, 1, 2}, 3, 1, {KILN_ACT_NONE}, {0, 0}};
-  f->ops[1] = (kiln_op){KILN_OP_RELU, 1, {3}, 4, 0, {0}, {0, 0}};
+  f->ops[0] = (kiln_op){KILN_OP_LINEAR, 3, {0, 1, 2}, 3, 1, {KILN_ACT_NONE}, {0, 0}, {{0, 0, 0}}};
+  f->ops[1] = (kiln_op){KILN_OP_RELU, 1, {3}, 4, 0, {0}, {0, 0}, {{0, 0, 0}}};
   f->inputs[0] = 0;
   f->outputs[0] = 4;
   f->plan = (kiln_plan){KILN_PLAN_VERSION, 5, 2, 1, 1, 32, f->tensors, f->ops, f->inputs, f->outputs, 0, NULL};
@@ -82,7 +82,7 @@ static void test_round_trip(void) {
   CHECK(memcmp(bytes, "KPLN", 4) == 0);
   CHECK(kiln_plan_parse(bytes, size, WEIGHTS_SIZE, &out, &err) == KILN_OK);
   CHECK_STR(err.message, "");
-  CHECK(out.version == KILN_PLAN_VERSION && out.n_tensors == 5 && out.n_ops == 2);
+  CHECK(out.version == 1 && out.n_tensors == 5 && out.n_ops == 2);
   CHECK(out.n_inputs == 1 && out.n_outputs == 1 && out.arena_size == 32);
   CHECK(memcmp(out.tensors, f.tensors, 5 * sizeof *out.tensors) == 0);
   CHECK(memcmp(out.ops, f.ops, 2 * sizeof *out.ops) == 0);
@@ -346,8 +346,8 @@ static void test_order_refusals(void) {
   fixture f;
   /* The relu runs first and reads what the linear writes later. */
   fresh(&f);
-  f.ops[0] = (kiln_op){KILN_OP_RELU, 1, {3}, 4, 0, {0}, {0, 0}};
-  f.ops[1] = (kiln_op){KILN_OP_LINEAR, 3, {0, 1, 2}, 3, 1, {KILN_ACT_NONE}, {0, 0}};
+  f.ops[0] = (kiln_op){KILN_OP_RELU, 1, {3}, 4, 0, {0}, {0, 0}, {{0, 0, 0}}};
+  f.ops[1] = (kiln_op){KILN_OP_LINEAR, 3, {0, 1, 2}, 3, 1, {KILN_ACT_NONE}, {0, 0}, {{0, 0, 0}}};
   expect(&f, KILN_ERR_INVALID_PROGRAM,
          "plan op 0 (relu): input 0 reads tensor 3, which no earlier op writes; re-export the "
          "program");
@@ -368,8 +368,8 @@ static void test_order_refusals(void) {
          "plan op 1 (relu): writes tensor 0 of input storage, but ops write only arena and "
          "output tensors; re-export the program");
   fresh(&f);
-  f.ops[1] = (kiln_op){KILN_OP_LINEAR, 3, {0, 1, 2}, 3, 1, {KILN_ACT_RELU}, {0, 0}};
-  f.ops[2] = (kiln_op){KILN_OP_RELU, 1, {3}, 4, 0, {0}, {0, 0}};
+  f.ops[1] = (kiln_op){KILN_OP_LINEAR, 3, {0, 1, 2}, 3, 1, {KILN_ACT_RELU}, {0, 0}, {{0, 0, 0}}};
+  f.ops[2] = (kiln_op){KILN_OP_RELU, 1, {3}, 4, 0, {0}, {0, 0}, {{0, 0, 0}}};
   f.plan.n_ops = 3;
   expect(&f, KILN_ERR_INVALID_PROGRAM,
          "plan op 1 (linear): writes tensor 3, which op 0 already wrote; re-export the program");
@@ -480,9 +480,9 @@ static void test_channels_last_refusals(void) {
 static void chain(fixture *f, kiln_op_kind kind, uint64_t at) {
   fresh(f);
   set_tensor(&f->tensors[5], KILN_F32, 2, (int64_t[]){2, 4}, KILN_STORE_ARENA, 0, at);
-  f->ops[1] = (kiln_op){kind, 1, {3}, 5, 0, {0}, {0, 0}};
+  f->ops[1] = (kiln_op){kind, 1, {3}, 5, 0, {0}, {0, 0}, {{0, 0, 0}}};
   if (kind == KILN_OP_RESHAPE) f->ops[1].n_iattr = 2, f->ops[1].iattr[0] = 2, f->ops[1].iattr[1] = 4;
-  f->ops[2] = (kiln_op){KILN_OP_RELU, 1, {5}, 4, 0, {0}, {0, 0}};
+  f->ops[2] = (kiln_op){KILN_OP_RELU, 1, {5}, 4, 0, {0}, {0, 0}, {{0, 0, 0}}};
   f->plan.n_tensors = 6;
   f->plan.n_ops = 3;
   f->plan.arena_size = at + 32 > 32 ? at + 32 : 32;

@@ -1837,6 +1837,38 @@ static void test_refusals(void) {
   p_free(p);
 }
 
+/* A plan with a bounded dynamic dim runs on the CPU engine; the CUDA engine refuses it at load,
+ * naming the symbol, and never falls back to the CPU. */
+static void test_dynamic_plan_refused(void) {
+  kiln_builder *b = kiln_builder_create();
+  kiln_error err = {KILN_OK, ""};
+  kiln_sym_size s = {1, 1, 0};
+  kiln_engine_options opts;
+  kiln_engine *e = NULL;
+  void *blob = NULL;
+  size_t size = 0;
+  CHECK(kiln_builder_add_symbol(b, "seq", 1, 8, &err) == 1);
+  int32_t x = kiln_builder_add_input_sym(b, "x", KILN_F32, 2, DIMS(8, 4),
+                                         (kiln_sym_size[]){s, {0, 0, 0}}, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_RELU, &x, 1, NULL, 0, NULL, 0, &err);
+  CHECK(kiln_builder_mark_output(b, y, "y", &err) == KILN_OK);
+  CHECK(kiln_builder_build(b, NULL, &blob, &size, &err) == KILN_OK);
+  kiln_engine_options_default(&opts);
+  opts.device = KILN_DEVICE_CPU;
+  CHECK(kiln_engine_load(blob, size, &opts, &e, &err) == KILN_OK);
+  kiln_engine_destroy(e);
+  e = NULL;
+  opts.device = KILN_DEVICE_CUDA;
+  kiln_status st = kiln_engine_load(blob, size, &opts, &e, &err);
+  printf("dynamic plan on CUDA: %s: %s\n", kiln_status_name(st), err.message);
+  CHECK(st == KILN_ERR_UNSUPPORTED && e == NULL &&
+        strcmp(err.message, "the CUDA engine cannot run a plan with dynamic sizes yet (symbol seq, "
+                            "1..8); load it with device cpu or export with static shapes") == 0);
+  kiln_engine_destroy(e);
+  kiln_free(blob);
+  kiln_builder_destroy(b);
+}
+
 static void test_init_failures(void) {
   kiln_error err;
   prog *p = small_prog();
@@ -2036,6 +2068,7 @@ int main(int argc, char **argv) {
   test_residency();
   test_chunked_staging();
   test_refusals();
+  test_dynamic_plan_refused();
   test_init_failures();
   return check_report("test_cuda_ops");
 }

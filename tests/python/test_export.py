@@ -280,13 +280,25 @@ def test_float64_linear_is_decomposed_not_preserved():
     assert edge_blobs(edge) == []
 
 
-def test_dynamic_shape_stays_on_cpu():
+def test_bounded_dynamic_batch_lowers_to_kiln():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
     batch = torch.export.Dim("batch", min=2, max=16)
     edge, partitioner = lower(model, (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
-    assert edge_blobs(edge) == []
-    assert any("dynamic shape" in reason for reason in partitioner.refusals.values())
+    assert len(edge_blobs(edge)) == 1
+    assert partitioner.refusals == {}
+
+
+class SquareFlatten(nn.Module):
+    def forward(self, x):
+        return torch.relu(x).reshape(-1) * 2
+
+
+def test_dynamic_size_not_affine_in_its_symbol_stays_on_cpu():
+    side = torch.export.Dim("side", min=2, max=8)
+    edge, partitioner = lower(SquareFlatten(), (torch.randn(4, 4),), dynamic_shapes=({0: side, 1: side},))
+    assert any("is not a*s+b of one symbol" in reason for reason in partitioner.refusals.values()), \
+        partitioner.refusals
 
 
 class Rank9(nn.Module):

@@ -1,5 +1,5 @@
 """kiln.export takes what torch.export takes (an nn.Module with example inputs, kwargs=, strict=,
-dynamic_shapes=, or an ExportedProgram), refuses a dynamic dimension naming it and anything else
+dynamic_shapes=, or an ExportedProgram), refuses an unbounded dynamic dimension naming it and anything else
 clearly, and reports what stays on ExecuTorch: a warning, or NotWholeError with require_whole."""
 
 import os
@@ -64,14 +64,17 @@ def test_strict_kwargs_and_dynamic_shapes_reach_torch_export(monkeypatch):
     assert len(kiln.blobs(program)) == 1
 
 
-def test_dynamic_dimension_is_refused_naming_it():
+def test_unbounded_dynamic_dimension_is_refused_naming_it():
     model, inputs = mlp()
-    batch = torch.export.Dim("batch", min=2, max=16)
-    with pytest.raises(ValueError, match=r"input 'x' dimension 0 is dynamic \(.* in \[2, 16\]\).*static"):
+    batch = torch.export.Dim("batch", min=2)
+    with pytest.raises(ValueError, match=r"input 'x' dimension 0 is dynamic \(.* in \[2, int_oo\]\) without an "
+                                         r"upper bound.*Dim\(name, max=N\)"):
         kiln.to_executorch(model, inputs, dynamic_shapes={"x": {0: batch}})
     exported = torch.export.export(model, inputs, dynamic_shapes={"x": {0: batch}})
     with pytest.raises(ValueError, match="input 'x' dimension 0 is dynamic"):
         kiln.to_executorch(exported)
+    bounded = torch.export.Dim("batch", min=2, max=16)
+    assert len(kiln.blobs(kiln.to_executorch(model, inputs, dynamic_shapes={"x": {0: bounded}}))) == 1
 
 
 @pytest.mark.parametrize("model, example_inputs, options, message", [

@@ -1,0 +1,120 @@
+"""Bounded dynamic dims end to end on the CPU engine: kiln.export with torch.export.Dim gives one
+Kiln blob planned for the upper bound, ExecuTorch's Python runtime runs it at any size within the
+bounds matching eager (outputs resized to this call's shape), and a size outside is refused with
+a message naming the input, the dim, the value and the bound, leaving the program usable."""
+
+import contextlib
+import io
+
+import pytest
+import torch
+
+import kiln
+import kiln_runtime  # noqa: F401  (registers KilnBackend)
+import models
+import zoo_models
+from executorch.runtime import Runtime
+
+from kiln._lib import KilnError
+
+TOLERANCE = 1e-4
+
+
+class Exported:
+    """A model exported once with dynamic_shapes, its program loaded in ExecuTorch's runtime."""
+
+    def __init__(self, model, example, dynamic_shapes, path):
+        self.model = model
+        with torch.no_grad():
+            self.program = kiln.export(model, example, str(path), dynamic_shapes=dynamic_shapes)
+        self.report = self.program.kiln_report
+        self.blobs = kiln.blobs(self.program)
+        self.et_program = Runtime.get().load_program(str(path))  # a Method does not keep it alive
+        self.method = self.et_program.load_method("forward")
+
+    def check(self, inputs):
+        with torch.no_grad():
+            expected = self.model(*inputs)
+        got = self.method.execute(list(inputs))[0]
+        assert got.shape == expected.shape
+        error = (got - expected).abs().max().item() / expected.abs().max().item()
+        assert error < TOLERANCE, f"error {error} at shape {tuple(inputs[0].shape)}"
+
+
+def bert_inputs(batch):
+    ids = zoo_models.token_ids(batch, batch=batch)
+    mask = torch.ones(batch, zoo_models.SEQUENCE, dtype=torch.long)
+    mask[-1, zoo_models.SEQUENCE - zoo_models.PADDING:] = 0
+    return ids, mask
+
+
+def gpt2_inputs(time):
+    return (torch.randint(0, zoo_models.VOCAB, (1, time), generator=torch.Generator().manual_seed(time)),)
+
+
+def llama_inputs(time):
+    x = torch.randn(1, time, 64, generator=torch.Generator().manual_seed(time))
+    return (x, *models._rotary(1, time, 16))
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    batch = torch.export.Dim("batch", min=1, max=6)
+    return Exported(zoo_models.REAL_BY_NAME["bert"].make(), bert_inputs(2), ({0: batch}, {0: batch}),
+                    tmp_path_factory.mktemp("bert") / "bert.pte")
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    time = torch.export.Dim("time", min=2, max=zoo_models.POSITIONS)
+    return Exported(zoo_models.REAL_BY_NAME["gpt2"].make(), gpt2_inputs(16), ({1: time},),
+                    tmp_path_factory.mktemp("gpt2") / "gpt2.pte")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    torch.manual_seed(0)
+    time = torch.export.Dim("time", min=1, max=16)
+    return Exported(models.LlamaBlock().eval(), llama_inputs(8), ({1: time}, {1: time}, {1: time}),
+                    tmp_path_factory.mktemp("llama") / "llama.pte")
+
+
+def test_encoder_with_a_dynamic_batch_runs_every_size_within_bounds(bert):
+    assert len(bert.blobs) == 1 and bert.report.whole, bert.report
+    for batch in (1, 3, 6, 2):
+        bert.check(bert_inputs(batch))
+
+
+def test_decoder_with_a_dynamic_sequence_runs_every_size_within_bounds(gpt2):
+    assert len(gpt2.blobs) == 1 and gpt2.report.whole, gpt2.report
+    for time in (2, 7, zoo_models.POSITIONS, 13):
+        gpt2.check(gpt2_inputs(time))
+
+
+def test_llama_block_with_a_dynamic_sequence_runs_every_size_within_bounds(llama):
+    assert len(llama.blobs) == 1 and llama.report.whole, llama.report
+    for time in (1, 5, 16, 11):
+        llama.check(llama_inputs(time))
+
+
+def test_a_size_below_the_bound_is_refused_and_the_program_stays_usable(gpt2):
+    log = io.StringIO()
+    with contextlib.redirect_stderr(log), pytest.raises(RuntimeError):
+        gpt2.method.execute(list(gpt2_inputs(1)))
+    assert ('input 0 ("input_ids") dim 1 is 1, below its bound 2 (dynamic size s' in log.getvalue()
+            and "pass at least that or re-export with a smaller min" in log.getvalue()), log.getvalue()
+    gpt2.check(gpt2_inputs(9))
+
+
+def test_a_size_above_the_bound_is_refused_naming_input_dim_value_and_bound(llama):
+    with pytest.raises(KilnError, match=r'input 0 \("x"\) dim 1 is 17, above its bound 16 \(dynamic size s\w+\); '
+                                        r"pass at most that or re-export with a larger max"):
+        kiln.run_blob(llama.blobs[0], llama_inputs(17))
+    x, cos, sin = llama_inputs(6)
+    with pytest.raises(KilnError, match=r'input 1 \("cos"\) dim 1 is 5, giving s\w+ = 5 where an earlier input '
+                                        r"gave 6; pass inputs of matching sizes"):
+        kiln.run_blob(llama.blobs[0], (x, cos[:, :5], sin[:, :5]))
+    got = kiln.run_blob(llama.blobs[0], llama_inputs(6))[0]
+    with torch.no_grad():
+        assert (got - llama.model(*llama_inputs(6))).abs().max() < 1e-4
+    assert llama.method.execute(list(llama_inputs(16)))[0].shape == (1, 16, 64)
