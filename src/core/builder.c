@@ -783,8 +783,10 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
  * GEMM, repeated k and v heads dropped (grouped-query attention), attention's head split and
  * merge taken into the SDPA, pointwise chains fused (after the epilogues, so a GEMM keeps its
  * activation), pointwise ops next to a norm fused into it, then what remains of pointwise ops,
- * casts and views grouped into FUSED ops. */
-static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, kiln_error *err) {
+ * casts and views grouped into FUSED ops (static plans only: a group's index maps are fixed
+ * sizes). */
+static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, int dynamic,
+                              kiln_error *err) {
   kiln_status s;
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
   if (opts->fuse && (s = kiln_fold_batch_norm(g, err))) return s;
@@ -795,7 +797,7 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, kil
   if (opts->fuse && (s = kiln_fuse_attention(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_pointwise(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_norms(g, err))) return s;
-  return opts->fuse ? kiln_fuse_groups(g, err) : KILN_OK;
+  return opts->fuse && !dynamic ? kiln_fuse_groups(g, err) : KILN_OK;
 }
 
 kiln_status kiln_builder_build(kiln_builder *b, const kiln_build_options *opts, void **blob,
@@ -828,7 +830,7 @@ kiln_status kiln_builder_build(kiln_builder *b, const kiln_build_options *opts, 
                   (unsigned)b->graph.n_tensors, (unsigned)b->graph.n_ops);
     goto done;
   }
-  if ((s = run_passes(g, opts, err)) || (s = place_states(g, err))) goto done;
+  if ((s = run_passes(g, opts, b->n_symbols != 0, err)) || (s = place_states(g, err))) goto done;
   if (!(parts.map = kiln_calloc(g->n_tensors, sizeof *parts.map))) {
     s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                   "builder build: out of memory numbering %u tensors; free memory and retry",

@@ -761,22 +761,19 @@ kiln_status kiln_plan_parse(const void *data, size_t size, uint64_t weights_size
   plan.n_outputs = kiln_rd_u32(p + 20);
   plan.arena_size = kiln_rd_u64(p + 24);
   need = plan_bytes(plan.version, plan.n_tensors, plan.n_ops, plan.n_inputs, plan.n_outputs);
-  if (plan.version >= 2) {
-    const uint8_t *q = p + need;
-    if (need + PLAN_SYM_HEADER_SIZE > size)
-      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
-                       "plan section is %llu bytes, too short for the symbol section a version 2 "
-                       "plan holds after %llu; re-export the program",
-                       (unsigned long long)size, (unsigned long long)need);
+  if (plan.version >= 2 && (need += PLAN_SYM_HEADER_SIZE) <= size) {
+    const uint8_t *q = p + need - PLAN_SYM_HEADER_SIZE;
+    uint32_t n_dims = kiln_rd_u32(q + 4), n_attrs = kiln_rd_u32(q + 8);
     plan.n_symbols = kiln_rd_u32(q);
     if (plan.n_symbols > KILN_MAX_SYMBOLS || kiln_rd_u32(q + 12) != 0 ||
-        (plan.n_symbols == 0 && (kiln_rd_u32(q + 4) || kiln_rd_u32(q + 8))))
+        (plan.n_symbols == 0 && (n_dims || n_attrs)))
       return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
-                       "plan declares %u symbols; a version 2 plan holds 0..%u (none with no "
-                       "dynamic size, and a zero reserved word); re-export the program",
-                       (unsigned)plan.n_symbols, (unsigned)KILN_MAX_SYMBOLS);
-    need += PLAN_SYM_HEADER_SIZE + ((uint64_t)plan.n_symbols + kiln_rd_u32(q + 4) +
-                                    kiln_rd_u32(q + 8)) * PLAN_SYM_SIZE;
+                       "plan declares %u symbols and %llu dynamic sizes; a version 2 plan holds "
+                       "0..%u symbols, sizes only with a symbol, and a zero reserved word; "
+                       "re-export the program",
+                       (unsigned)plan.n_symbols, (unsigned long long)n_dims + n_attrs,
+                       (unsigned)KILN_MAX_SYMBOLS);
+    need += ((uint64_t)plan.n_symbols + n_dims + n_attrs) * PLAN_SYM_SIZE;
     if (size > need && (size - need) % 8u == 0 && (size - need) / 8u <= UINT32_MAX) {
       plan.n_words = (uint32_t)((size - need) / 8u); /* programs; check_words accounts for each */
       need = size;

@@ -616,6 +616,8 @@ static kiln_status kcu_choose_convs(kcu_state *s, const kiln_plan *p, kiln_error
   s->conv_ws = NULL;
   s->conv_ws_size = need;
   return kcu_dev_alloc(s, &s->conv_ws, need, "convolution workspace", err);
+}
+
 /* The start-of-run record of state k: its size and where its initial value lies. */
 static const kiln_tensor_desc *kcu_state_record(const kiln_plan *p, uint32_t k) {
   for (uint32_t t = 0; t < p->n_tensors; t++)

@@ -267,12 +267,12 @@ static void test_reader_refuses_a_damaged_symbol_section(void) {
   kiln_error err = {KILN_OK, ""};
   decoded(&p, &w);
   CHECK(kiln_plan_serialize(&p, &bytes, &size, &err) == KILN_OK);
-  uint8_t *sym = (uint8_t *)bytes + 32 + p.n_tensors * 96 + p.n_ops * 128 + (p.n_inputs + p.n_outputs) * 4;
+  uint8_t *sym = (uint8_t *)bytes + 32 + p.n_tensors * 96 + p.n_ops * 160 + (p.n_inputs + p.n_outputs) * 4;
   sym[0] = 0; /* no symbols in a version 2 plan */
   CHECK(kiln_plan_parse(bytes, size, w, &out, &err) == KILN_ERR_INVALID_PROGRAM);
   CHECK_STR(err.message,
-            "plan declares 0 symbols; a version 2 plan holds 1..8 (and a zero reserved word); "
-            "re-export the program");
+            "plan declares 0 symbols and 11 dynamic sizes; a version 2 plan holds 0..8 symbols, "
+            "sizes only with a symbol, and a zero reserved word; re-export the program");
   sym[0] = 1;
   memcpy(sym + 16 + 32 + 32, sym + 16 + 32, 32); /* the second dim record repeats the first */
   CHECK(kiln_plan_parse(bytes, size, w, &out, &err) == KILN_ERR_INVALID_PROGRAM);

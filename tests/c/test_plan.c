@@ -41,7 +41,7 @@ static void fresh(fixture *f) {
   f->ops[1] = (kiln_op){KILN_OP_RELU, 1, {3}, 4, 0, {0}, {0, 0}, {{0, 0, 0}}};
   f->inputs[0] = 0;
   f->outputs[0] = 4;
-  f->plan = (kiln_plan){KILN_PLAN_VERSION, 5, 2, 1, 1, 32, f->tensors, f->ops, f->inputs, f->outputs, 0, NULL};
+  f->plan = (kiln_plan){KILN_PLAN_VERSION, 5, 2, 1, 1, 32, f->tensors, f->ops, f->inputs, f->outputs, 0, NULL, 0, 0, {{"", 0, 0}}};
 }
 
 static uint8_t *encode(const fixture *f, size_t *size) {
@@ -78,11 +78,11 @@ static void test_round_trip(void) {
   fresh(&f);
   f.ops[0].fattr[1] = 0.25;
   bytes = encode(&f, &size);
-  CHECK(size == 32 + 5 * 96 + 2 * 160 + 2 * 4);
+  CHECK(size == 32 + 5 * 96 + 2 * 160 + 2 * 4 + 16); /* and an empty symbol section */
   CHECK(memcmp(bytes, "KPLN", 4) == 0);
   CHECK(kiln_plan_parse(bytes, size, WEIGHTS_SIZE, &out, &err) == KILN_OK);
   CHECK_STR(err.message, "");
-  CHECK(out.version == 1 && out.n_tensors == 5 && out.n_ops == 2);
+  CHECK(out.version == 2 && out.n_tensors == 5 && out.n_ops == 2);
   CHECK(out.n_inputs == 1 && out.n_outputs == 1 && out.arena_size == 32);
   CHECK(memcmp(out.tensors, f.tensors, 5 * sizeof *out.tensors) == 0);
   CHECK(memcmp(out.ops, f.ops, 2 * sizeof *out.ops) == 0);
@@ -103,7 +103,7 @@ static void test_version_1_plan_loads(void) {
   fresh(&f);
   f.ops[0].fattr[0] = 0.5;
   bytes = encode(&f, &size);
-  old_size = size - 2 * 32;
+  old_size = size - 2 * 32 - 16; /* no attribute slots 8..11, no symbol section */
   old = calloc(1, old_size);
   memcpy(old, bytes, at);
   kiln_wr_u32(old + 4, 1);
@@ -134,8 +134,8 @@ static void test_header_refusals(void) {
   expect_bytes(bytes, 31, KILN_ERR_INVALID_PROGRAM,
                "plan section is 31 bytes, shorter than its 32-byte header; re-export the program");
   expect_bytes(bytes, size - 4, KILN_ERR_INVALID_PROGRAM,
-               "plan section is 836 bytes but its counts (5 tensors, 2 ops, 1 inputs, 1 outputs) "
-               "need 840; re-export the program");
+               "plan section is 852 bytes but its counts (5 tensors, 2 ops, 1 inputs, 1 outputs) "
+               "need 856; re-export the program");
   bytes[0] = 'X';
   expect_bytes(bytes, size, KILN_ERR_INVALID_PROGRAM,
                "plan section does not start with \"KPLN\"; re-export the program");
@@ -159,8 +159,8 @@ static void test_header_refusals(void) {
   bytes = encode(&f, &size);
   kiln_wr_u32(bytes + 8, 0xFFFFFFFFu);
   expect_bytes(bytes, size, KILN_ERR_INVALID_PROGRAM,
-               "plan section is 840 bytes but its counts (4294967295 tensors, 2 ops, 1 inputs, 1 "
-               "outputs) need 412316860680; re-export the program");
+               "plan section is 856 bytes but its counts (4294967295 tensors, 2 ops, 1 inputs, 1 "
+               "outputs) need 412316860696; re-export the program");
   free(bytes);
   {
     static uint32_t many[300];
@@ -427,9 +427,9 @@ static void vision_plan(fixture *f, kiln_op_kind kind, uint32_t n_iattr, const i
   memset(f, 0, sizeof *f);
   set_tensor(&f->tensors[0], KILN_F32, 4, (int64_t[]){1, 4, 4, 2}, KILN_STORE_INPUT, 0, 0);
   set_tensor(&f->tensors[1], KILN_F32, 4, out_dims, KILN_STORE_OUTPUT, 0, 0);
-  f->ops[0] = (kiln_op){kind, 1, {0}, 1, n_iattr, {0}, {0, 0}};
+  f->ops[0] = (kiln_op){kind, 1, {0}, 1, n_iattr, {0}, {0, 0}, {{0, 0, 0}}};
   memcpy(f->ops[0].iattr, iattr, n_iattr * sizeof *iattr);
-  f->plan = (kiln_plan){KILN_PLAN_VERSION, 2, 1, 1, 1, 0, f->tensors, f->ops, f->inputs, f->outputs};
+  f->plan = (kiln_plan){KILN_PLAN_VERSION, 2, 1, 1, 1, 0, f->tensors, f->ops, f->inputs, f->outputs, 0, NULL, 0, 0, {{"", 0, 0}}};
   f->outputs[0] = 1;
 }
 
@@ -611,12 +611,12 @@ static void state_fixture(fixture *f) {
   set_tensor(&f->tensors[2], KILN_F32, 2, (int64_t[]){4, 2}, KILN_STORE_STATE, 0, 0);
   set_tensor(&f->tensors[3], KILN_F32, 2, (int64_t[]){4, 2}, KILN_STORE_STATE, 0, 0);
   set_tensor(&f->tensors[4], KILN_F32, 2, (int64_t[]){4, 2}, KILN_STORE_OUTPUT, 0, 0);
-  f->ops[0] = (kiln_op){KILN_OP_INDEX_COPY, 3, {2, 0, 1}, 3, 1, {0}, {0, 0}};
-  f->ops[1] = (kiln_op){KILN_OP_COPY, 1, {3}, 4, 0, {0}, {0, 0}};
+  f->ops[0] = (kiln_op){KILN_OP_INDEX_COPY, 3, {2, 0, 1}, 3, 1, {0}, {0, 0}, {{0, 0, 0}}};
+  f->ops[1] = (kiln_op){KILN_OP_COPY, 1, {3}, 4, 0, {0}, {0, 0}, {{0, 0, 0}}};
   f->inputs[0] = 0;
   f->inputs[1] = 1;
   f->outputs[0] = 4;
-  f->plan = (kiln_plan){KILN_PLAN_VERSION, 5, 2, 2, 1, 0, f->tensors, f->ops, f->inputs, f->outputs, 0};
+  f->plan = (kiln_plan){KILN_PLAN_VERSION, 5, 2, 2, 1, 0, f->tensors, f->ops, f->inputs, f->outputs, 0, NULL, 0, 0, {{"", 0, 0}}};
 }
 
 static void test_state_rules(void) {
@@ -651,7 +651,7 @@ static void test_state_rules(void) {
   expect(&f, KILN_ERR_INVALID_PROGRAM,
          "plan tensor 2: state index 300 exceeds the limit of 256 states; re-export the program");
   state_fixture(&f);
-  f.ops[0] = (kiln_op){KILN_OP_RELU, 1, {2}, 3, 0, {0}, {0, 0}}; /* not a state write */
+  f.ops[0] = (kiln_op){KILN_OP_RELU, 1, {2}, 3, 0, {0}, {0, 0}, {{0, 0, 0}}}; /* not a state write */
   expect(&f, KILN_ERR_INVALID_PROGRAM,
          "plan op 0 (relu): writes tensor 3 of state 0, but only index_copy in place on that "
          "state, or a copy from another buffer, may; re-export the program");

@@ -128,14 +128,14 @@ static inline uint32_t p_weight(prog *p, kiln_dtype dt, int32_t rank, const int6
 
 /* A state's start-of-run record with a random initial value in the weights, and the record an
  * op writes. */
-static uint32_t p_state(prog *p, kiln_dtype dt, int32_t rank, const int64_t *dims) {
+static inline uint32_t p_state(prog *p, kiln_dtype dt, int32_t rank, const int64_t *dims) {
   uint32_t id = p_weight(p, dt, rank, dims, -1, 1);
   p->tensors[id].storage = KILN_STORE_STATE;
   p->tensors[id].io_index = p->n_states++;
   return id;
 }
 
-static uint32_t p_state_written(prog *p, uint32_t base) {
+static inline uint32_t p_state_written(prog *p, uint32_t base) {
   p->tensors[p->n_tensors] = p->tensors[base];
   return p->n_tensors++;
 }
@@ -155,7 +155,7 @@ static kiln_op *p_op(prog *p, kiln_op_kind kind, uint32_t n_in, const uint32_t *
 }
 
 /* A FUSED op over a rank-`rank` output with maps and instructions laid out as in kiln.h. */
-static kiln_op *p_fused(prog *p, uint32_t n_in, const uint32_t *in, uint32_t out, int32_t rank,
+static inline kiln_op *p_fused(prog *p, uint32_t n_in, const uint32_t *in, uint32_t out, int32_t rank,
                         uint32_t n_maps, const int64_t *maps, uint32_t n_instrs,
                         const int64_t *instrs) {
   uint32_t at = p->n_words, map_words = n_maps * (2u + 3u * (uint32_t)rank);

@@ -808,7 +808,7 @@ static void vision_case(const char *what, kiln_op_kind kind, kiln_dtype dt, int 
   uint32_t x = p_tensor(p, KILN_STORE_INPUT, dt, 4, last ? nhwc : nchw);
   memcpy(attrs, iattr, n_iattr * sizeof *attrs);
   attrs[n_iattr] = last;
-  kiln_op probe = {kind, 1, {x}, 0, n_iattr + 1, {0}, {f0, f1}};
+  kiln_op probe = {kind, 1, {x}, 0, n_iattr + 1, {0}, {f0, f1}, {{0, 0, 0}}};
   memcpy(probe.iattr, attrs, sizeof attrs);
   const kiln_tensor_desc *in[1] = {&p->tensors[x]};
   kiln_tensor_desc want;
