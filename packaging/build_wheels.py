@@ -77,6 +77,7 @@ def requirements():
         "torch",
         f"nvidia-cuda-runtime=={installed_version('nvidia-cuda-runtime')}",
         f"nvidia-cublas=={installed_version('nvidia-cublas')}",
+        f"nvidia-cudnn-cu13=={installed_version('nvidia-cudnn-cu13')}",
     ]
 
 

@@ -39,7 +39,7 @@ static const struct requirement_rule {
     {"torch", PIN_NONE, 1, 1},
     {"nvidia-cuda-runtime", PIN_EXACT, 1, 0},
     {"nvidia-cublas", PIN_EXACT, 1, 0},
-    {"nvidia-cudnn-cu13", PIN_EXACT, 0, 0},
+    {"nvidia-cudnn-cu13", PIN_EXACT, 1, 0},
 };
 #define N_RULES (sizeof requirement_rules / sizeof requirement_rules[0])
 

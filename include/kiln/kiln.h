@@ -254,7 +254,9 @@ typedef enum kiln_op_kind {
   /* Vision ops. Spatial dims are the last one (1-d) or two (2-d); each spatial attribute is a
      pair KILN_PAIR(h, w) (1-d ops use h = stride 1, padding 0, dilation 1). Inputs and
      weights are NCHW (NCW for 1-d), contiguous, unless a channels_last attribute says NHWC.
-     Sums accumulate in double, one rounding. */
+     Sums accumulate in double, one rounding. The pooling and resize ops take an optional
+     trailing channels_last attribute (absent = 0; named below): with 1, x is [N,H,W,C] and the
+     output [N,OH,OW,C], contiguous. */
   KILN_OP_CONV,           /* x[N,C,(H,)W], w[O,C/g,(kh,)kw], bias[O]?, residual? -> [N,O,(OH,)OW];
                              iattr0 = stride, iattr1 = padding, iattr2 = dilation (pairs), iattr3
                              = groups g, iattr4 = 1 when the bias is present. Optional, absent =
@@ -271,18 +273,19 @@ typedef enum kiln_op_kind {
                              in f32; iattr0 = bit0 weight present, bit1 bias present; fattr0 =
                              eps. The builder folds it into a preceding CONV of constants. */
   KILN_OP_MAX_POOL2D,     /* x[...,H,W] -> [...,OH,OW]; iattr0 = kernel, iattr1 = stride,
-                             iattr2 = padding, iattr3 = dilation (pairs), iattr4 = ceil_mode;
-                             padding reads as -infinity */
+                             iattr2 = padding, iattr3 = dilation (pairs), iattr4 = ceil_mode,
+                             iattr5 = channels_last; padding reads as -infinity */
   KILN_OP_AVG_POOL2D,     /* x[...,H,W] -> [...,OH,OW]; iattr0 = kernel, iattr1 = stride,
                              iattr2 = padding (pairs), iattr3 = ceil_mode, iattr4 =
-                             count_include_pad, iattr5 = divisor override (0: none), as PyTorch */
-  KILN_OP_ADAPTIVE_AVG_POOL2D, /* x[...,H,W] -> [...,OH,OW]; iattr0 = output size (pair); window
-                             i spans floor(i*H/OH) .. ceil((i+1)*H/OH) */
-  KILN_OP_UPSAMPLE_NEAREST2D, /* x[...,H,W] -> [...,OH,OW]; iattr0 = output size (pair); fattr0,
-                             fattr1 = scale factors h, w (0: from the sizes); source index
-                             floor(dst * H/OH) in f32, as PyTorch */
-  KILN_OP_UPSAMPLE_BILINEAR2D, /* as UPSAMPLE_NEAREST2D; iattr1 = align_corners; bilinear in f32
-                             with PyTorch's source-index rule */
+                             count_include_pad, iattr5 = divisor override (0: none), iattr6 =
+                             channels_last, as PyTorch */
+  KILN_OP_ADAPTIVE_AVG_POOL2D, /* x[...,H,W] -> [...,OH,OW]; iattr0 = output size (pair), iattr1 =
+                             channels_last; window i spans floor(i*H/OH) .. ceil((i+1)*H/OH) */
+  KILN_OP_UPSAMPLE_NEAREST2D, /* x[...,H,W] -> [...,OH,OW]; iattr0 = output size (pair), iattr1 =
+                             channels_last; fattr0, fattr1 = scale factors h, w (0: from the
+                             sizes); source index floor(dst * H/OH) in f32, as PyTorch */
+  KILN_OP_UPSAMPLE_BILINEAR2D, /* as UPSAMPLE_NEAREST2D; iattr1 = align_corners, iattr2 =
+                             channels_last; bilinear in f32 with PyTorch's source-index rule */
   KILN_OP_CUMSUM,       /* running sums of x along iattr0 = dim in dtype iattr1 (i32, i64 or a
                            float; x converted to it first, as PyTorch's dtype=): integers wrap,
                            floats accumulate in f32 or wider */

@@ -16,12 +16,13 @@ import re
 LIBRARY_NAME = "libexecutorch_backend_kiln.so"
 BACKEND_ID = "KilnBackend"
 
-# What to install when the loader cannot find a library the delegate needs.
+# What to install when the loader cannot find a library the delegate needs: the versions
+# kiln-runtime requires, pinned exactly (a test holds them equal to the wheel's requirements).
 _REMEDIES = (
-    ("libexecutorch.so", "pip install executorch==1.5.1"),
-    ("libcudart", "pip install nvidia-cuda-runtime==13.*"),
-    ("libcublas", "pip install nvidia-cublas==13.*"),
-    ("libcudnn", "pip install nvidia-cudnn-cu13"),
+    ("libexecutorch.so", "executorch==1.5.1"),
+    ("libcudart", "nvidia-cuda-runtime==13.0.96"),
+    ("libcublas", "nvidia-cublas==13.1.1.3"),
+    ("libcudnn", "nvidia-cudnn-cu13==9.24.0.43"),
 )
 
 
@@ -33,7 +34,7 @@ def _missing_library_message(error):
     name = missing.group(1)
     for prefix, remedy in _REMEDIES:
         if name.startswith(prefix):
-            return f"{LIBRARY_NAME} needs {name}, which the loader did not find: {remedy}"
+            return f"{LIBRARY_NAME} needs {name}, which the loader did not find: pip install {remedy}"
     return f"{LIBRARY_NAME} needs {name}, which the loader did not find: install the package that provides it"
 
 

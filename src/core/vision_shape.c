@@ -26,6 +26,9 @@ void kiln_conv_axes_of(int32_t rank, int channels_last, kiln_conv_axes *axes) {
   axes->w_height = axes->height;
 }
 
+/* 1 where the op takes an optional channels_last attribute after those. */
+static const uint8_t vision_has_layout[] = {0, 0, 0, 1, 1, 1, 1, 1};
+
 static kiln_pair pair_at(const kiln_op *op, uint32_t slot, int64_t h, int64_t w) {
   kiln_pair p = {h, w};
   if (slot < op->n_iattr) p.h = KILN_PAIR_H(op->iattr[slot]), p.w = KILN_PAIR_W(op->iattr[slot]);
@@ -34,6 +37,23 @@ static kiln_pair pair_at(const kiln_op *op, uint32_t slot, int64_t h, int64_t w)
 
 static int64_t int_at(const kiln_op *op, uint32_t slot, int64_t fallback) {
   return slot < op->n_iattr ? op->iattr[slot] : fallback;
+}
+
+int kiln_vision_channels_last(const kiln_op *op) {
+  if (!kiln_is_vision_op(op->kind) || !vision_has_layout[op->kind - KILN_OP_CONV]) return 0;
+  return int_at(op, vision_iattrs[op->kind - KILN_OP_CONV], 0) == 1;
+}
+
+void kiln_planes_of(const kiln_op *op, const kiln_tensor_desc *x, const kiln_tensor_desc *out,
+                    kiln_planes *p) {
+  int32_t hd = x->rank - 2 - kiln_vision_channels_last(op);
+  p->batch = 1;
+  for (int32_t d = 0; d < hd; d++) p->batch *= x->dims[d];
+  p->channels = hd == x->rank - 2 ? 1 : x->dims[x->rank - 1];
+  p->h = x->dims[hd];
+  p->w = x->dims[hd + 1];
+  p->oh = out->dims[hd];
+  p->ow = out->dims[hd + 1];
 }
 
 void kiln_window_of(const kiln_op *op, const kiln_tensor_desc *const *in, kiln_window *win) {
@@ -241,7 +261,7 @@ static int infer_batch_norm(const kiln_op *op, const kiln_tensor_desc *const *in
 }
 
 static int infer_pool(const kiln_op *op, const kiln_tensor_desc *const *in, kiln_tensor_desc *out,
-                      char *why, size_t size) {
+                      int32_t hd, char *why, size_t size) {
   const kiln_tensor_desc *x = in[0];
   kiln_window win;
   int64_t outs[2];
@@ -262,7 +282,7 @@ static int infer_pool(const kiln_op *op, const kiln_tensor_desc *const *in, kiln
     return refuse(why, size, "the divisor override %lld must be 0 (none) or positive",
                   (long long)win.divisor);
   for (int k = 0; k < 2; k++) {
-    int64_t in_size = x->dims[x->rank - 2 + k];
+    int64_t in_size = x->dims[hd + k];
     outs[k] = sliding_out(in_size, k ? win.kernel.w : win.kernel.h, k ? win.stride.w : win.stride.h,
                           k ? win.padding.w : win.padding.h, k ? win.dilation.w : win.dilation.h,
                           win.ceil_mode);
@@ -272,22 +292,22 @@ static int infer_pool(const kiln_op *op, const kiln_tensor_desc *const *in, kiln
                     (long long)in_size, (long long)k);
   }
   *out = *x;
-  out->dims[x->rank - 2] = outs[0];
-  out->dims[x->rank - 1] = outs[1];
+  out->dims[hd] = outs[0];
+  out->dims[hd + 1] = outs[1];
   return 0;
 }
 
 /* ADAPTIVE_AVG_POOL2D and the upsamples: the output size is the attribute. */
 static int infer_resize(const kiln_op *op, const kiln_tensor_desc *const *in,
-                        kiln_tensor_desc *out, char *why, size_t size) {
+                        kiln_tensor_desc *out, int32_t hd, char *why, size_t size) {
   const kiln_tensor_desc *x = in[0];
   kiln_pair to = pair_at(op, 0, 0, 0);
   if (!pair_ok(to, 1))
     return refuse(why, size, "output size %lldx%lld must be 1..2^31-1 each", (long long)to.h,
                   (long long)to.w);
-  if (x->dims[x->rank - 2] < 1 || x->dims[x->rank - 1] < 1)
+  if (x->dims[hd] < 1 || x->dims[hd + 1] < 1)
     return refuse(why, size, "the input's spatial size %lldx%lld is empty",
-                  (long long)x->dims[x->rank - 2], (long long)x->dims[x->rank - 1]);
+                  (long long)x->dims[hd], (long long)x->dims[hd + 1]);
   if (op->kind == KILN_OP_UPSAMPLE_BILINEAR2D && op->iattr[1] != 0 && op->iattr[1] != 1)
     return refuse(why, size, "iattr1 (align_corners) is %lld but must be 0 or 1",
                   (long long)op->iattr[1]);
@@ -297,8 +317,8 @@ static int infer_resize(const kiln_op *op, const kiln_tensor_desc *const *in,
       return refuse(why, size, "scale factor %g must be 0 (from the sizes) or 2^-31..2^31",
                     op->fattr[k]);
   *out = *x;
-  out->dims[x->rank - 2] = to.h;
-  out->dims[x->rank - 1] = to.w;
+  out->dims[hd] = to.h;
+  out->dims[hd + 1] = to.w;
   return 0;
 }
 
@@ -306,10 +326,18 @@ int kiln_vision_infer(const kiln_op *op, const kiln_tensor_desc *const *in, kiln
                       char *why, size_t size) {
   const kiln_tensor_desc *x = in[0];
   uint32_t want = vision_iattrs[op->kind - KILN_OP_CONV];
-  uint32_t most = kiln_is_conv_op(op->kind) ? want + 3 : want;
-  if (op->n_iattr < want || op->n_iattr > most)
-    return refuse(why, size, "takes %lld to %lld integer attributes but has %lld",
-                  (long long)want, (long long)most, (long long)op->n_iattr);
+  int layout = vision_has_layout[op->kind - KILN_OP_CONV];
+  if (kiln_is_conv_op(op->kind)) {
+    if (op->n_iattr < want || op->n_iattr > want + 3)
+      return refuse(why, size, "takes %lld to %lld integer attributes but has %lld",
+                    (long long)want, (long long)(want + 3), (long long)op->n_iattr);
+  } else if (op->n_iattr != want && !(layout && op->n_iattr == want + 1)) {
+    return refuse(why, size, "takes %lld integer attributes%s but has %lld", (long long)want,
+                  layout ? " (one more: channels_last)" : "", (long long)op->n_iattr);
+  }
+  if (layout && op->n_iattr > want && op->iattr[want] != 0 && op->iattr[want] != 1)
+    return refuse(why, size, "iattr%lld (channels_last) is %lld but must be 0 or 1",
+                  (long long)want, (long long)op->iattr[want]);
   for (uint32_t i = 0; i < op->n_inputs; i++)
     if (!kiln_dtype_is_float(in[i]->dtype) || in[i]->dtype != x->dtype)
       return refuse(why, size, "input %lld must be a float of input 0's dtype (dtype %lld)",
@@ -320,7 +348,11 @@ int kiln_vision_infer(const kiln_op *op, const kiln_tensor_desc *const *in, kiln
   if (x->rank < 3)
     return refuse(why, size, "input 0 has rank %lld but needs [...,C,H,W]",
                   (long long)x->rank);
+  if (kiln_vision_channels_last(op) && x->rank != 4)
+    return refuse(why, size, "input 0 has rank %lld but channels_last needs [N,H,W,C]",
+                  (long long)x->rank);
+  int32_t hd = x->rank - 2 - kiln_vision_channels_last(op);
   if (op->kind == KILN_OP_MAX_POOL2D || op->kind == KILN_OP_AVG_POOL2D)
-    return infer_pool(op, in, out, why, size);
-  return infer_resize(op, in, out, why, size);
+    return infer_pool(op, in, out, hd, why, size);
+  return infer_resize(op, in, out, hd, why, size);
 }

@@ -8,6 +8,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* 1 for CONV .. UPSAMPLE_BILINEAR2D. */
 int kiln_is_vision_op(kiln_op_kind kind);
 
@@ -51,6 +55,20 @@ typedef struct kiln_conv_axes {
 
 void kiln_conv_axes_of(int32_t rank, int channels_last, kiln_conv_axes *axes);
 
+/* The layout of a pooling or resize op as a batch of [H,W,C] images: channels_last is
+ * [N,H,W,C]; NCHW ([...,H,W]) is every leading dim as the batch and C = 1, so element (b, y, x,
+ * c) is at ((b*H + y)*W + x)*C + c in either, and the output's likewise with OH, OW. */
+typedef struct kiln_planes {
+  int64_t batch, channels, h, w, oh, ow;
+} kiln_planes;
+
+/* 1 when op's optional trailing channels_last attribute is 1 (0 when absent or not a layout op). */
+int kiln_vision_channels_last(const kiln_op *op);
+
+/* The planes of a pooling or resize op whose shapes were checked by kiln_vision_infer. */
+void kiln_planes_of(const kiln_op *op, const kiln_tensor_desc *x, const kiln_tensor_desc *out,
+                    kiln_planes *p);
+
 /* Decodes op's attributes (its inputs give the kernel of a convolution). */
 void kiln_window_of(const kiln_op *op, const kiln_tensor_desc *const *in, kiln_window *win);
 
@@ -59,5 +77,9 @@ void kiln_window_of(const kiln_op *op, const kiln_tensor_desc *const *in, kiln_w
  * written into why[size]. */
 int kiln_vision_infer(const kiln_op *op, const kiln_tensor_desc *const *in, kiln_tensor_desc *out,
                       char *why, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

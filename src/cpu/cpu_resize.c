@@ -1,6 +1,14 @@
-/* UPSAMPLE_NEAREST2D and UPSAMPLE_BILINEAR2D over the last two dims, source indices computed in
- * f32 by PyTorch's rules so that the same pixels are chosen. */
+/* UPSAMPLE_NEAREST2D and UPSAMPLE_BILINEAR2D over the last two dims (NCHW) or H and W of
+ * [N,H,W,C] (channels_last), source indices computed in f32 by PyTorch's rules so that the same
+ * pixels are chosen. */
+#include "core/vision_shape.h"
 #include "cpu/cpu_ops.h"
+
+/* Element (b, y, x, c) of an image batch of rows of `w`, NCHW being C = 1 (see kiln_planes). */
+static int64_t at(const kiln_planes *d, int64_t rows, int64_t w, int64_t b, int64_t y, int64_t x,
+                  int64_t c) {
+  return ((b * rows + y) * w + x) * d->channels + c;
+}
 
 /* input/output, or 1/scale when the op was given a scale factor. */
 static float size_ratio(int64_t in, int64_t out, double scale) {
@@ -18,17 +26,18 @@ void kiln_cpu_upsample_nearest2d(const kiln_cpu_run *r, const kiln_op *op) {
   const kiln_tensor_desc *x = kiln_cpu_desc(r, op->inputs[0]), *out = kiln_cpu_desc(r, op->output);
   const void *px = r->data[op->inputs[0]];
   void *po = r->data[op->output];
-  int64_t planes = kiln_cpu_extent(x, 0, x->rank - 2), i = 0;
-  int64_t h = x->dims[x->rank - 2], w = x->dims[x->rank - 1];
-  int64_t oh_n = out->dims[out->rank - 2], ow_n = out->dims[out->rank - 1];
-  for (int64_t p = 0; p < planes; p++)
-    for (int64_t oh = 0; oh < oh_n; oh++) {
-      int64_t ih = nearest_source(oh, h, oh_n, op->fattr[0]);
-      for (int64_t ow = 0; ow < ow_n; ow++, i++) {
-        int64_t iw = nearest_source(ow, w, ow_n, op->fattr[1]);
-        kiln_cpu_stf(po, out->dtype, i, kiln_cpu_ldf(px, x->dtype, (p * h + ih) * w + iw));
+  kiln_planes d;
+  kiln_planes_of(op, x, out, &d);
+  for (int64_t b = 0; b < d.batch; b++)
+    for (int64_t c = 0; c < d.channels; c++)
+      for (int64_t oh = 0; oh < d.oh; oh++) {
+        int64_t ih = nearest_source(oh, d.h, d.oh, op->fattr[0]);
+        for (int64_t ow = 0; ow < d.ow; ow++) {
+          int64_t iw = nearest_source(ow, d.w, d.ow, op->fattr[1]);
+          kiln_cpu_stf(po, out->dtype, at(&d, d.oh, d.ow, b, oh, ow, c),
+                       kiln_cpu_ldf(px, x->dtype, at(&d, d.h, d.w, b, ih, iw, c)));
+        }
       }
-    }
 }
 
 /* The two source taps of one output coordinate and the weight of the second. */
@@ -61,20 +70,22 @@ void kiln_cpu_upsample_bilinear2d(const kiln_cpu_run *r, const kiln_op *op) {
   const void *px = r->data[op->inputs[0]];
   void *po = r->data[op->output];
   int align = op->iattr[1] != 0;
-  int64_t planes = kiln_cpu_extent(x, 0, x->rank - 2), i = 0;
-  int64_t h = x->dims[x->rank - 2], w = x->dims[x->rank - 1];
-  int64_t oh_n = out->dims[out->rank - 2], ow_n = out->dims[out->rank - 1];
-  for (int64_t p = 0; p < planes; p++)
-    for (int64_t oh = 0; oh < oh_n; oh++) {
-      linear_tap th = linear_source(oh, h, oh_n, align, op->fattr[0]);
-      const int64_t row0 = (p * h + th.i0) * w, row1 = (p * h + th.i1) * w;
-      for (int64_t ow = 0; ow < ow_n; ow++, i++) {
-        linear_tap tw = linear_source(ow, w, ow_n, align, op->fattr[1]);
-        float top = (1.0f - tw.lambda) * kiln_cpu_ldf(px, x->dtype, row0 + tw.i0) +
-                    tw.lambda * kiln_cpu_ldf(px, x->dtype, row0 + tw.i1);
-        float bottom = (1.0f - tw.lambda) * kiln_cpu_ldf(px, x->dtype, row1 + tw.i0) +
-                       tw.lambda * kiln_cpu_ldf(px, x->dtype, row1 + tw.i1);
-        kiln_cpu_stf(po, out->dtype, i, (1.0f - th.lambda) * top + th.lambda * bottom);
+  kiln_planes d;
+  kiln_planes_of(op, x, out, &d);
+  for (int64_t b = 0; b < d.batch; b++)
+    for (int64_t c = 0; c < d.channels; c++)
+      for (int64_t oh = 0; oh < d.oh; oh++) {
+        linear_tap th = linear_source(oh, d.h, d.oh, align, op->fattr[0]);
+        for (int64_t ow = 0; ow < d.ow; ow++) {
+          linear_tap tw = linear_source(ow, d.w, d.ow, align, op->fattr[1]);
+          float v00 = kiln_cpu_ldf(px, x->dtype, at(&d, d.h, d.w, b, th.i0, tw.i0, c));
+          float v01 = kiln_cpu_ldf(px, x->dtype, at(&d, d.h, d.w, b, th.i0, tw.i1, c));
+          float v10 = kiln_cpu_ldf(px, x->dtype, at(&d, d.h, d.w, b, th.i1, tw.i0, c));
+          float v11 = kiln_cpu_ldf(px, x->dtype, at(&d, d.h, d.w, b, th.i1, tw.i1, c));
+          float top = (1.0f - tw.lambda) * v00 + tw.lambda * v01;
+          float bottom = (1.0f - tw.lambda) * v10 + tw.lambda * v11;
+          kiln_cpu_stf(po, out->dtype, at(&d, d.oh, d.ow, b, oh, ow, c),
+                       (1.0f - th.lambda) * top + th.lambda * bottom);
+        }
       }
-    }
 }

@@ -222,6 +222,19 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
   }
   case KILN_OP_POINTWISE:
     return kcu_fused_pointwise(st, op, in, &out);
+  case KILN_OP_BATCH_NORM:
+    return kcu_batch_norm(st, op, in, &out);
+  case KILN_OP_MAX_POOL2D: case KILN_OP_AVG_POOL2D: case KILN_OP_ADAPTIVE_AVG_POOL2D:
+  case KILN_OP_UPSAMPLE_NEAREST2D: case KILN_OP_UPSAMPLE_BILINEAR2D: {
+    const kiln_tensor_desc *x = &p->tensors[op->inputs[0]];
+    kiln_planes d;
+    kiln_window win;
+    kiln_planes_of(op, x, &p->tensors[op->output], &d);
+    kiln_window_of(op, &x, &win);
+    if (op->kind == KILN_OP_UPSAMPLE_NEAREST2D || op->kind == KILN_OP_UPSAMPLE_BILINEAR2D)
+      return kcu_resize(st, op, &d, &in[0], &out);
+    return kcu_pool(st, op, &win, &d, &in[0], &out);
+  }
   case KILN_OP_CUMSUM:
     return kcu_cumsum(st, &in[0], &out, (int32_t)op->iattr[0]);
   case KILN_OP_ARGMAX:

@@ -247,6 +247,22 @@ static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, ui
   return KILN_OK;
 }
 
+/* Batch norm, pooling and resize: the geometry recomputed from the inputs and attributes must
+ * give the output, so no window or source index the kernels compute can leave a tensor. */
+static kiln_status kcu_check_vision(const kiln_plan *p, const kiln_op *op, uint32_t i,
+                                    kiln_error *err) {
+  const kiln_tensor_desc *in[KILN_MAX_OP_INPUTS], *out = &p->tensors[op->output];
+  kiln_tensor_desc want;
+  char why[160];
+  for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = &p->tensors[op->inputs[k]];
+  if (kiln_vision_infer(op, in, &want, why, sizeof why))
+    return KCU_BAD("op %u (%.20s): %.159s; re-export the program", i, kiln_op_name(op->kind), why);
+  if (want.dtype != out->dtype || !kcu_same_dims(&want, out))
+    return KCU_BAD("op %u (%.20s): the output's dtype or shape is not what the input and the "
+                   "attributes give; re-export the program", i, kiln_op_name(op->kind));
+  return KILN_OK;
+}
+
 /* CUMSUM, GATHER, INDEX and ARGMAX: shapes as shape inference gives them, so no index
  * arithmetic in their kernels can leave a tensor. */
 static kiln_status kcu_check_index_scan(const kiln_plan *p, const kiln_op *op, uint32_t i,
@@ -428,11 +444,10 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
   }
   case KILN_OP_SDPA: return kcu_check_attention(p, op, i, err);
   case KILN_OP_CONV: case KILN_OP_CONV_TRANSPOSE: return kcu_check_conv(p, op, i, err);
-  case KILN_OP_BATCH_NORM:
-  case KILN_OP_MAX_POOL2D: case KILN_OP_AVG_POOL2D: case KILN_OP_ADAPTIVE_AVG_POOL2D:
-  case KILN_OP_UPSAMPLE_NEAREST2D: case KILN_OP_UPSAMPLE_BILINEAR2D:
-    return kiln_fail(err, KILN_ERR_UNSUPPORTED, "op %u (%.20s): this CUDA engine has no kernel "
-                     "for it yet; run the program with KILN_DEVICE=cpu", i, name);
+  case KILN_OP_BATCH_NORM: case KILN_OP_MAX_POOL2D: case KILN_OP_AVG_POOL2D:
+  case KILN_OP_ADAPTIVE_AVG_POOL2D: case KILN_OP_UPSAMPLE_NEAREST2D:
+  case KILN_OP_UPSAMPLE_BILINEAR2D:
+    return kcu_check_vision(p, op, i, err);
   case KILN_OP_CUMSUM: case KILN_OP_ARGMAX: case KILN_OP_GATHER: case KILN_OP_INDEX:
     return kcu_check_index_scan(p, op, i, err);
   case KILN_OP_POINTWISE: {

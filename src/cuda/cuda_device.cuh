@@ -170,6 +170,18 @@ static __device__ __forceinline__ void kcu_st16(void *p, int dt, int64_t v, cons
   ((uint4 *)p)[v] = raw;
 }
 
+/* v elements at element e of a tensor of dtype dt: one scalar (v = 1), or the 16-byte vector
+ * e / v (v = 4 for f32, 8 for f16 and bf16). */
+static __device__ __forceinline__ void kcu_ldv(const void *p, int dt, int64_t e, int v, float *f) {
+  if (v == 1) f[0] = kcu_ld(p, dt, e);
+  else kcu_ld16(p, dt, e / v, f);
+}
+
+static __device__ __forceinline__ void kcu_stv(void *p, int dt, int64_t e, int v, const float *f) {
+  if (v == 1) kcu_st(p, dt, e, f[0]);
+  else kcu_st16(p, dt, e / v, f);
+}
+
 static inline unsigned kcu_grid(int64_t n, int per_thread) {
   int64_t blocks = (n + (int64_t)KCU_BLOCK * per_thread - 1) / ((int64_t)KCU_BLOCK * per_thread);
   if (blocks < 1) blocks = 1;

@@ -5,6 +5,7 @@
 #define KILN_CUDA_OPS_H
 
 #include "core/index_layout.h"
+#include "core/vision_shape.h"
 #include "kiln/kiln.h"
 
 #include <cuda_runtime_api.h>
@@ -164,6 +165,20 @@ cudaError_t kcu_flash_attention(cudaStream_t s, const kcu_tensor *q, const kcu_t
                                 const kcu_tensor *v, const kcu_tensor *mask,
                                 const kcu_tensor *out, int causal, float scale,
                                 const kcu_attn_geometry *geo);
+
+/* cuda_pool.cu: MAX_POOL2D, AVG_POOL2D and ADAPTIVE_AVG_POOL2D of x into out, shaped as d says
+ * (NCHW or channels_last), windows as win says; f32 math, channels in 16-byte vectors when C
+ * and the addresses allow. */
+cudaError_t kcu_pool(cudaStream_t s, const kiln_op *op, const kiln_window *win,
+                     const kiln_planes *d, const kcu_tensor *x, const kcu_tensor *out);
+/* cuda_resize.cu: UPSAMPLE_NEAREST2D and UPSAMPLE_BILINEAR2D, source indices as the CPU
+ * engine computes them (f32, rounded the same way). */
+cudaError_t kcu_resize(cudaStream_t s, const kiln_op *op, const kiln_planes *d,
+                       const kcu_tensor *x, const kcu_tensor *out);
+/* cuda_batch_norm.cu: BATCH_NORM as a per-channel affine over dim 1, in f32 (in: x, mean, var,
+ * weight?, bias?). */
+cudaError_t kcu_batch_norm(cudaStream_t s, const kiln_op *op, const kcu_tensor *in,
+                           const kcu_tensor *out);
 
 /* cuda_gemv.cu: y[M,N] = act(x[M,K] w[N,K]^T + bias) for a few rows, f32 accumulation, bias
  * (may be NULL) and activation fused; operands contiguous and 16-byte aligned. With

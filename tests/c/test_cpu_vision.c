@@ -447,6 +447,76 @@ static void test_upsample(void) {
              (const double[]){0, 1, 2, 2, 3, 4, 4, 5, 6});
 }
 
+/* ---------------------------------------------------------------- channels_last */
+
+/* Runs op on x [N,C,H,W] as NCHW, then with channels_last on x permuted to [N,H,W,C], and
+ * checks the second result is the first permuted, bit for bit (the same sums in the same order). */
+static void layout_run(const char *what, kiln_op_kind kind, kiln_dtype dt, const int64_t *xd,
+                       int64_t oh, int64_t ow, uint32_t n_iattr, const int64_t *iattr, double f0,
+                       double f1) {
+  const int64_t n = xd[0], c = xd[1], h = xd[2], w = xd[3];
+  const int64_t od[4] = {n, c, oh, ow}, xl[4] = {n, h, w, c}, ol[4] = {n, oh, ow, c};
+  int64_t attrs[KILN_MAX_IATTR];
+  size_t es = kiln_dtype_size(dt);
+  void *x = buf(n * c * h * w, dt), *xt = buf(n * c * h * w, dt);
+  void *y = buf(n * c * oh * ow, dt), *yt = buf(n * c * oh * ow, dt);
+  char name[128];
+  fill_random(x, dt, n * c * h * w, 7, 2.0);
+  for (int64_t b = 0; b < n; b++)
+    for (int64_t k = 0; k < c; k++)
+      for (int64_t i = 0; i < h * w; i++)
+        memcpy((char *)xt + (size_t)((b * h * w + i) * c + k) * es,
+               (char *)x + (size_t)((b * c + k) * h * w + i) * es, es);
+  for (int layout = 0; layout < 2; layout++) {
+    graph *g = g_new();
+    uint32_t ti = g_tensor(g, KILN_STORE_INPUT, dt, 4, layout ? xl : xd);
+    uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, dt, 4, layout ? ol : od);
+    memcpy(attrs, iattr, n_iattr * sizeof *attrs);
+    attrs[n_iattr] = layout; /* NCHW also spelled out as channels_last 0 */
+    kiln_op *op = g_op(g, kind, 1, IDS(ti), to, n_iattr + 1, attrs, f0);
+    op->fattr[1] = f1;
+    kiln_status st = g_run(g, BUFS(layout ? xt : x), BUFS(layout ? yt : y), &err);
+    if (st != KILN_OK) fprintf(stderr, "%s layout %d: %s\n", what, layout, err.message);
+    CHECK(st == KILN_OK);
+    free(g);
+  }
+  int64_t mismatched = 0;
+  for (int64_t b = 0; b < n; b++)
+    for (int64_t k = 0; k < c; k++)
+      for (int64_t i = 0; i < oh * ow; i++)
+        mismatched += memcmp((char *)yt + (size_t)((b * oh * ow + i) * c + k) * es,
+                             (char *)y + (size_t)((b * c + k) * oh * ow + i) * es, es) != 0;
+  snprintf(name, sizeof name, "%s %s: channels_last is NCHW permuted", what, kiln_dtype_name(dt));
+  if (mismatched) fprintf(stderr, "%s: %lld elements differ\n", name, (long long)mismatched);
+  CHECK(mismatched == 0);
+  free(x), free(xt), free(y), free(yt);
+}
+
+static void test_channels_last(void) {
+  const int64_t xd[4] = {2, 3, 7, 6};
+  for (int d = 0; d < 3; d++) {
+    kiln_dtype dt = float_dtypes[d];
+    layout_run("max_pool2d", KILN_OP_MAX_POOL2D, dt, xd, 4, 3, 5,
+               ATTRS(P(3, 3), P(2, 2), P(1, 1), P(1, 1), 0), 0, 0);
+    layout_run("max_pool2d dilated ceil", KILN_OP_MAX_POOL2D, dt, xd, 3, 3, 5,
+               ATTRS(P(2, 2), P(2, 2), P(0, 0), P(2, 2), 1), 0, 0);
+    layout_run("avg_pool2d", KILN_OP_AVG_POOL2D, dt, xd, 4, 4, 6,
+               ATTRS(P(3, 3), P(2, 2), P(1, 1), 1, 0, 0), 0, 0);
+    layout_run("avg_pool2d divisor", KILN_OP_AVG_POOL2D, dt, xd, 3, 3, 6,
+               ATTRS(P(2, 3), P(2, 2), P(0, 1), 0, 1, 5), 0, 0);
+    layout_run("adaptive_avg_pool2d", KILN_OP_ADAPTIVE_AVG_POOL2D, dt, xd, 3, 4, 1, ATTRS(P(3, 4)),
+               0, 0);
+    layout_run("adaptive_avg_pool2d global", KILN_OP_ADAPTIVE_AVG_POOL2D, dt, xd, 1, 1, 1,
+               ATTRS(P(1, 1)), 0, 0);
+    layout_run("upsample_nearest2d", KILN_OP_UPSAMPLE_NEAREST2D, dt, xd, 14, 9, 1, ATTRS(P(14, 9)),
+               0, 0);
+    layout_run("upsample_bilinear2d", KILN_OP_UPSAMPLE_BILINEAR2D, dt, xd, 11, 12, 2,
+               ATTRS(P(11, 12), 0), 0, 0);
+    layout_run("upsample_bilinear2d aligned", KILN_OP_UPSAMPLE_BILINEAR2D, dt, xd, 14, 15, 2,
+               ATTRS(P(14, 15), 1), 0, 2.5);
+  }
+}
+
 /* ---------------------------------------------------------------- refusals at init */
 
 static void expect_refused(const char *what, kiln_op_kind kind, int32_t rank, const int64_t *in_dims,
@@ -477,6 +547,17 @@ static void test_refusals(void) {
                  ATTRS(P(2, 2), P(2, 2)));
   expect_refused("align_corners 2", KILN_OP_UPSAMPLE_BILINEAR2D, 4, DIMS(1, 1, 2, 2),
                  DIMS(1, 1, 4, 4), 2, ATTRS(P(4, 4), 2));
+  /* outputs shaped as NCHW would make them: only the attribute's value is at fault */
+  expect_refused("channels_last 2", KILN_OP_MAX_POOL2D, 4, DIMS(1, 4, 4, 2), DIMS(1, 4, 2, 1), 6,
+                 ATTRS(P(2, 2), P(2, 2), P(0, 0), P(1, 1), 0, 2));
+  expect_refused("channels_last -1", KILN_OP_UPSAMPLE_NEAREST2D, 4, DIMS(1, 2, 2, 3),
+                 DIMS(1, 2, 4, 4), 2, ATTRS(P(4, 4), -1));
+  expect_refused("channels_last of rank 3", KILN_OP_ADAPTIVE_AVG_POOL2D, 3, DIMS(4, 4, 2),
+                 DIMS(1, 1, 2), 2, ATTRS(P(1, 1), 1));
+  expect_refused("channels_last output shaped NCHW", KILN_OP_AVG_POOL2D, 4, DIMS(1, 4, 4, 2),
+                 DIMS(1, 4, 2, 1), 7, ATTRS(P(2, 2), P(2, 2), P(0, 0), 0, 1, 0, 1));
+  expect_refused("an attribute past channels_last", KILN_OP_UPSAMPLE_BILINEAR2D, 4,
+                 DIMS(1, 2, 2, 3), DIMS(1, 4, 4, 3), 4, ATTRS(P(4, 4), 0, 1, 0));
   /* an output dtype other than the input's */
   graph *h = g_new();
   uint32_t hx = g_tensor(h, KILN_STORE_INPUT, KILN_F32, 4, DIMS(1, 1, 2, 2));
@@ -708,6 +789,7 @@ int main(void) {
   test_avg_pool();
   test_adaptive_avg_pool();
   test_upsample();
+  test_channels_last();
   test_refusals();
   test_batch_norm_folding();
   test_conv_epilogue_fusion();

@@ -421,6 +421,61 @@ static void accept(const fixture *f) {
   free(bytes);
 }
 
+/* x f32 [1,4,4,2] -> one pooling or resize op -> y, the plan's only op. */
+static void vision_plan(fixture *f, kiln_op_kind kind, uint32_t n_iattr, const int64_t *iattr,
+                        const int64_t *out_dims) {
+  memset(f, 0, sizeof *f);
+  set_tensor(&f->tensors[0], KILN_F32, 4, (int64_t[]){1, 4, 4, 2}, KILN_STORE_INPUT, 0, 0);
+  set_tensor(&f->tensors[1], KILN_F32, 4, out_dims, KILN_STORE_OUTPUT, 0, 0);
+  f->ops[0] = (kiln_op){kind, 1, {0}, 1, n_iattr, {0}, {0, 0}};
+  memcpy(f->ops[0].iattr, iattr, n_iattr * sizeof *iattr);
+  f->plan = (kiln_plan){KILN_PLAN_VERSION, 2, 1, 1, 1, 0, f->tensors, f->ops, f->inputs, f->outputs};
+  f->outputs[0] = 1;
+}
+
+/* The optional channels_last attribute of the pooling and resize ops: 0 or 1, rank 4. */
+static void test_channels_last_refusals(void) {
+  const int64_t pool[6] = {KILN_PAIR(2, 2), KILN_PAIR(2, 2), 0, KILN_PAIR(1, 1), 0, 1};
+  fixture f;
+  vision_plan(&f, KILN_OP_MAX_POOL2D, 6, pool, (int64_t[]){1, 2, 2, 2});
+  accept(&f);
+  vision_plan(&f, KILN_OP_MAX_POOL2D, 5, pool, (int64_t[]){1, 4, 2, 1});
+  accept(&f); /* absent: NCHW */
+  vision_plan(&f, KILN_OP_MAX_POOL2D, 6, pool, (int64_t[]){1, 4, 2, 1});
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 0 (max_pool2d): output tensor 1 is f32 [1,4,2,1] but its inputs give f32 "
+         "[1,2,2,2]; re-export the program");
+  vision_plan(&f, KILN_OP_MAX_POOL2D, 6, pool, (int64_t[]){1, 2, 2, 2});
+  f.ops[0].iattr[5] = 2;
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 0 (max_pool2d): iattr5 (channels_last) is 2 but must be 0 or 1; re-export the "
+         "program");
+  const int64_t avg[7] = {KILN_PAIR(2, 2), KILN_PAIR(2, 2), 0, 0, 1, 0, -1};
+  vision_plan(&f, KILN_OP_AVG_POOL2D, 7, avg, (int64_t[]){1, 2, 2, 2});
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 0 (avg_pool2d): iattr6 (channels_last) is -1 but must be 0 or 1; re-export the "
+         "program");
+  const int64_t up[3] = {KILN_PAIR(8, 8), 0, 1};
+  vision_plan(&f, KILN_OP_UPSAMPLE_BILINEAR2D, 3, up, (int64_t[]){1, 8, 8, 2});
+  accept(&f);
+  vision_plan(&f, KILN_OP_UPSAMPLE_BILINEAR2D, 4, (int64_t[]){KILN_PAIR(8, 8), 0, 1, 0},
+              (int64_t[]){1, 8, 8, 2});
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 0 (upsample_bil): takes 2 to 3 integer attributes but has 4; re-export the "
+         "program");
+  const int64_t near[2] = {KILN_PAIR(8, 8), 1};
+  vision_plan(&f, KILN_OP_UPSAMPLE_NEAREST2D, 2, near, (int64_t[]){1, 8, 8, 2});
+  accept(&f);
+  const int64_t adaptive[2] = {KILN_PAIR(1, 1), 1};
+  vision_plan(&f, KILN_OP_ADAPTIVE_AVG_POOL2D, 2, adaptive, (int64_t[]){1, 1, 1, 2});
+  accept(&f);
+  set_tensor(&f.tensors[0], KILN_F32, 3, (int64_t[]){4, 4, 2}, KILN_STORE_INPUT, 0, 0);
+  set_tensor(&f.tensors[1], KILN_F32, 3, (int64_t[]){1, 1, 2}, KILN_STORE_OUTPUT, 0, 0);
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 0 (adaptive_avg): input 0 has rank 3 but channels_last needs [N,H,W,C]; "
+         "re-export the program");
+}
+
 /* linear -> t3, then op 1 (relu or a view) t3 -> t5 at arena offset `at`, relu t5 -> out. */
 static void chain(fixture *f, kiln_op_kind kind, uint64_t at) {
   fresh(f);
@@ -555,6 +610,7 @@ int main(void) {
   test_op_refusals();
   test_order_refusals();
   test_shape_refusals();
+  test_channels_last_refusals();
   test_memory_refusals();
   test_corruption_never_crashes();
   test_serialize_arguments();

@@ -10,6 +10,7 @@
 #include "gpu_harness.h"
 
 #include "core/pointwise_steps.h"
+#include "core/vision_shape.h"
 #include "cuda/cuda_attention_gemm.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/cuda_staging.h"
@@ -768,6 +769,107 @@ static void test_index_scan(void) {
   io_range r2[3] = {{-1, 1}, {-6, 5.4}, {-9, 8.4}};
   compare(p, "index dims 0,2 apart f32", r2);
 }
+
+/* One pooling or resize op on x of sizes n, c, h, w, NCHW or channels_last ([n,h,w,c]); the
+ * output's shape comes from shape inference. f32 is held to 1e-5. */
+static void vision_case(const char *what, kiln_op_kind kind, kiln_dtype dt, int last,
+                        const int64_t *nchw, uint32_t n_iattr, const int64_t *iattr, double f0,
+                        double f1) {
+  char name[96], why[160];
+  int64_t attrs[KILN_MAX_IATTR] = {0};
+  const int64_t nhwc[4] = {nchw[0], nchw[2], nchw[3], nchw[1]};
+  prog *p = p_new();
+  uint32_t x = p_tensor(p, KILN_STORE_INPUT, dt, 4, last ? nhwc : nchw);
+  memcpy(attrs, iattr, n_iattr * sizeof *attrs);
+  attrs[n_iattr] = last;
+  kiln_op probe = {kind, 1, {x}, 0, n_iattr + 1, {0}, {f0, f1}};
+  memcpy(probe.iattr, attrs, sizeof attrs);
+  const kiln_tensor_desc *in[1] = {&p->tensors[x]};
+  kiln_tensor_desc want;
+  if (kiln_vision_infer(&probe, in, &want, why, sizeof why)) {
+    fprintf(stderr, "%s: %s\n", what, why);
+    CHECK(0);
+    p_free(p);
+    return;
+  }
+  kiln_op *op = p_op(p, kind, 1, OPS(x), p_tensor(p, KILN_STORE_OUTPUT, dt, 4, want.dims),
+                     n_iattr + 1, attrs, f0);
+  op->fattr[1] = f1;
+  snprintf(name, sizeof name, "%s %s %s", what, last ? "nhwc" : "nchw", kiln_dtype_name(dt));
+  tol_override = dt == KILN_F32 ? 1e-5 : 0;
+  compare(p, name, NULL);
+  tol_override = 0;
+}
+
+#define P KILN_PAIR
+
+/* Pooling, resize and unfolded batch norm on the shapes of ResNet, MobileNetV3, ConvNeXt and
+ * UNet-like decoders, in each dtype and layout; channel counts that are not a multiple of a
+ * 16-byte vector take the scalar path in channels_last. */
+static void test_vision(void) {
+  char name[96];
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    for (int last = 0; last < 2; last++) {
+      /* ResNet's stem pool and its head */
+      vision_case("max_pool2d resnet stem", KILN_OP_MAX_POOL2D, dt, last, DIMS(2, 64, 112, 112), 5,
+                  ATTR(P(3, 3), P(2, 2), P(1, 1), P(1, 1), 0), 0, 0);
+      vision_case("adaptive_avg_pool2d resnet-50 head", KILN_OP_ADAPTIVE_AVG_POOL2D, dt, last,
+                  DIMS(2, 2048, 7, 7), 1, ATTR(P(1, 1)), 0, 0);
+      /* MobileNetV3's squeeze-excite pools and its last stage */
+      vision_case("adaptive_avg_pool2d mobilenet se", KILN_OP_ADAPTIVE_AVG_POOL2D, dt, last,
+                  DIMS(4, 72, 28, 28), 1, ATTR(P(1, 1)), 0, 0);
+      vision_case("adaptive_avg_pool2d mobilenet head", KILN_OP_ADAPTIVE_AVG_POOL2D, dt, last,
+                  DIMS(1, 960, 7, 7), 1, ATTR(P(1, 1)), 0, 0);
+      vision_case("adaptive_avg_pool2d odd channels", KILN_OP_ADAPTIVE_AVG_POOL2D, dt, last,
+                  DIMS(3, 27, 9, 11), 1, ATTR(P(1, 1)), 0, 0);
+      /* ConvNeXt's global pool before its last norm */
+      vision_case("adaptive_avg_pool2d convnext head", KILN_OP_ADAPTIVE_AVG_POOL2D, dt, last,
+                  DIMS(2, 768, 7, 7), 1, ATTR(P(1, 1)), 0, 0);
+      vision_case("adaptive_avg_pool2d 13x11 to 5x7", KILN_OP_ADAPTIVE_AVG_POOL2D, dt, last,
+                  DIMS(2, 16, 13, 11), 1, ATTR(P(5, 7)), 0, 0);
+      vision_case("max_pool2d dilated ceil", KILN_OP_MAX_POOL2D, dt, last, DIMS(2, 24, 15, 15), 5,
+                  ATTR(P(3, 3), P(2, 2), P(1, 1), P(2, 2), 1), 0, 0);
+      vision_case("max_pool2d 2x2 odd channels", KILN_OP_MAX_POOL2D, dt, last, DIMS(2, 12, 17, 16),
+                  5, ATTR(P(2, 2), P(2, 2), P(0, 0), P(1, 1), 1), 0, 0);
+      vision_case("avg_pool2d ceil skip padding", KILN_OP_AVG_POOL2D, dt, last, DIMS(2, 32, 28, 27),
+                  6, ATTR(P(3, 3), P(2, 2), P(1, 1), 1, 0, 0), 0, 0);
+      vision_case("avg_pool2d count padding", KILN_OP_AVG_POOL2D, dt, last, DIMS(2, 40, 14, 14), 6,
+                  ATTR(P(3, 3), P(1, 1), P(1, 1), 0, 1, 0), 0, 0);
+      vision_case("avg_pool2d divisor override", KILN_OP_AVG_POOL2D, dt, last, DIMS(2, 8, 12, 18),
+                  6, ATTR(P(2, 3), P(2, 3), P(0, 1), 0, 1, 5), 0, 0);
+      /* UNet-like decoders: doubling, by a scale factor, bilinear both ways */
+      vision_case("upsample_nearest2d x2", KILN_OP_UPSAMPLE_NEAREST2D, dt, last,
+                  DIMS(2, 64, 28, 28), 1, ATTR(P(56, 56)), 0, 0);
+      vision_case("upsample_nearest2d scale 1.7", KILN_OP_UPSAMPLE_NEAREST2D, dt, last,
+                  DIMS(2, 12, 10, 9), 1, ATTR(P(17, 15)), 1.7, 1.7);
+      vision_case("upsample_bilinear2d x2", KILN_OP_UPSAMPLE_BILINEAR2D, dt, last,
+                  DIMS(2, 32, 28, 28), 2, ATTR(P(56, 56), 0), 0, 0);
+      vision_case("upsample_bilinear2d aligned", KILN_OP_UPSAMPLE_BILINEAR2D, dt, last,
+                  DIMS(2, 16, 13, 17), 2, ATTR(P(26, 34), 1), 0, 0);
+      vision_case("upsample_bilinear2d down odd channels", KILN_OP_UPSAMPLE_BILINEAR2D, dt, last,
+                  DIMS(1, 6, 31, 29), 2, ATTR(P(12, 20), 0), 0, 0);
+    }
+    /* a batch norm the builder could not fold: weight and bias, or neither, over 2-d and 1-d */
+    for (int affine = 0; affine < 2; affine++) {
+      prog *p = p_new();
+      int64_t c = affine ? 96 : 24;
+      uint32_t x = affine ? IN(p, dt, 4, 2, 96, 14, 14) : IN(p, dt, 3, 4, 24, 50);
+      uint32_t mean = p_weight(p, dt, 1, DIMS(c), -1, 1), var = p_weight(p, dt, 1, DIMS(c), 0.2, 2);
+      uint32_t w = p_weight(p, dt, 1, DIMS(c), 0.5, 1.5), b = p_weight(p, dt, 1, DIMS(c), -1, 1);
+      uint32_t out = affine ? OUT(p, dt, 4, 2, 96, 14, 14) : OUT(p, dt, 3, 4, 24, 50);
+      if (affine) p_op(p, KILN_OP_BATCH_NORM, 5, OPS(x, mean, var, w, b), out, 1, ATTR(3), 1e-5);
+      else p_op(p, KILN_OP_BATCH_NORM, 3, OPS(x, mean, var), out, 1, ATTR(0), 1e-3);
+      snprintf(name, sizeof name, "batch_norm %s %s", affine ? "affine 2-d" : "plain 1-d",
+               kiln_dtype_name(dt));
+      tol_override = dt == KILN_F32 ? 1e-5 : 0;
+      compare(p, name, NULL);
+      tol_override = 0;
+    }
+  }
+}
+
+#undef P
 
 static void test_attention(void) {
   char name[96];
@@ -1575,22 +1677,6 @@ static void test_refusals(void) {
   p_unload(e);
   p_free(p);
 
-  /* The vision ops without CUDA kernels run on the CPU engine; the CUDA engine refuses each
-   * at load, naming it. */
-  p = p_new();
-  x = IN(p, KILN_F32, 4, 1, 2, 5, 5);
-  p_op(p, KILN_OP_MAX_POOL2D, 1, OPS(x), OUT(p, KILN_F32, 4, 1, 2, 2, 2), 5,
-       ATTR(KILN_PAIR(2, 2), KILN_PAIR(2, 2), KILN_PAIR(0, 0), KILN_PAIR(1, 1), 0), 0);
-  e = p_load(p, &kiln_cpu_backend, 0, &err);
-  CHECK(e != NULL);
-  p_unload(e);
-  e = p_load(p, &kiln_cuda_backend, 0, &err);
-  printf("max_pool2d on CUDA: %s: %s\n", kiln_status_name(err.status), err.message);
-  CHECK(e == NULL && err.status == KILN_ERR_UNSUPPORTED && strstr(err.message, "no kernel for it yet") &&
-        strstr(err.message, "max_pool2d"));
-  p_unload(e);
-  p_free(p);
-
   /* A transposed convolution whose output padding reaches the stride (PyTorch allows it below
    * the dilation): cuDNN's backward data cannot size it, so the CUDA engine refuses it. */
   p = p_new();
@@ -1604,6 +1690,16 @@ static void test_refusals(void) {
   e = p_load(p, &kiln_cuda_backend, 0, &err);
   printf("conv_transpose output padding 1, stride 1: %s: %s\n", kiln_status_name(err.status), err.message);
   CHECK(e == NULL && err.status == KILN_ERR_UNSUPPORTED && strstr(err.message, "not below the stride"));
+  p_unload(e);
+  p_free(p);
+
+  p = p_new(); /* a pool whose output is not what its window gives */
+  x = IN(p, KILN_F16, 4, 1, 8, 8, 16);
+  p_op(p, KILN_OP_AVG_POOL2D, 1, OPS(x), OUT(p, KILN_F16, 4, 1, 4, 4, 8), 7,
+       ATTR(KILN_PAIR(2, 2), KILN_PAIR(2, 2), KILN_PAIR(0, 0), 0, 1, 0, 1), 0);
+  e = p_load(p, &kiln_cuda_backend, 0, &err);
+  printf("avg_pool2d output of the wrong shape: %s: %s\n", kiln_status_name(err.status), err.message);
+  CHECK(e == NULL && err.status == KILN_ERR_INVALID_PROGRAM && strstr(err.message, "op 0 (avg_pool2d)"));
   p_unload(e);
   p_free(p);
 
@@ -1828,6 +1924,7 @@ int main(int argc, char **argv) {
   test_normalize_reduce();
   test_layout_gather();
   test_index_scan();
+  test_vision();
   test_attention();
   test_flash_attention();
   test_packed_attention();

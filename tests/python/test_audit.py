@@ -391,10 +391,10 @@ PINS = build_wheels.requirements()
 
 @pytest.fixture(scope="session")
 def runtime_runpath():
-    """The RUNPATH a delegate in kiln_runtime/ needs, from where the installed wheels put ExecuTorch
-    and the CUDA runtime: the audit must agree with the real distributions."""
+    """The RUNPATH a delegate in kiln_runtime/ needs, from where the installed wheels put ExecuTorch,
+    the CUDA runtime, cuBLAS and cuDNN: the audit must agree with the real distributions."""
     dirs = [installed_dir("executorch", "libexecutorch.so"), installed_dir("nvidia-cuda-runtime", "libcudart.so.13"),
-            installed_dir("nvidia-cublas", "libcublas.so.13")]
+            installed_dir("nvidia-cublas", "libcublas.so.13"), installed_dir("nvidia-cudnn-cu13", "libcudnn.so.9")]
     return ":".join(f"$ORIGIN/../{d}" for d in dict.fromkeys(dirs))
 
 
@@ -427,7 +427,8 @@ def test_correct_runtime_wheel_passes(good_library, tmp_path):
 def test_requirements_are_pinned_to_the_environment():
     assert PINS[0] == f"executorch=={importlib.metadata.version('executorch')}"
     assert PINS[1] == "torch"
-    assert [p.split("==")[0] for p in PINS[2:]] == ["nvidia-cuda-runtime", "nvidia-cublas"]
+    assert PINS[2:] == [f"{dist}=={importlib.metadata.version(dist)}"
+                        for dist in ("nvidia-cuda-runtime", "nvidia-cublas", "nvidia-cudnn-cu13")]
 
 
 def with_requirement(index, requirement):
@@ -475,7 +476,7 @@ def test_conditional_requirement_is_refused(good_library, tmp_path, requirement)
     assert "carries extras, a marker or a URL; require the plain package so it always installs" in line
 
 
-@pytest.mark.parametrize("index, dist", [(2, "nvidia-cuda-runtime"), (3, "nvidia-cublas")])
+@pytest.mark.parametrize("index, dist", [(2, "nvidia-cuda-runtime"), (3, "nvidia-cublas"), (4, "nvidia-cudnn-cu13")])
 def test_cuda_library_unpinned_is_refused(good_library, tmp_path, index, dist):
     line = one_refusal(make_wheel(tmp_path, good_library, with_requirement(index, f"{dist}>=13")))
     assert f"{dist} must be pinned exactly (NAME==X.Y.Z)" in line
@@ -527,8 +528,7 @@ def test_bundled_library_breaking_a_rule_is_refused(libs, runtime_runpath, tmp_p
     assert line.startswith("libexecutorch_backend_kiln.so links libtorch.so")
 
 
-@pytest.mark.parametrize("entry, resolved", [("$ORIGIN/../torch/lib", "torch/lib"), ("$ORIGIN/lib", "kiln_runtime/lib"),
-                                             ("$ORIGIN/../nvidia/cudnn/lib", "nvidia/cudnn/lib")])
+@pytest.mark.parametrize("entry, resolved", [("$ORIGIN/../torch/lib", "torch/lib"), ("$ORIGIN/lib", "kiln_runtime/lib")])
 def test_runpath_where_no_required_wheel_installs_is_refused(libs, runtime_runpath, tmp_path, entry, resolved):
     library = runtime_library(libs, f"{runtime_runpath}:{entry}")
     line = one_refusal(make_wheel(tmp_path, library))
@@ -538,19 +538,32 @@ def test_runpath_where_no_required_wheel_installs_is_refused(libs, runtime_runpa
     )
 
 
-def test_runpath_to_cudnn_passes_when_cudnn_is_required(libs, runtime_runpath, tmp_path):
-    library = runtime_library(libs, f"{runtime_runpath}:$ORIGIN/../nvidia/cudnn/lib")
-    cudnn = f"nvidia-cudnn-cu13=={importlib.metadata.version('nvidia-cudnn-cu13')}"
-    passes(make_wheel(tmp_path, library, PINS + [cudnn]))
+def without_cudnn():
+    requires = [p for p in PINS if not p.startswith("nvidia-cudnn-cu13==")]
+    assert len(requires) == len(PINS) - 1
+    return requires
 
 
-def test_cudnn_must_be_required_when_linked(libs, runtime_runpath, tmp_path):
-    library = runtime_library(libs, f"{runtime_runpath}:$ORIGIN/../nvidia/cudnn/lib", "-l:libcudnn_graph.so.9")
-    lines = refused(make_wheel(tmp_path, library))
+def test_runpath_to_cudnn_is_refused_when_cudnn_is_not_required(good_library, tmp_path):
+    assert "$ORIGIN/../nvidia/cudnn/lib" in open(good_library, "rb").read().decode("latin-1")
+    lines = refused(make_wheel(tmp_path, good_library, without_cudnn()))
+    assert lines == [
+        "kiln_runtime does not require nvidia-cudnn-cu13; add it to Requires-Dist (pinned exactly)",
+        "libexecutorch_backend_kiln.so: RUNPATH entry '$ORIGIN/../nvidia/cudnn/lib' lands on "
+        "site-packages/nvidia/cudnn/lib, where no required wheel installs; fix or remove the entry",
+    ]
+
+
+def test_cudnn_linked_must_be_required_and_reached(libs, runtime_runpath, tmp_path):
+    library = runtime_library(libs, runtime_runpath, "-l:libcudnn_graph.so.9")
+    passes(make_wheel(tmp_path, library))
+    lines = refused(make_wheel(tmp_path, library, without_cudnn()))
     assert lines[-1] == ("libexecutorch_backend_kiln.so needs libcudnn_graph.so.9 from nvidia-cudnn-cu13, which kiln_runtime "
                          "does not require; add it to Requires-Dist, pinned exactly")
-    cudnn = f"nvidia-cudnn-cu13=={importlib.metadata.version('nvidia-cudnn-cu13')}"
-    passes(make_wheel(tmp_path, library, PINS + [cudnn]))
+    unreached = runtime_library(libs, runtime_runpath.replace(":$ORIGIN/../nvidia/cudnn/lib", ""), "-l:libcudnn_graph.so.9")
+    line = one_refusal(make_wheel(tmp_path, unreached))
+    assert line == ("libexecutorch_backend_kiln.so needs libcudnn_graph.so.9 but no RUNPATH entry reaches nvidia/cudnn/lib, "
+                    "where nvidia-cudnn-cu13 installs it; add that directory, $ORIGIN-relative")
 
 
 def test_runpath_into_the_wheel_itself_passes(libs, runtime_runpath, tmp_path):

@@ -614,6 +614,20 @@ def test_import_error_names_what_is_missing():
     assert "pip install executorch==1.5.1" in message
 
 
+def test_import_error_remedies_are_the_wheels_pinned_requirements():
+    import kiln_runtime
+
+    sys.path.insert(0, os.path.join(ROOT, "packaging"))
+    import build_wheels
+
+    pinned = {r.split("==")[0]: r for r in build_wheels.requirements() if "==" in r}
+    remedies = [remedy for _, remedy in kiln_runtime._REMEDIES]
+    assert len(remedies) == 4 and sorted(r.split("==")[0] for r in remedies) == sorted(pinned)
+    assert [pinned[r.split("==")[0]] for r in remedies] == remedies
+    message = kiln_runtime._missing_library_message(OSError("libcudnn_graph.so.9: cannot open shared object file"))
+    assert message.endswith(f"needs libcudnn_graph.so.9, which the loader did not find: pip install {pinned['nvidia-cudnn-cu13']}")
+
+
 def test_import_fails_without_the_library(tmp_path):
     package = tmp_path / "kiln_runtime"
     package.mkdir()
