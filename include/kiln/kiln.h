@@ -255,9 +255,9 @@ typedef enum kiln_op_kind {
   /* Vision ops. Spatial dims are the last one (1-d) or two (2-d); each spatial attribute is a
      pair KILN_PAIR(h, w) (1-d ops use h = stride 1, padding 0, dilation 1). Inputs and
      weights are NCHW (NCW for 1-d), contiguous, unless a channels_last attribute says NHWC.
-     Sums accumulate in double, one rounding.
-     The pooling and resize ops take an optional trailing channels_last attribute (absent = 0;
-     named below): with 1, x is [N,H,W,C] and the output [N,OH,OW,C], contiguous. */
+     Sums accumulate in double, one rounding. The pooling and resize ops take an optional
+     trailing channels_last attribute (absent = 0; named below): with 1, x is [N,H,W,C] and the
+     output [N,OH,OW,C], contiguous. */
   KILN_OP_CONV,           /* x[N,C,(H,)W], w[O,C/g,(kh,)kw], bias[O]?, residual? -> [N,O,(OH,)OW];
                              iattr0 = stride, iattr1 = padding, iattr2 = dilation (pairs), iattr3
                              = groups g, iattr4 = 1 when the bias is present. Optional, absent =
@@ -529,7 +529,10 @@ typedef struct kiln_build_options {
   int32_t device_id;              /* recorded in the metadata */
   int32_t min_compute_capability; /* 0: the lowest the kernels are built for */
   int allow_tf32;
-  int fuse; /* 1: fuse GEMM epilogues, pointwise chains, and pointwise ops into norms */
+  int fuse; /* 1: fuse GEMM and convolution epilogues, pointwise chains, and pointwise ops
+               into norms, and run a plan's 2-d convolutions, and the elementwise, pooling
+               and resize ops they feed, channels-last (NHWC) between one PERMUTE in and one
+               out at each edge of that region */
 } kiln_build_options;
 
 KILN_API void kiln_build_options_default(kiln_build_options *opts);

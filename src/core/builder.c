@@ -13,6 +13,7 @@
 #include "core/fuse_pointwise.h"
 #include "core/graph.h"
 #include "core/internal.h"
+#include "core/layout_channels_last.h"
 #include "core/memplan.h"
 #include "core/view.h"
 #include "core/shape.h"
@@ -779,7 +780,7 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
 }
 
 /* Rewrites g: constants folded, GEMMs recognized, batch norms folded into convolutions,
- * epilogues fused, dead code removed, then SwiGLU's gate and up projections joined into one
+ * epilogues fused, dead code removed, convolutions laid out channels-last, then SwiGLU's gate and up projections joined into one
  * GEMM, repeated k and v heads dropped (grouped-query attention), attention's head split and
  * merge taken into the SDPA, pointwise chains fused (after the epilogues, so a GEMM keeps its
  * activation), pointwise ops next to a norm fused into it, then what remains of pointwise ops,
@@ -792,6 +793,7 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, int
   if (opts->fuse && (s = kiln_fold_batch_norm(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_epilogues(g, err))) return s;
   if ((s = kiln_graph_remove_dead(g, err))) return s;
+  if (opts->fuse && (s = kiln_layout_channels_last(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_swiglu(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_grouped_kv(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_attention(g, err))) return s;

@@ -326,12 +326,15 @@ int kiln_vision_infer(const kiln_op *op, const kiln_tensor_desc *const *in, kiln
                       char *why, size_t size) {
   const kiln_tensor_desc *x = in[0];
   uint32_t want = vision_iattrs[op->kind - KILN_OP_CONV];
-  uint32_t most = kiln_is_conv_op(op->kind) ? want + 3 : want;
   int layout = vision_has_layout[op->kind - KILN_OP_CONV];
-  if (layout) most = want + 1;
-  if (op->n_iattr < want || op->n_iattr > most)
-    return refuse(why, size, "takes %lld to %lld integer attributes but has %lld",
-                  (long long)want, (long long)most, (long long)op->n_iattr);
+  if (kiln_is_conv_op(op->kind)) {
+    if (op->n_iattr < want || op->n_iattr > want + 3)
+      return refuse(why, size, "takes %lld to %lld integer attributes but has %lld",
+                    (long long)want, (long long)(want + 3), (long long)op->n_iattr);
+  } else if (op->n_iattr != want && !(layout && op->n_iattr == want + 1)) {
+    return refuse(why, size, "takes %lld integer attributes%s but has %lld", (long long)want,
+                  layout ? " (one more: channels_last)" : "", (long long)op->n_iattr);
+  }
   if (layout && op->n_iattr > want && op->iattr[want] != 0 && op->iattr[want] != 1)
     return refuse(why, size, "iattr%lld (channels_last) is %lld but must be 0 or 1",
                   (long long)want, (long long)op->iattr[want]);

@@ -214,10 +214,12 @@ static kiln_status kcu_rank_algos(kcu_conv *c, cudnnHandle_t h, const kiln_op *o
   return KILN_OK;
 }
 
-/* Makes a the op's algorithm, with its math type and the workspace cuDNN says it needs. */
+/* Makes algorithm a the op's own, with its math type and the workspace cuDNN says it needs. */
 static cudnnStatus_t kcu_conv_keep(kcu_conv *c, cudnnHandle_t h, const kcu_algo *a) {
   size_t bytes = 0;
-  cudnnStatus_t st = cudnnSetConvolutionMathType(c->conv, a->math);
+  /* f32 without TF32 stays on FMA math whatever Find ran it with (default math admits TF32). */
+  int fma_only = c->dtype == CUDNN_DATA_FLOAT && !c->allow_tf32;
+  cudnnStatus_t st = cudnnSetConvolutionMathType(c->conv, fma_only ? CUDNN_FMA_MATH : a->math);
   c->fwd = (cudnnConvolutionFwdAlgo_t)a->algo;
   c->bwd = (cudnnConvolutionBwdDataAlgo_t)a->algo;
   if (st == CUDNN_STATUS_SUCCESS)

@@ -756,9 +756,10 @@ static void test_conv_epilogue_fusion(void) {
   void *fused = build_block(1, 0, &fused_size, &fused_ops, &fused_relu, &fused_res);
   void *plain = build_block(0, 0, &plain_size, &plain_ops, &plain_relu, &plain_res);
   void *shared = build_block(1, 1, &shared_size, &shared_ops, &shared_relu, &shared_res);
-  /* conv, relu, conv, add, relu -> conv (relu), conv (residual, relu) */
+  /* conv, relu, conv, add, relu -> conv (relu), conv (residual, relu), channels-last between
+   * the permute of x in and the permute of y out */
   CHECK(plain_ops == 5 && plain_relu == 0 && plain_res == 0);
-  CHECK(fused_ops == 2 && fused_relu == 2 && fused_res == 1);
+  CHECK(fused_ops == 4 && fused_relu == 2 && fused_res == 1);
   /* the second convolution's output is read by the add and an output binding: only the first
    * relu fuses (the add and its relu may become one pointwise op) */
   CHECK(shared_relu == 1 && shared_res == 0 && shared_ops >= 3);
@@ -779,6 +780,95 @@ static void test_conv_epilogue_fusion(void) {
   kiln_free(shared);
 }
 
+/* A small ResNet, x [1,3,8,8]: conv, relu, max pool, conv + the pool's output, relu, global
+ * average pool, flatten. With fusion it runs channels-last from the first convolution to the
+ * global pool: one permute in, one out, and the same result as the plan built as written. */
+static void *build_small_resnet(int fuse, size_t *size, uint32_t *n_permute, uint32_t *n_nhwc) {
+  kiln_builder *b = kiln_builder_create();
+  float w1[108], w2[144], bias[4] = {0.1f, -0.2f, 0.3f, 0.05f};
+  uint32_t seed = 33;
+  for (int i = 0; i < 108; i++) w1[i] = (float)next_random(&seed) * 0.4f;
+  for (int i = 0; i < 144; i++) w2[i] = (float)next_random(&seed) * 0.3f;
+  const int64_t conv_attrs[5] = {P(1, 1), P(1, 1), P(1, 1), 1, 1};
+  int32_t x = kiln_builder_add_input(b, "x", KILN_F32, 4, DIMS(1, 3, 8, 8), &err);
+  int32_t cw1 = kiln_builder_add_constant(b, KILN_F32, 4, DIMS(4, 3, 3, 3), w1, sizeof w1, &err);
+  int32_t cw2 = kiln_builder_add_constant(b, KILN_F32, 4, DIMS(4, 4, 3, 3), w2, sizeof w2, &err);
+  int32_t cb = kiln_builder_add_constant(b, KILN_F32, 1, DIMS(4), bias, sizeof bias, &err);
+  int32_t c1 = kiln_builder_add_op(b, KILN_OP_CONV, (const int32_t[]){x, cw1, cb}, 3, conv_attrs, 5,
+                                   NULL, 0, &err);
+  int32_t r1 = kiln_builder_add_op(b, KILN_OP_RELU, &c1, 1, NULL, 0, NULL, 0, &err);
+  int32_t mp = kiln_builder_add_op(b, KILN_OP_MAX_POOL2D, &r1, 1,
+                                   ATTRS(P(2, 2), P(2, 2), P(0, 0), P(1, 1), 0), 5, NULL, 0, &err);
+  int32_t c2 = kiln_builder_add_op(b, KILN_OP_CONV, (const int32_t[]){mp, cw2, cb}, 3, conv_attrs, 5,
+                                   NULL, 0, &err);
+  int32_t sum = kiln_builder_add_op(b, KILN_OP_ADD, (const int32_t[]){c2, mp}, 2, NULL, 0,
+                                    (const double[]){1.0}, 1, &err);
+  int32_t r2 = kiln_builder_add_op(b, KILN_OP_RELU, &sum, 1, NULL, 0, NULL, 0, &err);
+  int32_t gp = kiln_builder_add_op(b, KILN_OP_ADAPTIVE_AVG_POOL2D, &r2, 1, ATTRS(P(1, 1)), 1,
+                                   NULL, 0, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_RESHAPE, &gp, 1, ATTRS(1, 4), 2, NULL, 0, &err);
+  CHECK(y >= 0);
+  CHECK(kiln_builder_mark_output(b, y, "y", &err) == KILN_OK);
+  kiln_build_options opts;
+  kiln_build_options_default(&opts);
+  opts.fuse = fuse;
+  void *blob = NULL;
+  CHECK(kiln_builder_build(b, &opts, &blob, size, &err) == KILN_OK);
+  kiln_builder_destroy(b);
+  kiln_engine_options eo;
+  kiln_engine_options_default(&eo);
+  eo.device = KILN_DEVICE_CPU;
+  kiln_engine *e = NULL;
+  *n_permute = *n_nhwc = 0;
+  if (blob && kiln_engine_load(blob, *size, &eo, &e, &err) == KILN_OK) {
+    const kiln_plan *plan = kiln_engine_plan(e);
+    for (uint32_t i = 0; i < plan->n_ops; i++) {
+      const kiln_op *op = &plan->ops[i];
+      *n_permute += op->kind == KILN_OP_PERMUTE;
+      *n_nhwc += (op->kind == KILN_OP_CONV && op->n_iattr > 5 && op->iattr[5] == 1) ||
+                 (op->kind == KILN_OP_MAX_POOL2D && op->n_iattr > 5 && op->iattr[5] == 1) ||
+                 (op->kind == KILN_OP_ADAPTIVE_AVG_POOL2D && op->n_iattr > 1 && op->iattr[1] == 1);
+    }
+    kiln_engine_destroy(e);
+  }
+  return blob;
+}
+
+static void test_channels_last_layout(void) {
+  size_t nhwc_size, plain_size;
+  uint32_t nhwc_permutes, nhwc_ops, plain_permutes, plain_ops;
+  void *nhwc = build_small_resnet(1, &nhwc_size, &nhwc_permutes, &nhwc_ops);
+  void *plain = build_small_resnet(0, &plain_size, &plain_permutes, &plain_ops);
+  CHECK(plain_permutes == 0 && plain_ops == 0);
+  CHECK(nhwc_permutes == 2 && nhwc_ops == 4); /* both convs and both pools */
+  float x[192], got[4], want_f[4];
+  double want[4];
+  uint32_t seed = 12;
+  for (int i = 0; i < 192; i++) x[i] = (float)next_random(&seed);
+  kiln_engine_options eo;
+  kiln_engine_options_default(&eo);
+  eo.device = KILN_DEVICE_CPU;
+  for (int v = 0; v < 2; v++) {
+    kiln_engine *e = NULL;
+    kiln_tensor_view in, out;
+    memset(&in, 0, sizeof in);
+    memset(&out, 0, sizeof out);
+    in.data = x, in.nbytes = sizeof x, in.dtype = KILN_F32, in.rank = 4;
+    const int64_t xs[4] = {1, 3, 8, 8};
+    for (int d = 3, st = 1; d >= 0; d--) in.sizes[d] = xs[d], in.strides[d] = st, st *= (int)xs[d];
+    out.data = v ? got : want_f, out.nbytes = 16, out.dtype = KILN_F32, out.rank = 2;
+    out.sizes[0] = 1, out.sizes[1] = 4, out.strides[0] = 4, out.strides[1] = 1;
+    CHECK(kiln_engine_load(v ? nhwc : plain, v ? nhwc_size : plain_size, &eo, &e, &err) == KILN_OK);
+    if (e) CHECK(kiln_engine_execute(e, &in, 1, &out, 1, &err) == KILN_OK);
+    kiln_engine_destroy(e);
+  }
+  for (int i = 0; i < 4; i++) want[i] = want_f[i];
+  CHECK(want[0] != 0 || want[1] != 0);
+  CHECK_VALUES("channels-last small resnet", got, KILN_F32, want, 4);
+  kiln_free(nhwc);
+  kiln_free(plain);
+}
+
 int main(void) {
   test_conv_hand();
   test_conv_reference();
@@ -793,5 +883,6 @@ int main(void) {
   test_refusals();
   test_batch_norm_folding();
   test_conv_epilogue_fusion();
+  test_channels_last_layout();
   return check_report("test_cpu_vision");
 }

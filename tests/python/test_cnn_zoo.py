@@ -128,3 +128,16 @@ def test_resnet18_residual_blocks_fuse_into_their_convolutions(exported):
     assert sum(len(a) > 7 and a[7] == 1 for a in convs) == 8  # the residual
     names = [name for name, _ in ops]
     assert "relu" not in names and "add" not in names and "pointwise" not in names, names
+
+
+def test_resnet18_runs_channels_last_from_its_first_conv_to_its_global_pool(exported):
+    # One permute into NHWC before the stem and one back after the last block.
+    model = exported("resnet18")
+    ops = plan_op_records(bytes(kiln.lowered_modules(model.program)[0].processed_bytes))
+    names = [name for name, _ in ops]
+    assert names.count("permute") == 2, names
+    assert names.index("permute") < names.index("conv")
+    last_conv = len(names) - 1 - names[::-1].index("conv")
+    assert last_conv < len(names) - 1 - names[::-1].index("permute"), names
+    assert all(a[5] == 1 for name, a in ops if name == "conv")  # channels_last
+    assert [a[-1] for name, a in ops if name == "max_pool2d"] == [1], names
