@@ -46,7 +46,7 @@ OP_NAMES = (
     "hardsigmoid", "minimum", "maximum",
     "conv", "conv_transpose", "batch_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "upsample_nearest2d", "upsample_bilinear2d",
-    "cumsum", "gather", "index", "argmax", "index_copy",
+    "cumsum", "gather", "index", "argmax", "fused", "index_copy",
 )
 OP = {name: index for index, name in enumerate(OP_NAMES)}
 

@@ -85,9 +85,23 @@ static int64_t double_word(double d) {
   return w;
 }
 
+/* 1 when op's result is exactly one of its inputs' values or its negation: of values of its
+ * dtype, already rounded, it needs no rounding of its own. */
+static int exact_op(const kiln_graph *g, const kiln_op *op) {
+  kiln_dtype dt = g->tensors[op->output].desc.dtype;
+  if (op->kind != KILN_OP_NEG && op->kind != KILN_OP_ABS && op->kind != KILN_OP_RELU &&
+      op->kind != KILN_OP_MINIMUM && op->kind != KILN_OP_MAXIMUM)
+    return 0;
+  for (uint32_t k = 0; k < op->n_inputs; k++)
+    if (g->tensors[op->inputs[k]].desc.dtype != dt) return 0;
+  return 1;
+}
+
 /* The value rounded as an op writing dtype dt rounds it (the root's store rounds itself). */
 static int64_t round_to(compiler *c, int64_t v, kiln_dtype dt, uint32_t t) {
+  const kiln_gtensor *x = &c->g->tensors[t];
   if (v < 0 || dt == KILN_F32 || t == c->root_out) return v;
+  if (x->node == KILN_NODE_OP && exact_op(c->g, &c->g->ops[x->producer])) return v;
   return emit_instr(c, KILN_FX_ROUND, v, -1, (uint32_t)dt, 0, 0, t);
 }
 

@@ -16,6 +16,7 @@ typedef struct kcu_fx_map {
 /* The program as the kernel reads it: about 3.5 KB, under the 4 KB a kernel argument takes. */
 typedef struct kcu_fx {
   int32_t rank, n_instrs, out_dtype;
+  int32_t narrow; /* the output has fewer than 2^32 elements: 32-bit index division */
   int32_t in_dtype[KILN_MAX_OP_INPUTS];
   const void *in[KILN_MAX_OP_INPUTS];
   int64_t dims[KILN_MAX_RANK];
@@ -27,19 +28,31 @@ typedef struct kcu_fx {
   } imm[KILN_FX_MAX_INSTRS];
 } kcu_fx;
 
+static_assert(sizeof(kcu_fx) <= 4096, "a kernel argument takes at most 4 KB");
+
 static __device__ __forceinline__ float kcu_fx_round(int dt, float v) {
   return dt == KILN_F16 ? __half2float(__float2half_rn(v))
                         : __bfloat162float(__float2bfloat16_rn(v));
 }
 
-__global__ void kcu_fx_kernel(kcu_fx p, void *out, int64_t n) {
+/* __grid_constant__: the maps are indexed at run time, and this keeps them in the parameter
+ * space instead of a per-thread copy. */
+__global__ void kcu_fx_kernel(const __grid_constant__ kcu_fx p, void *out, int64_t n) {
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t coord[KILN_MAX_RANK], rest = i;
     float reg[KILN_FX_MAX_REGS];
-    for (int d = p.rank - 1; d >= 0; d--) {
-      coord[d] = rest % p.dims[d];
-      rest /= p.dims[d];
+    if (p.narrow) { /* a 64-bit division costs several times a 32-bit one */
+      uint32_t r32 = (uint32_t)i;
+      for (int d = p.rank - 1; d >= 0; d--) {
+        coord[d] = r32 % (uint32_t)p.dims[d];
+        r32 /= (uint32_t)p.dims[d];
+      }
+    } else {
+      for (int d = p.rank - 1; d >= 0; d--) {
+        coord[d] = rest % p.dims[d];
+        rest /= p.dims[d];
+      }
     }
     for (int s = 0; s < p.n_instrs; s++) {
       uint32_t w = p.code[s], code = w & 15u, dst = (w >> 4) & 15u, a = (w >> 8) & 15u;
@@ -83,6 +96,7 @@ cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
   p.rank = prog.rank;
   p.n_instrs = (int32_t)prog.n_instrs;
   p.out_dtype = out->dtype;
+  p.narrow = out->numel <= (int64_t)UINT32_MAX;
   for (uint32_t k = 0; k < op->n_inputs; k++) p.in[k] = in[k].data, p.in_dtype[k] = in[k].dtype;
   for (int d = 0; d < out->rank; d++) p.dims[d] = out->dims[d];
   for (uint32_t m = 0; m < prog.n_maps; m++) {

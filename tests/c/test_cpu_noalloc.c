@@ -352,11 +352,17 @@ static void test_fused_group(void) {
   uint32_t ty = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 1, DIMS(4));
   uint32_t to = g_tensor(g, KILN_STORE_OUTPUT, KILN_F16, 4, DIMS(1, 2, 3, 4));
   uint32_t tmix = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(3, 4));
+  uint32_t tbox = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(3, 4));
+  float boxed[12];
   uint32_t n = fx_rotary(maps, code, 1, 2, 3, 4, KILN_F16);
   g_fused(g, 3, IDS(tx, tc, ts), to, 4, 5, maps, n, code);
   n = fx_mix(maps, code, 3, 4);
   g_fused(g, 2, IDS(tm, ty), tmix, 2, 2, maps, n, code);
-  CHECK(count_execute(g, BUFS(x, cs, sn, cs, y), BUFS(out, mix)) == 0);
+  /* a load outside its box gives 0: rows 1 and 2 of cs, row 0 zero */
+  g_fused(g, 1, IDS(tc), tbox, 2, 1, DIMS(0, 0, 4, 1, 1, 0, 3, 4), 2,
+          DIMS(KILN_FX_INSTR(KILN_FX_LOAD, 0, 0, 0, 0), 0, KILN_FX_INSTR(KILN_FX_STORE, 0, 0, 0, 0), 0));
+  CHECK(count_execute(g, BUFS(x, cs, sn, cs, y), BUFS(out, mix, boxed)) == 0);
+  for (int i = 0; i < 12; i++) CHECK(boxed[i] == (i < 4 ? 0.0f : cs[i]));
   for (int h = 0; h < 2; h++)
     for (int s = 0; s < 3; s++)
       for (int d = 0; d < 4; d++) {

@@ -1246,7 +1246,8 @@ static void g_gelu_tanh(kiln_builder *b, kiln_dtype dt) {
   out(b, binary(b, KILN_OP_MUL, half, binary(b, KILN_OP_ADD, t, scalar(b, dt, 1.0f))), "y");
 }
 
-/* RMSNorm computed in f32 and cast back, as transformers writes it:
+/* RMSNorm computed in f32 and cast back, as transformers writes it (the builder makes it one
+ * RMS_NORM):
  * w * cast(x32 * rsqrt(mean(x32^2) + eps)), x32 = cast(x, f32). */
 static void g_rms_cast(kiln_builder *b, kiln_dtype dt) {
   int32_t x = in(b, "x", dt, 3, D(2, 3, 8)), w = in(b, "w", dt, 1, D(8));
@@ -1256,6 +1257,46 @@ static void g_rms_cast(kiln_builder *b, kiln_dtype dt) {
   int32_t r = unary(b, KILN_OP_RSQRT, binary(b, KILN_OP_ADD, m, scalar(b, KILN_F32, 1e-6f)));
   int32_t y = op(b, KILN_OP_CAST, T(binary(b, KILN_OP_MUL, x32, r)), 1, dt, 1, NULL, 0);
   out(b, binary(b, KILN_OP_MUL, w, y), "y");
+}
+
+/* x * rsqrt(mean(x^2) + eps) in f32, nothing around it. */
+static void g_rms_plain(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 2, D(3, 16));
+  int32_t sq = op(b, KILN_OP_POW, T(x), 1, 0, 0, (const double[]){2.0}, 1);
+  int32_t m = op_n(b, KILN_OP_MEAN, T(sq), 1, D(2, 1), 2);
+  int32_t r = unary(b, KILN_OP_RSQRT, binary(b, KILN_OP_ADD, m, scalar(b, KILN_F32, 1e-5f)));
+  out(b, binary(b, KILN_OP_MUL, r, x), "y");
+}
+
+/* The cast-wrapped RMSNorm with its f32 copy of x also an output, which must stay. */
+static void g_rms_cast_kept(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 3, D(2, 3, 8));
+  int32_t x32 = op(b, KILN_OP_CAST, T(x), 1, KILN_F32, 1, NULL, 0);
+  int32_t sq = op(b, KILN_OP_POW, T(x32), 1, 0, 0, (const double[]){2.0}, 1);
+  int32_t m = op_n(b, KILN_OP_MEAN, T(sq), 1, D(4, 1), 2);
+  int32_t r = unary(b, KILN_OP_RSQRT, binary(b, KILN_OP_ADD, m, scalar(b, KILN_F32, 1e-6f)));
+  out(b, op(b, KILN_OP_CAST, T(binary(b, KILN_OP_MUL, x32, r)), 1, dt, 1, NULL, 0), "y");
+  out(b, x32, "wide");
+}
+
+/* rsqrt(mean(x^2) + eps) scaling another tensor z: no norm of x. */
+static void g_rms_other(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 2, D(3, 16)), z = in(b, "z", dt, 2, D(3, 16));
+  int32_t sq = op(b, KILN_OP_POW, T(x), 1, 0, 0, (const double[]){2.0}, 1);
+  int32_t m = op_n(b, KILN_OP_MEAN, T(sq), 1, D(2, 1), 2);
+  int32_t r = unary(b, KILN_OP_RSQRT, binary(b, KILN_OP_ADD, m, scalar(b, KILN_F32, 1e-5f)));
+  out(b, binary(b, KILN_OP_MUL, r, z), "y");
+  out(b, x, "x_too");
+}
+
+/* As g_rms_plain, with the squares also an output. */
+static void g_rms_shared(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 2, D(3, 16));
+  int32_t sq = op(b, KILN_OP_POW, T(x), 1, 0, 0, (const double[]){2.0}, 1);
+  int32_t m = op_n(b, KILN_OP_MEAN, T(sq), 1, D(2, 1), 2);
+  int32_t r = unary(b, KILN_OP_RSQRT, binary(b, KILN_OP_ADD, m, scalar(b, KILN_F32, 1e-5f)));
+  out(b, binary(b, KILN_OP_MUL, r, x), "y");
+  out(b, sq, "squares");
 }
 
 /* Broadcasts, permutes, reshapes and selects around pointwise ops: (x + expand(y)) split by a
@@ -1275,6 +1316,38 @@ static void g_views_group(kiln_builder *b, kiln_dtype dt) {
   out(b, binary(b, KILN_OP_MUL, unary(b, KILN_OP_RELU, row), y), "c");
 }
 
+/* The fused plan within one rounding of the unfused one (an RMS_NORM rounds once where the
+ * written-out form rounds before its weight): 2 ulps of the dtype relative to max(1, |v|). */
+static void check_close_to_unfused(graph_fn make, kiln_dtype dt, double lo, double hi) {
+  built fused, plain;
+  void *a[MAX_OUTS], *b[MAX_OUTS];
+  double tol = dt == KILN_F32 ? 1e-6 : dt == KILN_F16 ? 2.0 / 1024 : 2.0 / 128;
+  memset(&plain, 0, sizeof plain);
+  if (build(make, dt, 1, &fused) && build(make, dt, 0, &plain)) {
+    uint32_t n = run_cpu(&fused, lo, hi, a), m = run_cpu(&plain, lo, hi, b);
+    CHECK(n == m && n == plain.plan.n_outputs);
+    for (uint32_t k = 0; k < n && k < m; k++) {
+      const kiln_tensor_desc *t = &plain.plan.tensors[plain.plan.outputs[k]];
+      int64_t count = (int64_t)(t->nbytes / kiln_dtype_size(t->dtype)), bad = 0;
+      for (int64_t i = 0; i < count; i++) {
+        double u = dt == KILN_F32 ? ((const float *)a[k])[i]
+                   : dt == KILN_F16 ? kiln_f16_to_f32(((const uint16_t *)a[k])[i])
+                                    : kiln_bf16_to_f32(((const uint16_t *)a[k])[i]);
+        double v = dt == KILN_F32 ? ((const float *)b[k])[i]
+                   : dt == KILN_F16 ? kiln_f16_to_f32(((const uint16_t *)b[k])[i])
+                                    : kiln_bf16_to_f32(((const uint16_t *)b[k])[i]);
+        bad += !close_to(u, v, tol);
+      }
+      if (bad) fprintf(stderr, "output %u: %lld values beyond %g\n", (unsigned)k, (long long)bad, tol);
+      CHECK(bad == 0);
+    }
+    free_outs(a, n);
+    free_outs(b, m);
+  }
+  release(&fused);
+  release(&plain);
+}
+
 static uint32_t count_kind(const built *x, kiln_op_kind kind) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < x->plan.n_ops; i++) n += x->plan.ops[i].kind == kind;
@@ -1291,10 +1364,30 @@ static void test_groups_fuse(void) {
   release(&x);
   if (build(g_gelu_tanh, KILN_F32, 1, &x)) CHECK(x.plan.n_ops == 1 && count_kind(&x, KILN_OP_FUSED) == 1);
   release(&x);
-  if (build(g_rms_cast, KILN_F16, 1, &x)) { /* the mean stays; what follows it is one op */
-    CHECK(count_kind(&x, KILN_OP_MEAN) == 1 && count_kind(&x, KILN_OP_FUSED) >= 1);
-    CHECK(x.plan.n_ops <= 4 && !find_op(&x, KILN_OP_RSQRT, 0));
+  for (int k = 0; k < 3; k++) { /* the written-out RMSNorm with its casts is one RMS_NORM */
+    if (build(g_rms_cast, dts[k], 1, &x)) {
+      const kiln_op *n = plan_op(&x, 0);
+      CHECK(x.plan.n_ops == 1 && n->kind == KILN_OP_RMS_NORM && n->n_inputs == 2);
+      CHECK(n->inputs[0] == 0 && n->inputs[1] == 1 && n->iattr[0] == 1 && n->iattr[1] == 1);
+      CHECK(n->fattr[0] == (double)1e-6f);
+    }
+    release(&x);
+    check_close_to_unfused(g_rms_cast, dts[k], -2.0, 2.0);
   }
+  if (build(g_rms_plain, KILN_F32, 1, &x)) /* no casts, no weight: the norm alone */
+    CHECK(x.plan.n_ops == 1 && plan_op(&x, 0)->kind == KILN_OP_RMS_NORM && plan_op(&x, 0)->n_inputs == 1);
+  release(&x);
+  check_close_to_unfused(g_rms_plain, KILN_F32, -2.0, 2.0);
+  if (build(g_rms_cast_kept, KILN_F16, 1, &x)) { /* the norm reads x; the cast stays for "wide" */
+    CHECK(find_op(&x, KILN_OP_RMS_NORM, 0) && find_op(&x, KILN_OP_CAST, 0));
+    CHECK(find_op(&x, KILN_OP_RMS_NORM, 0)->inputs[0] == 0);
+  }
+  release(&x);
+  check_close_to_unfused(g_rms_cast_kept, KILN_F16, -2.0, 2.0);
+  if (build(g_rms_other, KILN_F32, 1, &x)) CHECK(!find_op(&x, KILN_OP_RMS_NORM, 0));
+  release(&x);
+  if (build(g_rms_shared, KILN_F32, 1, &x)) /* the squares are read twice: no norm */
+    CHECK(!find_op(&x, KILN_OP_RMS_NORM, 0) && find_op(&x, KILN_OP_MEAN, 0));
   release(&x);
   if (build(g_views_group, KILN_F32, 1, &x)) {
     CHECK(count_kind(&x, KILN_OP_EXP) == 1 && count_kind(&x, KILN_OP_POINTWISE) == 1);
@@ -1306,7 +1399,6 @@ static void test_groups_fuse(void) {
   for (int k = 0; k < 3; k++) {
     check_same_as_unfused(g_rotary, dts[k], -2.0, 2.0);
     check_same_as_unfused(g_gelu_tanh, dts[k], -3.0, 3.0);
-    check_same_as_unfused(g_rms_cast, dts[k], -2.0, 2.0);
     check_same_as_unfused(g_views_group, dts[k], -2.0, 2.0);
   }
 }
@@ -1334,6 +1426,27 @@ static void expect_word_refused(const built *x, uint32_t word, int64_t v, const 
   CHECK(strstr(err.message, part) != NULL);
   if (e) kiln_engine_destroy(e);
   free(bad);
+}
+
+/* A program of a load and one store initializes on the CPU engine; with a second store, or a
+ * store before its end, it is refused. */
+static void test_one_store(void) {
+  static const int64_t map[5] = {0, 0, 1, 0, 4};
+  const int64_t ld = KILN_FX_INSTR(KILN_FX_LOAD, 0, 0, 0, 0), st = KILN_FX_INSTR(KILN_FX_STORE, 0, 0, 0, 0);
+  for (int stores = 1; stores <= 2; stores++) {
+    graph *g = g_new();
+    kiln_error err = {KILN_OK, ""};
+    uint32_t x = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 1, D(4));
+    uint32_t y = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 1, D(4));
+    g_fused(g, 1, (const uint32_t[]){x}, y, 1, 1, map, 1u + (uint32_t)stores,
+            (const int64_t[]){ld, 0, st, 0, st, 0});
+    kiln_engine *e = g_engine(g);
+    kiln_status s = kiln_cpu_backend.init(e, &err);
+    CHECK(stores == 1 ? s == KILN_OK : s == KILN_ERR_INVALID_PROGRAM);
+    if (s == KILN_OK) kiln_cpu_backend.destroy(e);
+    free(e);
+    free(g);
+  }
 }
 
 /* Every field of a program is checked: no malformed program loads. */
@@ -1365,6 +1478,29 @@ static void test_group_refusals(void) {
   expect_word_refused(&x, last, KILN_FX_INSTR(KILN_FX_BINARY, 0, 0, 0, KILN_OP_RELU), "malformed");
   expect_word_refused(&x, last, KILN_FX_INSTR(KILN_FX_ROUND, 0, 0, 0, KILN_F32), "malformed");
   expect_word_refused(&x, last, KILN_FX_INSTR(KILN_FX_SELECT, 0, 0, 0, 2), "malformed");
+  expect_word_refused(&x, at + 2 + (2 + 3 * rank), 0, "read by no map"); /* map 1 reads input 0 */
+  { /* the op's program must start where the words do: none may go unaccounted for */
+    kiln_engine_options opts;
+    kiln_engine *e = NULL;
+    kiln_error err = {KILN_OK, ""};
+    uint8_t *bad = malloc(x.size);
+    size_t op0 = (size_t)((const uint8_t *)x.view.plan - (const uint8_t *)x.blob) + 32u +
+                 96u * x.plan.n_tensors;
+    kiln_engine_options_default(&opts);
+    opts.device = KILN_DEVICE_CPU;
+    CHECK(bad != NULL);
+    if (bad) {
+      memcpy(bad, x.blob, x.size);
+      bad[op0 + 48] = 2; /* iattr0: the program at word 2 */
+      CHECK(kiln_engine_load(bad, x.size, &opts, &e, &err) == KILN_ERR_INVALID_PROGRAM);
+      CHECK(strstr(err.message, "does not follow") != NULL);
+      bad[op0 + 48] = 0;
+      bad[op0 + 56] -= 2; /* iattr1: two words short, leaving two over */
+      CHECK(kiln_engine_load(bad, x.size, &opts, &e, &err) == KILN_ERR_INVALID_PROGRAM);
+      CHECK(strstr(err.message, "program words but its fused ops") != NULL);
+      free(bad);
+    }
+  }
   release(&x);
 }
 
@@ -1384,5 +1520,6 @@ int main(void) {
   test_swiglu();
   test_groups_fuse();
   test_group_refusals();
+  test_one_store();
   return check_report("test_fusion");
 }

@@ -99,3 +99,44 @@ def test_fused_norm_matches_the_unfused_one_and_eager():
     h, r, w, bias = inputs
     want = torch.nn.functional.gelu(torch.nn.functional.layer_norm(h + r, (16,), w, bias))
     torch.testing.assert_close(results[0], want, rtol=1e-5, atol=1e-5)
+
+
+def rotary_blob(fuse):
+    """transformers' rotary embedding of x[1,4,16] as two heads of 8: q * cos + rotate_half(q) * sin."""
+    with _lib.Builder() as b:
+        x = b.add_input("x", _lib.F32, (1, 4, 16))
+        cos = b.add_input("cos", _lib.F32, (4, 8))
+        sin = b.add_input("sin", _lib.F32, (4, 8))
+        q = b.add_op("permute", [b.add_op("reshape", [x], [1, 4, 2, 8])], [0, 2, 1, 3])
+        hi = b.add_op("slice", [q], [3, 4, 8, 1])
+        lo = b.add_op("slice", [q], [3, 0, 4, 1])
+        rot = b.add_op("cat", [b.add_op("neg", [hi]), lo], [3])
+        out = b.add_op("add", [b.add_op("mul", [q, cos]), b.add_op("mul", [rot, sin])], (), [1.0])
+        b.mark_output(out, "q")
+        return b.build(fuse=fuse)
+
+
+def test_inspect_shows_a_fused_group(tmp_path):
+    ops = inspect(tmp_path, rotary_blob(True))
+    assert ops == [
+        "op 0: fused(t0 [1, 4, 16], t1 [4, 8], t2 [4, 8]) -> t3 [1, 2, 4, 8]; group ["
+        "r0=in0[0;64,8,16,1] -> r1=in1[0;0,0,8,1] -> r0=mul(r0,r1) -> r1=in0[4;0,8,16,1 boxed] -> "
+        "r1=neg(r1) -> r2=in0[-4;0,8,16,1 boxed] -> r1=d3<4?r1:r2 -> r2=in2[0;0,0,8,1] -> "
+        "r1=mul(r1,r2) -> r0=add(r0,r1) -> store r0]"
+    ]
+    assert len(inspect(tmp_path, rotary_blob(False))) == 9
+
+
+def test_fused_group_matches_the_unfused_plan_and_eager():
+    torch.manual_seed(0)
+    inputs = [torch.randn(1, 4, 16), torch.randn(4, 8), torch.randn(4, 8)]
+    results = []
+    for fuse in (True, False):
+        out = torch.empty(1, 2, 4, 8)
+        with _lib.Engine(rotary_blob(fuse), device="cpu") as engine:
+            engine.execute(inputs, [out])
+        results.append(out)
+    assert torch.equal(results[0], results[1])
+    q = inputs[0].view(1, 4, 2, 8).transpose(1, 2)
+    want = q * inputs[1] + torch.cat((-q[..., 4:], q[..., :4]), dim=-1) * inputs[2]
+    torch.testing.assert_close(results[0], want, rtol=1e-6, atol=1e-6)
