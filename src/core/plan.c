@@ -17,8 +17,9 @@
  * each list in increasing (index, slot) order
  *   0 u32 tensor or op  4 u32 dim or attribute slot  8 u32 symbol (1-based)  12 u32 0
  *  16 i64 coeff  24 i64 offset
- * and last the i64 words of the FUSED ops' programs, one after another in op order (none when
- * the plan has no FUSED op). */
+ * then the i64 words of the FUSED ops' programs, one after another in op order (none when
+ * the plan has no FUSED op). A state tensor (storage 4) names its buffer by io_index, and its
+ * offset is where the state's initial value lies in the weights section. */
 #include "core/alloc.h"
 #include "core/fused_program.h"
 #include "core/internal.h"
@@ -472,7 +473,9 @@ static int ranges_meet(uint64_t a, uint64_t an, uint64_t b, uint64_t bn) {
  * norms by rows they read twice; linear and matmul by GEMM or GEMV tiles (cuBLASLt takes no
  * output on an operand); attention by tiles of q, k and v staged while o is stored; embedding
  * and index_select by rows. So no output byte may lie on an input byte. The one exception is a
- * view the memory plan placed exactly on its input's bytes, which both engines skip. The arena
+ * view the memory plan placed exactly on its input's bytes, which both engines skip. The other
+ * is a write into state, which lives outside the arena: index_copy's output may be its input 0's
+ * own state buffer (in place; writes_state_ok admits nothing else onto a state). The arena
  * is at most its tensors' reach aligned up, so a damaged size cannot reserve host or device
  * memory at load. */
 static kiln_status check_arena(const kiln_plan *plan, kiln_error *err) {

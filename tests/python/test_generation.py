@@ -2,6 +2,7 @@
 the CPU reference engine: tokens equal eager's, the cache stays in the engine across calls, and
 a write past the cache end is refused without harming the program."""
 
+import os
 import warnings
 
 import pytest
@@ -134,3 +135,17 @@ def test_state_persists_across_calls_and_reset_restores_it(exported):
     assert after_prompt == decoders.generate(_engine_step(_lib.Engine(blob, device="cpu")), prompt, 1)[0]
     engine.reset_state()
     assert int(step(*last)[0]) == fresh
+
+
+def test_the_cpp_runner_generates_the_same_tokens(exported, tmp_path):
+    from test_executorch_e2e import PACKAGE_DIR, ROOT, configure_and_build, run
+
+    build = str(tmp_path / "generate")
+    configure_and_build(os.path.join(ROOT, "examples", "generate"), build, os.path.join(PACKAGE_DIR, "cmake"))
+    prompt = decoders.prompt_of(7)
+    result = run([os.path.join(build, "generate"), exported[1], "--prompt", ",".join(map(str, prompt)),
+                  "--tokens", str(NEW_TOKENS), "--device", "cpu"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = dict(line.split(":", 1) for line in result.stdout.splitlines() if ":" in line)
+    assert [int(t) for t in lines["tokens"].split()] == _eager(exported[0], prompt, NEW_TOKENS)
+    assert "tokens/s" in lines["prefill"] and "tokens/s" in lines["decode"]
