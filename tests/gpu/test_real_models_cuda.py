@@ -57,8 +57,10 @@ def test_real_model_cuda_matches_eager(spec, dtype):
     assert vs_cpu <= TOLERANCE[dtype]
 
 
-# fp16 against fp16 eager; fp32 (no TF32 on either side) against eager in float64, since over
-# fifty layers fp32 eager itself drifts by about 2e-5 of the output's range at 224x224.
+# Both against eager in float64 (no TF32), with the weights as rounded to the dtype: fp32 within
+# 1e-4 (fp32 eager itself drifts by about 2e-5 of the output's range at 224x224); fp16 within
+# 1e-2, or, where fp16 rounding over fifty layers takes eager fp16 itself near that, no more than
+# 1.25 times eager fp16's own error (ResNet-50 at 224x224).
 CNN_TOLERANCE = {torch.float16: 1e-2, torch.float32: 1e-4}
 
 
@@ -80,13 +82,15 @@ def test_cnn_cuda_matches_eager(spec, dtype, no_tf32):
     assert len(blobs) == 1, f"{spec.name}: {len(blobs)} Kiln blobs"
     x = images.cuda()
     with torch.no_grad():
-        reference = model.cuda().to(torch.float64 if dtype == torch.float32 else dtype)
-        eager = reference(x.to(torch.float64 if dtype == torch.float32 else dtype))
+        eager = model.cuda()(x.to(dtype))
+        reference = model.to(torch.float64)(x.to(torch.float64))
     (got,) = kiln.run_blob(blobs[0], [x.to(dtype)], device="cuda")
     assert got.is_cuda and got.shape == eager.shape and got.dtype == dtype
-    assert eager.float().std().item() > 1e-3, f"{spec.name}: degenerate output"
-    assert (eager[0] - eager[1]).abs().max() > 1e-2 * eager.abs().max(), f"{spec.name}: images alike"
-    error = relative_error(got, eager)
-    print(f"{spec.name} {dtype} 224x224: vs eager on cuda{' (float64)' if dtype == torch.float32 else ''} "
-          f"{error:.2e} (tol {CNN_TOLERANCE[dtype]:.0e})")
-    assert error <= CNN_TOLERANCE[dtype]
+    assert reference.float().std().item() > 1e-3, f"{spec.name}: degenerate output"
+    assert (reference[0] - reference[1]).abs().max() > 1e-2 * reference.abs().max(), f"{spec.name}: images alike"
+    error = relative_error(got, reference)
+    eager_error = relative_error(eager, reference)
+    bound = CNN_TOLERANCE[dtype] if dtype == torch.float32 else max(CNN_TOLERANCE[dtype], 1.25 * eager_error)
+    print(f"{spec.name} {dtype} 224x224: vs float64 eager on cuda {error:.2e}, eager {dtype} itself "
+          f"{eager_error:.2e} (bound {bound:.1e})")
+    assert error <= bound
