@@ -12,7 +12,7 @@
 #define KILN_STAGE_GRAIN ((size_t)64 << 10)           /* bytes one thread copies at a time */
 #define KILN_STAGE_PARALLEL_MIN ((size_t)256 << 10)   /* smaller transfers: the caller alone */
 #define KILN_STAGE_MIN_CHUNKS 4u                      /* a transfer splits in at least this many */
-#define KILN_STAGE_DEFAULT_CHUNK ((size_t)2 << 20)
+#define KILN_STAGE_DEFAULT_CHUNK ((size_t)8 << 20)
 #define KILN_STAGE_DEFAULT_THREADS 8
 #define KILN_STAGE_CHUNK_KIB_MIN 64
 #define KILN_STAGE_CHUNK_KIB_MAX (256 * 1024)
@@ -23,7 +23,7 @@ typedef struct kiln_stage_settings {
 } kiln_stage_settings;
 
 /* KILN_STAGE_THREADS (0..64; 0 or 1: the calling thread alone; unset: min(cores, 8)) and
- * KILN_STAGE_CHUNK_KIB (64..262144; unset: 2048). A malformed value is refused. */
+ * KILN_STAGE_CHUNK_KIB (64..262144; unset: 8192). A malformed value is refused. */
 kiln_status kiln_stage_settings_from_env(kiln_stage_settings *out, kiln_error *err);
 
 /* The device side of a transfer, for chunk moves between a ring slot and the device. */
