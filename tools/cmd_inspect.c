@@ -88,7 +88,7 @@ static void print_metadata(const kiln_metadata *md, const char *in) {
            (unsigned)md->aliases[i].input, md->aliases[i].kind);
 }
 
-static const char *const storage_names[] = {"arena", "weight", "input", "output"};
+static const char *const storage_names[] = {"arena", "weight", "input", "output", "state"};
 
 static void print_tensor_ref(const kiln_plan *plan, uint32_t t) {
   printf("t%u ", (unsigned)t);
@@ -145,9 +145,10 @@ static void print_sym_dims(const kiln_plan *plan, const kiln_tensor_desc *t) {
 }
 
 static void print_plan(const kiln_plan *plan, const char *in) {
-  printf("%splan: version %u, %u tensors, %u ops, %u inputs, %u outputs, arena %llu bytes\n", in,
-         (unsigned)plan->version, (unsigned)plan->n_tensors, (unsigned)plan->n_ops,
-         (unsigned)plan->n_inputs, (unsigned)plan->n_outputs, (unsigned long long)plan->arena_size);
+  printf("%splan: version %u, %u tensors, %u ops, %u inputs, %u outputs, %u states, arena %llu "
+         "bytes\n", in, (unsigned)plan->version, (unsigned)plan->n_tensors, (unsigned)plan->n_ops,
+         (unsigned)plan->n_inputs, (unsigned)plan->n_outputs, (unsigned)plan->n_states,
+         (unsigned long long)plan->arena_size);
   for (uint32_t k = 0; k < plan->n_symbols; k++)
     printf("%s  dynamic size %s: %lld..%lld (dims shown at the upper bound)\n", in,
            plan->symbols[k].name, (long long)plan->symbols[k].min, (long long)plan->symbols[k].max);
@@ -157,9 +158,12 @@ static void print_plan(const kiln_plan *plan, const char *in) {
     printf("%s    t%u: %s ", in, (unsigned)i, kiln_dtype_name(t->dtype));
     print_dims(t->dims, t->rank);
     print_sym_dims(plan, t);
-    const char *where = (unsigned)t->storage < 4 ? storage_names[t->storage] : "unknown";
+    const char *where = (unsigned)t->storage < 5 ? storage_names[t->storage] : "unknown";
     if (t->storage == KILN_STORE_INPUT || t->storage == KILN_STORE_OUTPUT)
       printf(" %s %u, %llu bytes\n", where, (unsigned)t->io_index, (unsigned long long)t->nbytes);
+    else if (t->storage == KILN_STORE_STATE)
+      printf(" state %u (initial value at weights offset %llu), %llu bytes\n", (unsigned)t->io_index,
+             (unsigned long long)t->offset, (unsigned long long)t->nbytes);
     else
       printf(" %s offset %llu, %llu bytes\n", where, (unsigned long long)t->offset,
              (unsigned long long)t->nbytes);

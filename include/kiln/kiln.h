@@ -290,6 +290,11 @@ typedef enum kiln_op_kind {
                            negative index counts from the end; one outside -n..n-1 faults */
   KILN_OP_ARGMAX,       /* x -> i64 index of the first maximum along iattr0 = dim (NaN is the
                            largest), iattr1 = keepdim */
+  KILN_OP_INDEX_COPY,   /* x, idx[n] (i32/i64), values (x's dtype and shape but n along iattr0 =
+                           dim) -> x with slot idx[k] along dim replaced by values' slot k; an
+                           index outside 0..x.dims[dim]-1 refuses the run before this op writes.
+                           The one op (with COPY) that may write a state tensor: in place when
+                           x is that state */
   KILN_OP_COUNT
 } kiln_op_kind;
 
@@ -347,7 +352,9 @@ typedef enum kiln_storage {
   KILN_STORE_ARENA = 0,  /* offset into the run's arena */
   KILN_STORE_WEIGHT = 1, /* offset into the weights section */
   KILN_STORE_INPUT = 2,  /* offset 0 of the caller's input (index = tensor's io_index) */
-  KILN_STORE_OUTPUT = 3  /* offset 0 of the caller's output (index = tensor's io_index) */
+  KILN_STORE_OUTPUT = 3, /* offset 0 of the caller's output (index = tensor's io_index) */
+  KILN_STORE_STATE = 4   /* the engine's state buffer io_index, kept across executes; offset is
+                            where its initial value lies in the weights section */
 } kiln_storage;
 
 /* A size that follows a bounded symbol of the plan: coeff * value + offset. Dynamic plans store
@@ -409,6 +416,7 @@ typedef struct kiln_plan {
   kiln_op *ops;
   uint32_t *inputs;  /* tensor index of each input, in binding order */
   uint32_t *outputs; /* tensor index of each output, in binding order */
+  uint32_t n_states; /* state buffers: 1 + the highest state index (set by parse, not stored) */
   uint32_t n_symbols; /* 0: every size is static */
   kiln_symbol symbols[KILN_MAX_SYMBOLS];
 } kiln_plan;
@@ -457,6 +465,17 @@ KILN_API kiln_status kiln_builder_get_shape(const kiln_builder *b, int32_t tenso
                                             kiln_dtype *dtype, int32_t *rank, int64_t *dims,
                                             kiln_error *err);
 KILN_API kiln_status kiln_builder_mark_output(kiln_builder *b, int32_t tensor, const char *name,
+                                              kiln_error *err);
+/* Mutable state (a KV cache): a tensor the engine keeps across executes, starting from the
+ * initial bytes (copied; nbytes must equal the shape's byte size). Reading the returned id
+ * reads the state's value at the start of the run. */
+KILN_API int32_t kiln_builder_add_state(kiln_builder *b, kiln_dtype dtype, int32_t rank,
+                                        const int64_t *dims, const void *initial, size_t nbytes,
+                                        kiln_error *err);
+/* The state's value after each run is tensor value (same dtype and shape), once per state. An
+ * INDEX_COPY of the state that is its last reader becomes an in-place write; any other value
+ * is copied into the state at the end of the run. */
+KILN_API kiln_status kiln_builder_write_state(kiln_builder *b, int32_t state, int32_t value,
                                               kiln_error *err);
 
 typedef struct kiln_build_options {
@@ -510,6 +529,9 @@ KILN_API void kiln_engine_destroy(kiln_engine *e);
  * contiguously in this call's shape. Call it from the thread that executes. */
 KILN_API kiln_status kiln_engine_output_shape(const kiln_engine *e, uint32_t k, int32_t *rank,
                                               int64_t *dims, kiln_error *err);
+/* Sets every state tensor back to its initial value (one copy per state from the engine's own
+ * memory, on the engine's device; nothing is allocated). Serialized with execute. */
+KILN_API kiln_status kiln_engine_reset_state(kiln_engine *e, kiln_error *err);
 
 KILN_API const kiln_metadata *kiln_engine_metadata(const kiln_engine *e);
 KILN_API const kiln_plan *kiln_engine_plan(const kiln_engine *e);

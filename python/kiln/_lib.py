@@ -46,7 +46,7 @@ OP_NAMES = (
     "hardsigmoid", "minimum", "maximum",
     "conv", "conv_transpose", "batch_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "upsample_nearest2d", "upsample_bilinear2d",
-    "cumsum", "gather", "index", "argmax",
+    "cumsum", "gather", "index", "argmax", "index_copy",
 )
 OP = {name: index for index, name in enumerate(OP_NAMES)}
 
@@ -186,6 +186,9 @@ def _load():
         ),
         "kiln_builder_get_shape": (ctypes.c_int, [vp, i32, p(ctypes.c_int), p(i32), p(i64), err]),
         "kiln_builder_mark_output": (ctypes.c_int, [vp, i32, ctypes.c_char_p, err]),
+        "kiln_builder_add_state": (i32, [vp, ctypes.c_int, i32, p(i64), vp, sz, err]),
+        "kiln_builder_write_state": (ctypes.c_int, [vp, i32, i32, err]),
+        "kiln_engine_reset_state": (ctypes.c_int, [vp, err]),
         "kiln_build_options_default": (None, [p(BuildOptions)]),
         "kiln_builder_build": (ctypes.c_int, [vp, p(BuildOptions), p(vp), p(sz), err]),
         "kiln_engine_options_default": (None, [p(EngineOptions)]),
@@ -282,8 +285,9 @@ class Builder(_Owned):
             _raise(error)
         return tensor
 
-    def add_constant(self, tensor):
+    def add_constant(self, tensor, add=None):
         """Adds a torch tensor's values as a constant (the builder copies them)."""
+        add = add or lib.kiln_builder_add_constant
         dtype = kiln_dtype(tensor.dtype)
         if dtype is None:
             raise KilnError(ERR_UNSUPPORTED, f"constant of dtype {tensor.dtype} has no Kiln dtype")
@@ -291,13 +295,23 @@ class Builder(_Owned):
         shape = tuple(data.shape)
         error = Error()
         # The builder copies the bytes before returning, so the tensor need only live until then.
-        out = lib.kiln_builder_add_constant(
+        out = add(
             self._handle, dtype, len(shape), _dims(shape), data.data_ptr() or None,
             data.numel() * data.element_size(), ctypes.byref(error),
         )
         if out < 0:
             _raise(error)
         return out
+
+    def add_state(self, initial):
+        """Adds a state the engine keeps across executes, starting from initial's values."""
+        return self.add_constant(initial, lib.kiln_builder_add_state)
+
+    def write_state(self, state, value):
+        """Declares tensor value the state's value after each run."""
+        error = Error()
+        if lib.kiln_builder_write_state(self._handle, state, value, ctypes.byref(error)) != OK:
+            _raise(error)
 
     def add_op(self, op, inputs, iattr=(), fattr=(), iattr_sym=None):
         """iattr_sym: per attribute None or (symbol, coeff, offset) of a size that follows a symbol."""
@@ -413,6 +427,12 @@ class Engine(_Owned):
         if lib.kiln_engine_output_shape(self._handle, index, ctypes.byref(rank), dims, ctypes.byref(error)) != OK:
             _raise(error)
         return tuple(dims[: rank.value])
+
+    def reset_state(self):
+        """Sets every state back to its initial value."""
+        error = Error()
+        if lib.kiln_engine_reset_state(self._handle, ctypes.byref(error)) != OK:
+            _raise(error)
 
 
 def _view(tensor):

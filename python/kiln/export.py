@@ -71,8 +71,32 @@ def _exported(model, example_inputs, kwargs, dynamic_shapes, strict):
     if getattr(model, "training", False):
         warnings.warn("kiln: the model is in training mode; call model.eval() before exporting "
                       "so that dropout and batch statistics do not end up in the program")
-    return torch.export.export(model, tuple(example_inputs), kwargs=kwargs, dynamic_shapes=dynamic_shapes,
-                               strict=bool(strict))
+    # Without autograd: a traced write into a cache would otherwise leave it requiring grad.
+    with torch.no_grad():
+        program = torch.export.export(model, tuple(example_inputs), kwargs=kwargs,
+                                      dynamic_shapes=dynamic_shapes, strict=bool(strict))
+        if strict is None and _mutates_constants(program):
+            # Non-strict export lifts tensors reached through plain attributes (transformers'
+            # static cache layers) as constants, and lowering cannot functionalize writes into a
+            # constant; strict export traces them as the module's buffers, the blob's state.
+            program = torch.export.export(model, tuple(example_inputs), kwargs=kwargs,
+                                          dynamic_shapes=dynamic_shapes, strict=True)
+    return program
+
+
+def _mutates_constants(program):
+    """Whether an in-place op writes a lifted constant of program (a buffer export did not see)."""
+    constants = {spec.arg.name for spec in program.graph_signature.input_specs
+                 if spec.kind == InputKind.CONSTANT_TENSOR}
+    for node in program.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        for argument, value in zip(schema.arguments, node.args):
+            written = argument.alias_info is not None and argument.alias_info.is_write
+            if written and isinstance(value, torch.fx.Node) and value.name in constants:
+                return True
+    return False
 
 
 def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, strict=None, device_id=0, fuse=True,

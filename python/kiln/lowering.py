@@ -23,6 +23,8 @@ from torch._export.utils import (
     is_param,
 )
 
+from torch.export.graph_signature import OutputKind
+
 from . import _lib
 from ._lib import Builder, KilnError
 
@@ -673,6 +675,55 @@ def _lower_index(ctx, node):
     return ctx.op("index", inputs, [mask])
 
 
+def _put_dim(node):
+    """The one indexed dim of an index_put that writes whole slots (index_copy's form), or why not."""
+    args = node_args(node)
+    indices = list(args["indices"])
+    given = [dim for dim, index in enumerate(indices) if index is not None]
+    if args["accumulate"]:
+        return None, "index_put with accumulate=True (Kiln writes, it does not add)"
+    if len(given) != 1:
+        return None, f"index_put with {len(given)} index tensors (Kiln writes slots along one dim)"
+    dim = given[0]
+    index = _val(indices[dim])
+    if index.dim() != 1 or index.dtype not in (torch.int32, torch.int64):
+        return None, f"index_put with a {index.dtype} index of rank {index.dim()} (Kiln takes a 1-D integer one)"
+    expected = list(_val(args["self"]).shape)
+    expected[dim] = index.shape[0]
+    values = args["values"]
+    if not isinstance(values, torch.fx.Node) or list(_val(values).shape) != expected:
+        return None, f"index_put whose values are not shaped {expected} (Kiln does not broadcast them)"
+    return dim, None
+
+
+def _check_index_put(node):
+    return _put_dim(node)[1]
+
+
+def _lower_index_put(ctx, node):
+    """self[..., idx, ...] = values along one dim: Kiln's index_copy (in place on a state)."""
+    args = node_args(node)
+    dim = _put_dim(node)[0]
+    return ctx.op("index_copy", [ctx.tensor(args["self"]), ctx.tensor(args["indices"][dim]),
+                                 ctx.promoted(args["values"], _val(node).dtype)], [dim])
+
+
+def _lower_index_copy(ctx, node):
+    args = node_args(node)
+    return ctx.op("index_copy", [ctx.tensor(args["self"]), ctx.tensor(args["index"]),
+                                 ctx.tensor(args["source"])], [args["dim"]])
+
+
+def _lower_copy_into(ctx, node):
+    """copy(self, src): src cast to self's dtype and broadcast to its shape; self's values unread."""
+    args = node_args(node)
+    out = _val(node)
+    value = ctx.promoted(args["src"], out.dtype)
+    if tuple(_val(args["src"]).shape) != tuple(out.shape):
+        return ctx.op("expand", [value], list(out.shape))
+    return ctx.op("copy", [value])
+
+
 def _lower_argmax(ctx, node):
     args = node_args(node)
     x = args["self"]
@@ -844,6 +895,9 @@ def _table():
     add(["aten::gather.default"], Lowering(_lower_gather))
     add(["aten::index.Tensor"], Lowering(_lower_index, _check_index))
     add(["aten::argmax.default"], Lowering(_lower_argmax))
+    add(["aten::index_put.default"], Lowering(_lower_index_put, _check_index_put))
+    add(["aten::index_copy.default"], Lowering(_lower_index_copy))
+    add(["aten::copy.default"], Lowering(_lower_copy_into, compute=False))
     add(["aten::split_with_sizes_copy.default", "aten::split_with_sizes.default",
          "aten::split_copy.Tensor", "aten::split.Tensor"], Lowering(_lower_split, compute=False))
     add(["aten::alias_copy.default", "aten::alias.default"], Lowering(_lower_alias, compute=False))
@@ -997,12 +1051,26 @@ def _constant(program, node):
 def build_blob(program, device_id=0, allow_tf32=False, fuse=True, bounds=None):
     """Lowers a delegated edge subprogram into blob bytes.
 
-    Its parameters, buffers and lifted constants become builder constants.
+    Its parameters, buffers and lifted constants become builder constants; the buffers it
+    mutates become states the engine keeps, written with each BUFFER_MUTATION output.
     """
+    signature = program.graph_signature
+    mutated = set(signature.buffers_to_mutate.values())
+    states = {node.name for node in program.graph.find_nodes(op="placeholder")
+              if signature.inputs_to_buffers.get(node.name) in mutated}
     return build_graph(
         program.graph, lambda node: _constant(program, node),
-        device_id=device_id, allow_tf32=allow_tf32, fuse=fuse, bounds=program_bounds(program, bounds),
+        device_id=device_id, allow_tf32=allow_tf32, fuse=fuse, states=states,
+        mutations=_mutation_targets(program), bounds=program_bounds(program, bounds),
     )
+
+
+def _mutation_targets(program):
+    """Per graph output position, the placeholder name of the buffer it writes, or None."""
+    signature = program.graph_signature
+    placeholder_of = {target: name for name, target in signature.inputs_to_buffers.items()}
+    return [placeholder_of.get(spec.target) if spec.kind == OutputKind.BUFFER_MUTATION else None
+            for spec in signature.output_specs]
 
 
 def _binding_name(name, index):
@@ -1013,18 +1081,25 @@ def _binding_name(name, index):
     return f"{name.encode('utf-8')[:48].decode('utf-8', 'ignore')}~{index}"
 
 
-def build_graph(graph, constant_of, device_id=0, allow_tf32=False, fuse=True, bounds=_shape_env_bounds):
+def build_graph(graph, constant_of, device_id=0, allow_tf32=False, fuse=True, states=(), mutations=(),
+                bounds=_shape_env_bounds):
     """Lowers a graph into blob bytes: each placeholder is a constant when constant_of(node)
-    returns its tensor, else a builder input (in graph order); the outputs in order are
-    the marked outputs. bounds(symbol, size) gives a dynamic size's (min, max)."""
+    returns its tensor (a state, starting from that tensor, when its name is in states), else
+    a builder input (in graph order); the outputs in order are the marked outputs, except
+    that output i writes the state mutations[i] names, when it names one. bounds(symbol, size)
+    gives a dynamic size's (min, max)."""
     with Builder() as builder:
         ctx = Context(builder, bounds)
         index = 0  # of the next binding
+        state_of = {}
         for node in graph.nodes:
             if node.op == "placeholder":
                 if _sym_scalar(node):  # a dynamic size ExecuTorch passes; the engine reads the shapes
                     continue
                 constant = constant_of(node)
+                if constant is not None and node.name in states:
+                    ctx.values[node] = state_of[node.name] = ctx.builder.add_state(constant)
+                    continue
                 if constant is not None:
                     ctx.values[node] = ctx.builder.add_constant(constant)
                     continue
@@ -1043,7 +1118,11 @@ def build_graph(graph, constant_of, device_id=0, allow_tf32=False, fuse=True, bo
                 check_inferred(ctx, node, tensor)
                 ctx.values[node] = tensor
             elif node.op == "output":
-                for out in node.args[0]:
+                targets = list(mutations) + [None] * (len(node.args[0]) - len(mutations))
+                for out, target in zip(node.args[0], targets):
+                    if target is not None:
+                        builder.write_state(state_of[target], ctx.tensor(out))
+                        continue
                     builder.mark_output(ctx.tensor(out), _binding_name(out.name, index))
                     index += 1
             else:

@@ -8,6 +8,8 @@ from executorch.exir.backend.canonical_partitioners.pattern_op_partitioner impor
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
 from executorch.exir.backend.utils import tag_constant_data
+from torch.export.graph_signature import OutputKind
+from torch.fx import Node
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from . import _lib, lowering
@@ -30,6 +32,23 @@ class _KilnSupport(OperatorSupportBase):
             self.refusals[node.name] = reason
             log.debug("kiln: %s stays on ExecuTorch: %s", node.name, reason)
         return reason is None
+
+
+def tag_states(exported_program):
+    """Gives a buffer the program mutates (a KV cache) to the blob that reads it when that blob
+    also computes its new value: the blob then holds it as state, kept on the engine's device
+    across calls. Otherwise it stays with ExecuTorch and crosses into the blob each call."""
+    signature = exported_program.graph_signature
+    output_node = exported_program.graph.output_node()
+    new_value = {spec.target: value for spec, value in zip(signature.output_specs, output_node.args[0])
+                 if spec.kind == OutputKind.BUFFER_MUTATION}
+    for node in exported_program.graph.find_nodes(op="placeholder"):
+        value = new_value.get(signature.inputs_to_buffers.get(node.name))
+        if not isinstance(value, Node) or value.meta.get("delegation_tag") is None:
+            continue
+        tag = value.meta["delegation_tag"]
+        if node.users and all(user.meta.get("delegation_tag") == tag for user in node.users):
+            node.meta["delegation_tag"] = tag
 
 
 def _is_layout_only(partition):
@@ -87,5 +106,6 @@ class KilnPartitioner(Partitioner):
                     user.meta.get("delegation_tag") != tag for user in node.users):
                 del node.meta["delegation_tag"]
         tag_constant_data(exported_program)
+        tag_states(exported_program)
         self.refusals = support.refusals
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)

@@ -217,6 +217,57 @@ int32_t kiln_builder_add_constant(kiln_builder *b, kiln_dtype dtype, int32_t ran
   return id;
 }
 
+int32_t kiln_builder_add_state(kiln_builder *b, kiln_dtype dtype, int32_t rank,
+                               const int64_t *dims, const void *initial, size_t nbytes,
+                               kiln_error *err) {
+  int32_t id;
+  if (check_builder(b, "add_state", err)) return -1;
+  if (b->graph.n_states >= KILN_MAX_BINDINGS) {
+    kiln_fail(err, KILN_ERR_UNSUPPORTED,
+              "builder add_state: %u states reach the limit; split the graph",
+              (unsigned)b->graph.n_states);
+    return -1;
+  }
+  if ((id = kiln_builder_add_constant(b, dtype, rank, dims, initial, nbytes, err)) < 0) return -1;
+  b->graph.tensors[id].node = KILN_NODE_STATE;
+  b->graph.tensors[id].state = (int32_t)b->graph.n_states;
+  b->graph.states[b->graph.n_states++] = (kiln_gstate){id, id};
+  return id;
+}
+
+kiln_status kiln_builder_write_state(kiln_builder *b, int32_t state, int32_t value,
+                                     kiln_error *err) {
+  const kiln_gtensor *st, *v;
+  char shape_a[48], shape_b[48];
+  kiln_status s = check_builder(b, "write_state", err);
+  if (s) return s;
+  if (state < 0 || (uint32_t)state >= b->graph.n_tensors ||
+      b->graph.tensors[state].node != KILN_NODE_STATE || value < 0 ||
+      (uint32_t)value >= b->graph.n_tensors)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "builder write_state: tensor %d is not a state or value %d is not one of the "
+                     "builder's %u tensors; pass ids the builder returned",
+                     (int)state, (int)value, (unsigned)b->graph.n_tensors);
+  st = &b->graph.tensors[state];
+  v = &b->graph.tensors[value];
+  if (b->graph.states[st->state].value != state)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "builder write_state: state tensor %d already has its value after the run; "
+                     "write each state once",
+                     (int)state);
+  if (v->desc.dtype != st->desc.dtype || v->desc.rank != st->desc.rank ||
+      memcmp(v->desc.dims, st->desc.dims, sizeof v->desc.dims) != 0)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "builder write_state: value %d is %.4s %.40s but state %d is %.4s %.40s; "
+                     "pass a value of the state's dtype and shape",
+                     (int)value, kiln_dtype_name(v->desc.dtype),
+                     kiln_shape_str(v->desc.rank, v->desc.dims, shape_a, sizeof shape_a),
+                     (int)state, kiln_dtype_name(st->desc.dtype),
+                     kiln_shape_str(st->desc.rank, st->desc.dims, shape_b, sizeof shape_b));
+  b->graph.states[st->state].value = value;
+  return KILN_OK;
+}
+
 static int64_t normalize_dim(int64_t dim, int32_t rank) {
   return dim < 0 && dim >= -(int64_t)rank ? dim + rank : dim;
 }
@@ -252,6 +303,7 @@ static void normalize_attrs(kiln_op *op, const kiln_tensor_desc *const *in) {
   case KILN_OP_CUMSUM:
   case KILN_OP_GATHER:
   case KILN_OP_ARGMAX:
+  case KILN_OP_INDEX_COPY:
     if (op->n_iattr >= 1) a[0] = normalize_dim(a[0], x->rank);
     break;
   case KILN_OP_SELECT:
@@ -419,7 +471,52 @@ static void release_parts(build_parts *p) {
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-/* Numbers the tensors the plan keeps: inputs, constants live ops read, live op outputs. */
+/* The last live op reading tensor t, or -1. */
+static int32_t last_reader(const kiln_graph *g, int32_t t) {
+  int32_t last = -1;
+  for (uint32_t i = 0; i < g->n_ops; i++)
+    for (uint32_t k = 0; !g->dead[i] && k < g->ops[i].n_inputs; k++)
+      if (g->ops[i].inputs[k] == (uint32_t)t) last = (int32_t)i;
+  return last;
+}
+
+/* Each written state gets its buffer: an INDEX_COPY of the state that is the state's last
+ * reader writes it in place; any other value is copied into it by a COPY after every op. */
+static kiln_status place_states(kiln_graph *g, kiln_error *err) {
+  for (uint32_t i = 0; i < g->n_states; i++) {
+    int32_t base = g->states[i].tensor, value = g->states[i].value, w, copy;
+    const kiln_op *op;
+    kiln_op c;
+    if (value == base) continue;
+    w = g->tensors[value].node == KILN_NODE_OP ? g->tensors[value].producer : -1;
+    op = w >= 0 ? &g->ops[w] : NULL;
+    if (op && !g->dead[w] && op->kind == KILN_OP_INDEX_COPY && op->inputs[0] == (uint32_t)base &&
+        op->inputs[1] != (uint32_t)base && op->inputs[2] != (uint32_t)base &&
+        g->tensors[value].state < 0 && last_reader(g, base) == w) {
+      int bound = 0;
+      for (uint32_t o = 0; o < g->n_outputs; o++) bound |= g->outputs[o].tensor == value;
+      if (!bound) {
+        g->tensors[value].state = (int32_t)i;
+        continue;
+      }
+    }
+    memset(&c, 0, sizeof c);
+    c.kind = KILN_OP_COPY;
+    c.n_inputs = 1;
+    c.inputs[0] = (uint32_t)value;
+    if ((copy = kiln_graph_add_op(g, &c, &g->tensors[value].desc)) < 0)
+      return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                       "builder: out of memory writing state %u; free memory and retry",
+                       (unsigned)i);
+    g->tensors[g->ops[copy].output].desc.storage = KILN_STORE_ARENA;
+    g->tensors[g->ops[copy].output].state = (int32_t)i;
+    g->states[i].value = (int32_t)g->ops[copy].output;
+  }
+  return KILN_OK;
+}
+
+/* Numbers the tensors the plan keeps: inputs, constants live ops read, live op outputs, and
+ * the start-of-run record of each state the live ops read or write. */
 static kiln_status number_tensors(const kiln_graph *g, build_parts *p, kiln_error *err) {
   uint32_t n = 0;
   uint64_t weights = 0;
@@ -434,6 +531,15 @@ static kiln_status number_tensors(const kiln_graph *g, build_parts *p, kiln_erro
     }
     p->map[g->ops[i].output] = (int32_t)n++;
     p->plan.n_ops++;
+  }
+  for (uint32_t i = 0; i < g->n_ops; i++) {
+    if (g->dead[i]) continue;
+    for (uint32_t k = 0; k <= g->ops[i].n_inputs; k++) {
+      uint32_t c = k < g->ops[i].n_inputs ? g->ops[i].inputs[k] : g->ops[i].output;
+      int32_t st = g->tensors[c].state;
+      if (st >= 0 && p->map[g->states[st].tensor] < 0)
+        p->map[g->states[st].tensor] = (int32_t)n++;
+    }
   }
   p->plan.n_tensors = n;
   p->plan.tensors = kiln_calloc(n, sizeof *p->plan.tensors);
@@ -461,6 +567,23 @@ static kiln_status number_tensors(const kiln_graph *g, build_parts *p, kiln_erro
       weights += t->nbytes;
     }
   }
+  /* Dense state indices in the order the states were added; both records share the initial value. */
+  for (uint32_t i = 0, index = 0; i < g->n_states; i++) {
+    int32_t base = g->states[i].tensor;
+    if (p->map[base] < 0) continue;
+    t = &p->plan.tensors[p->map[base]];
+    t->storage = KILN_STORE_STATE;
+    t->io_index = index;
+    t->offset = weights = align_up(weights, KILN_WEIGHTS_ALIGN);
+    weights += t->nbytes;
+    for (uint32_t v = 0; v < g->n_tensors; v++) {
+      if (v == (uint32_t)base || g->tensors[v].state != (int32_t)i || p->map[v] < 0) continue;
+      p->plan.tensors[p->map[v]].storage = KILN_STORE_STATE;
+      p->plan.tensors[p->map[v]].io_index = index;
+      p->plan.tensors[p->map[v]].offset = t->offset;
+    }
+    index++;
+  }
   for (uint32_t i = 0; i < g->n_inputs; i++) {
     t = &p->plan.tensors[p->map[g->inputs[i].tensor]];
     t->storage = KILN_STORE_INPUT;
@@ -485,7 +608,9 @@ static kiln_status pack_weights(const kiln_graph *g, build_parts *p, kiln_error 
                      (unsigned long long)p->weights_size);
   for (uint32_t i = 0; i < g->n_tensors; i++) {
     const kiln_tensor_desc *t;
-    if (p->map[i] < 0 || g->tensors[i].node != KILN_NODE_CONSTANT) continue;
+    if (p->map[i] < 0 ||
+        (g->tensors[i].node != KILN_NODE_CONSTANT && g->tensors[i].node != KILN_NODE_STATE))
+      continue;
     t = &p->plan.tensors[p->map[i]];
     if (t->nbytes) memcpy(p->weights + t->offset, g->tensors[i].data, (size_t)t->nbytes);
   }
@@ -686,7 +811,7 @@ kiln_status kiln_builder_build(kiln_builder *b, const kiln_build_options *opts, 
                   (unsigned)b->graph.n_tensors, (unsigned)b->graph.n_ops);
     goto done;
   }
-  if ((s = run_passes(g, opts, err))) goto done;
+  if ((s = run_passes(g, opts, err)) || (s = place_states(g, err))) goto done;
   if (!(parts.map = kiln_calloc(g->n_tensors, sizeof *parts.map))) {
     s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                   "builder build: out of memory numbering %u tensors; free memory and retry",

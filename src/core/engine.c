@@ -251,6 +251,19 @@ kiln_status kiln_engine_execute(kiln_engine *e, const kiln_tensor_view *inputs, 
   return s;
 }
 
+kiln_status kiln_engine_reset_state(kiln_engine *e, kiln_error *err) {
+  kiln_status s;
+  if (!e)
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "reset_state got a NULL engine; pass one from kiln_engine_load");
+  if (pthread_mutex_lock(&e->lock) != 0)
+    return kiln_fail(err, KILN_ERR_INTERNAL,
+                     "reset_state could not take the engine's lock; the handle may be destroyed");
+  s = e->backend->reset_state(e, err);
+  pthread_mutex_unlock(&e->lock);
+  return s;
+}
+
 void kiln_engine_destroy(kiln_engine *e) {
   if (!e) return;
   e->backend->destroy(e);

@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-/* A backend owns everything it allocates in init (arena, staging, streams, graphs) and
+/* A backend owns everything it allocates in init (arena, state, staging, streams, graphs) and
  * allocates nothing in execute. The engine has already checked every caller view against
  * the bindings (dtype, shape, byte size, contiguity) before calling execute. */
 typedef struct kiln_backend {
@@ -19,6 +19,8 @@ typedef struct kiln_backend {
   kiln_status (*execute)(kiln_engine *e, const kiln_tensor_view *inputs,
                          const kiln_tensor_view *outputs, kiln_error *err);
   void (*destroy)(kiln_engine *e);
+  /* Copies each state's initial value into its buffer; also what init does once. */
+  kiln_status (*reset_state)(kiln_engine *e, kiln_error *err);
 } kiln_backend;
 
 struct kiln_engine {

@@ -30,6 +30,7 @@ int32_t kiln_graph_add_tensor(kiln_graph *g, kiln_node node, const kiln_tensor_d
   t->node = node;
   t->producer = -1;
   t->transpose_of = -1;
+  t->state = -1;
   return (int32_t)g->n_tensors++;
 }
 
@@ -71,6 +72,8 @@ int kiln_graph_clone(const kiln_graph *src, kiln_graph *dst) {
   dst->n_inputs = src->n_inputs;
   memcpy(dst->outputs, src->outputs, sizeof dst->outputs);
   dst->n_outputs = src->n_outputs;
+  memcpy(dst->states, src->states, sizeof dst->states);
+  dst->n_states = src->n_states;
   return 0;
 }
 
@@ -89,11 +92,15 @@ void kiln_graph_count_uses(const kiln_graph *g, uint32_t *uses) {
     for (uint32_t k = 0; k < g->ops[i].n_inputs; k++) uses[g->ops[i].inputs[k]]++;
   }
   for (uint32_t i = 0; i < g->n_outputs; i++) uses[g->outputs[i].tensor]++;
+  for (uint32_t i = 0; i < g->n_states; i++)
+    if (g->states[i].value != g->states[i].tensor) uses[g->states[i].value]++;
 }
 
 int kiln_graph_is_output(const kiln_graph *g, int32_t t) {
   for (uint32_t i = 0; i < g->n_outputs; i++)
     if (g->outputs[i].tensor == t) return 1;
+  for (uint32_t i = 0; i < g->n_states; i++)
+    if (g->states[i].value == t && g->states[i].tensor != t) return 1;
   return 0;
 }
 
@@ -105,6 +112,7 @@ kiln_status kiln_graph_remove_dead(kiln_graph *g, kiln_error *err) {
                      "and retry",
                      (unsigned)g->n_tensors);
   for (uint32_t i = 0; i < g->n_outputs; i++) needed[g->outputs[i].tensor] = 1;
+  for (uint32_t i = 0; i < g->n_states; i++) needed[g->states[i].value] = 1;
   for (uint32_t i = g->n_ops; i-- > 0;) {
     const kiln_op *op = &g->ops[i];
     if (g->dead[i] || !needed[op->output]) {

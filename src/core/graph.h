@@ -8,7 +8,8 @@
 typedef enum kiln_node {
   KILN_NODE_INPUT = 0,
   KILN_NODE_CONSTANT = 1,
-  KILN_NODE_OP = 2 /* written by ops[producer] */
+  KILN_NODE_OP = 2,   /* written by ops[producer] */
+  KILN_NODE_STATE = 3 /* a state's value at the start of a run; data holds its initial value */
 } kiln_node;
 
 typedef struct kiln_gtensor {
@@ -18,12 +19,19 @@ typedef struct kiln_gtensor {
   const uint8_t *data;   /* a constant's bytes */
   uint8_t *owned;        /* bytes this graph frees (== data when it owns them) */
   int32_t transpose_of;  /* a 2-D constant that is this one transposed, or -1 */
+  int32_t state;         /* the state (index into states) whose buffer this is, or -1 */
 } kiln_gtensor;
 
 typedef struct kiln_gbinding {
   int32_t tensor;
   char name[KILN_NAME_MAX];
 } kiln_gbinding;
+
+/* A state: its start-of-run tensor and the tensor holding its value after the run. */
+typedef struct kiln_gstate {
+  int32_t tensor;
+  int32_t value; /* == tensor while no write is declared */
+} kiln_gstate;
 
 typedef struct kiln_graph {
   kiln_gtensor *tensors;
@@ -35,6 +43,8 @@ typedef struct kiln_graph {
   uint32_t n_inputs;
   kiln_gbinding outputs[KILN_MAX_BINDINGS];
   uint32_t n_outputs;
+  kiln_gstate states[KILN_MAX_BINDINGS];
+  uint32_t n_states;
 } kiln_graph;
 
 /* Appends a tensor (node, desc copied; no data) and returns its id, or -1 when out of memory. */
@@ -45,7 +55,8 @@ int32_t kiln_graph_add_op(kiln_graph *g, const kiln_op *op, const kiln_tensor_de
 int kiln_graph_clone(const kiln_graph *src, kiln_graph *dst);
 void kiln_graph_release(kiln_graph *g);
 
-/* uses[t] = reads of t by live ops plus 1 for each output binding naming t. */
+/* uses[t] = reads of t by live ops plus 1 for each output binding naming t and each state
+ * write of t. */
 void kiln_graph_count_uses(const kiln_graph *g, uint32_t *uses);
 /* For a fusion pass: *uses as kiln_graph_count_uses fills it, and *reader with, per tensor, the
  * last live op reading it (-1 for none), in two arrays from malloc the caller frees; out of
@@ -56,7 +67,7 @@ kiln_status kiln_graph_readers(const kiln_graph *g, const char *pass, uint32_t *
  * or -1: what a fusion pass asks before it takes a producer into its reader. */
 int32_t kiln_graph_producer(const kiln_graph *g, uint32_t t, const uint32_t *uses,
                             uint32_t readers);
-/* 1 when tensor t is named by an output binding. */
+/* 1 when tensor t is named by an output binding or is a state's value after the run. */
 int kiln_graph_is_output(const kiln_graph *g, int32_t t);
 /* Marks dead every op whose output reaches no output binding. */
 kiln_status kiln_graph_remove_dead(kiln_graph *g, kiln_error *err);

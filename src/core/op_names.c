@@ -62,6 +62,7 @@ static const char *const op_names[KILN_OP_COUNT] = {
     [KILN_OP_GATHER] = "gather",
     [KILN_OP_INDEX] = "index",
     [KILN_OP_ARGMAX] = "argmax",
+    [KILN_OP_INDEX_COPY] = "index_copy",
 };
 
 const char *kiln_op_name(kiln_op_kind op) {

@@ -33,7 +33,7 @@
 #define PLAN_SYM_HEADER_SIZE 16u
 #define PLAN_SYM_SIZE 32u
 
-static const char *const storage_names[] = {"arena", "weight", "input", "output"};
+static const char *const storage_names[] = {"arena", "weight", "input", "output", "state"};
 
 static uint64_t plan_bytes(uint32_t n_tensors, uint32_t n_ops, uint32_t n_inputs,
                            uint32_t n_outputs) {
@@ -182,7 +182,7 @@ static kiln_status parse_tensor(const uint8_t *p, uint32_t i, const kiln_plan *p
                        "re-export the program",
                        (unsigned)i, d, (long long)t->dims[d], (int)rank);
   }
-  if (storage > KILN_STORE_OUTPUT)
+  if (storage > KILN_STORE_STATE)
     return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
                      "plan tensor %u: storage %u is unknown; re-export the program", (unsigned)i,
                      (unsigned)storage);
@@ -211,8 +211,13 @@ static kiln_status parse_tensor(const uint8_t *p, uint32_t i, const kiln_plan *p
                        (unsigned long long)t->offset);
     return KILN_OK;
   }
+  if (storage == KILN_STORE_STATE && t->io_index >= KILN_MAX_BINDINGS)
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan tensor %u: state index %u exceeds the limit of %u states; re-export "
+                     "the program",
+                     (unsigned)i, (unsigned)t->io_index, (unsigned)KILN_MAX_BINDINGS);
   limit = storage == KILN_STORE_ARENA ? plan->arena_size : weights_size;
-  if (t->io_index != 0 || kiln_add_u64(t->offset, t->nbytes, &end) || end > limit ||
+  if ((storage != KILN_STORE_STATE && t->io_index != 0) || kiln_add_u64(t->offset, t->nbytes, &end) || end > limit ||
       t->offset % kiln_dtype_size(t->dtype) != 0)
     return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
                      "plan tensor %u: %.6s bytes at offset %llu (+%llu) are misaligned or outside "
@@ -297,7 +302,24 @@ static kiln_status check_io_list(const kiln_plan *plan, kiln_storage storage,
 
 /* Op i reads only what exists before it, writes a fresh tensor, and its output's dtype and
  * shape are what its inputs and attributes give. writer[t] is the op that wrote t, or -1. */
-static kiln_status check_op(const kiln_plan *plan, uint32_t i, int64_t *writer, kiln_error *err) {
+/* Whether op may write state tensor `want`: INDEX_COPY in place on that state's unwritten
+ * record, or COPY from a tensor of another buffer; an operand on the same state is refused. */
+static int writes_state_ok(const kiln_plan *plan, const kiln_op *op, const int64_t *written) {
+  const kiln_tensor_desc *want = &plan->tensors[op->output];
+  for (uint32_t k = 0; k < op->n_inputs; k++) {
+    const kiln_tensor_desc *in = &plan->tensors[op->inputs[k]];
+    int same = in->storage == KILN_STORE_STATE && in->io_index == want->io_index;
+    if (op->kind == KILN_OP_INDEX_COPY && k == 0) {
+      if (!same || written[op->inputs[0]] >= 0) return 0;
+    } else if (same) {
+      return 0;
+    }
+  }
+  return op->kind == KILN_OP_INDEX_COPY || op->kind == KILN_OP_COPY;
+}
+
+static kiln_status check_op(const kiln_plan *plan, uint32_t i, int64_t *writer,
+                            const int64_t *written, kiln_error *err) {
   static const kiln_op_site site_base = {"plan", 0, KILN_ERR_INVALID_PROGRAM,
                                          "; re-export the program"};
   const kiln_op *op = &plan->ops[i];
@@ -310,7 +332,8 @@ static kiln_status check_op(const kiln_plan *plan, uint32_t i, int64_t *writer, 
   kiln_status s;
   for (uint32_t k = 0; k < op->n_inputs; k++) {
     const kiln_tensor_desc *t = &plan->tensors[op->inputs[k]];
-    if (t->storage != KILN_STORE_WEIGHT && t->storage != KILN_STORE_INPUT &&
+    int base_state = t->storage == KILN_STORE_STATE && written[op->inputs[k]] < 0;
+    if (t->storage != KILN_STORE_WEIGHT && t->storage != KILN_STORE_INPUT && !base_state &&
         writer[op->inputs[k]] < 0)
       return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
                        "plan op %u (%.12s): input %u reads tensor %u, which no earlier op writes; "
@@ -318,7 +341,14 @@ static kiln_status check_op(const kiln_plan *plan, uint32_t i, int64_t *writer, 
                        (unsigned)i, name, (unsigned)k, (unsigned)op->inputs[k]);
     in[k] = t;
   }
-  if (want->storage != KILN_STORE_ARENA && want->storage != KILN_STORE_OUTPUT)
+  if (want->storage == KILN_STORE_STATE && !writes_state_ok(plan, op, written))
+    return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                     "plan op %u (%.12s): writes tensor %u of state %u, but only index_copy in "
+                     "place on that state, or a copy from another buffer, may; re-export the "
+                     "program",
+                     (unsigned)i, name, (unsigned)op->output, (unsigned)want->io_index);
+  if (want->storage != KILN_STORE_ARENA && want->storage != KILN_STORE_OUTPUT &&
+      want->storage != KILN_STORE_STATE)
     return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
                      "plan op %u (%.12s): writes tensor %u of %.6s storage, but ops write only "
                      "arena and output tensors; re-export the program",
@@ -340,6 +370,68 @@ static kiln_status check_op(const kiln_plan *plan, uint32_t i, int64_t *writer, 
                      kiln_dtype_name(got.dtype),
                      kiln_shape_str(got.rank, got.dims, shape_got, sizeof shape_got));
   writer[op->output] = i;
+  return KILN_OK;
+}
+
+/* The state records: per index one record no op writes (the value at the start of a run) and
+ * at most one that an op writes, both of one dtype, shape and initial value; the index range
+ * is dense; and no op after the write reads the start value, which the write replaced. */
+static kiln_status check_states(kiln_plan *plan, const int64_t *written, kiln_error *err) {
+  int64_t base[KILN_MAX_BINDINGS], last[KILN_MAX_BINDINGS];
+  uint32_t n = 0;
+  for (uint32_t k = 0; k < KILN_MAX_BINDINGS; k++) base[k] = last[k] = -1;
+  for (uint32_t t = 0; t < plan->n_tensors; t++) {
+    const kiln_tensor_desc *d = &plan->tensors[t];
+    uint32_t k = d->io_index;
+    if (d->storage != KILN_STORE_STATE) continue;
+    if (k + 1 > n) n = k + 1;
+    if (written[t] >= 0) {
+      if (last[k] >= 0)
+        return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                         "plan state %u is written by ops %lld and %lld; a state takes one "
+                         "write per run; re-export the program",
+                         (unsigned)k, (long long)last[k], (long long)written[t]);
+      last[k] = written[t];
+    } else if (base[k] >= 0) {
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan state %u has two unwritten records, tensors %lld and %u; "
+                       "re-export the program",
+                       (unsigned)k, (long long)base[k], (unsigned)t);
+    } else {
+      base[k] = t;
+    }
+  }
+  for (uint32_t k = 0; k < n; k++)
+    if (base[k] < 0)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan state %u has no record of its value at the start of a run (the "
+                       "plan has %u states); re-export the program",
+                       (unsigned)k, (unsigned)n);
+  for (uint32_t t = 0; t < plan->n_tensors; t++) {
+    const kiln_tensor_desc *d = &plan->tensors[t], *b;
+    if (d->storage != KILN_STORE_STATE) continue;
+    b = &plan->tensors[base[d->io_index]];
+    if (d->dtype != b->dtype || d->rank != b->rank || d->offset != b->offset ||
+        memcmp(d->dims, b->dims, sizeof d->dims) != 0)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "plan tensor %u differs from tensor %lld, the same state %u, in dtype, "
+                       "shape or initial value; re-export the program",
+                       (unsigned)t, (long long)base[d->io_index], (unsigned)d->io_index);
+  }
+  for (uint32_t i = 0; i < plan->n_ops; i++) {
+    const kiln_op *op = &plan->ops[i];
+    for (uint32_t k = 0; k < op->n_inputs; k++) {
+      const kiln_tensor_desc *d = &plan->tensors[op->inputs[k]];
+      if (d->storage == KILN_STORE_STATE && written[op->inputs[k]] < 0 &&
+          last[d->io_index] >= 0 && (int64_t)i > last[d->io_index])
+        return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                         "plan op %u (%.12s) reads state %u as it was before op %lld wrote it; "
+                         "re-export the program",
+                         (unsigned)i, kiln_op_name(op->kind), (unsigned)d->io_index,
+                         (long long)last[d->io_index]);
+    }
+  }
+  plan->n_states = n;
   return KILN_OK;
 }
 
@@ -468,10 +560,11 @@ static kiln_status parse_symbols(const uint8_t *p, kiln_plan *plan, kiln_error *
     if (is_dim) {
       kiln_tensor_desc *t;
       if (index >= plan->n_tensors || slot >= (uint32_t)plan->tensors[index].rank ||
-          plan->tensors[index].storage == KILN_STORE_WEIGHT)
+          plan->tensors[index].storage == KILN_STORE_WEIGHT ||
+          plan->tensors[index].storage == KILN_STORE_STATE)
         return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
-                         "plan tensor %u dim %u cannot be dynamic: no such tensor or dim, or a "
-                         "weight; re-export the program",
+                         "plan tensor %u dim %u cannot be dynamic: no such tensor or dim, or a weight "
+                         "or state; re-export the program",
                          (unsigned)index, (unsigned)slot);
       t = &plan->tensors[index];
       if ((s = parse_sym_size(p, plan, what, index, slot, t->dims[slot], &t->sym[slot], err)))
@@ -541,7 +634,7 @@ done:
 
 static kiln_status parse_body(const uint8_t *p, uint64_t weights_size, kiln_plan *plan,
                               kiln_error *err) {
-  int64_t *writer;
+  int64_t *writer, *written;
   kiln_status s = KILN_OK;
   p += PLAN_HEADER_SIZE;
   for (uint32_t i = 0; i < plan->n_tensors; i++, p += PLAN_TENSOR_SIZE)
@@ -553,19 +646,28 @@ static kiln_status parse_body(const uint8_t *p, uint64_t weights_size, kiln_plan
   if ((s = check_io_list(plan, KILN_STORE_INPUT, plan->inputs, plan->n_inputs, err)) ||
       (s = check_io_list(plan, KILN_STORE_OUTPUT, plan->outputs, plan->n_outputs, err)))
     return s;
-  if (!(writer = kiln_malloc(sizeof *writer * (plan->n_tensors ? plan->n_tensors : 1))))
+  writer = kiln_malloc(sizeof *writer * (plan->n_tensors ? plan->n_tensors : 1));
+  written = kiln_malloc(sizeof *written * (plan->n_tensors ? plan->n_tensors : 1));
+  if (!writer || !written) {
+    free(writer);
+    free(written);
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "plan: out of memory for %u tensors; free memory and retry",
                      (unsigned)plan->n_tensors);
-  for (uint32_t t = 0; t < plan->n_tensors; t++) writer[t] = -1;
-  for (uint32_t i = 0; i < plan->n_ops && s == KILN_OK; i++) s = check_op(plan, i, writer, err);
+  }
+  for (uint32_t t = 0; t < plan->n_tensors; t++) writer[t] = written[t] = -1;
+  for (uint32_t i = 0; i < plan->n_ops; i++) written[plan->ops[i].output] = i;
+  for (uint32_t i = 0; i < plan->n_ops && s == KILN_OK; i++)
+    s = check_op(plan, i, writer, written, err);
   for (uint32_t i = 0; i < plan->n_outputs && s == KILN_OK; i++)
     if (writer[plan->outputs[i]] < 0)
       s = kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
                     "plan output %u (tensor %u) is written by no op; re-export the program",
                     (unsigned)i, (unsigned)plan->outputs[i]);
+  if (s == KILN_OK) s = check_states(plan, written, err);
   if (s == KILN_OK) s = check_arena(plan, err);
   free(writer);
+  free(written);
   if (s == KILN_OK && plan->n_symbols && (s = parse_symbols(p, plan, err)) == KILN_OK)
     s = check_dynamic(plan, err);
   return s;

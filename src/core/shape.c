@@ -76,6 +76,7 @@ static const op_arity arity[KILN_OP_COUNT] = {
     [KILN_OP_GATHER] = {2, 2, 1, 1},
     [KILN_OP_INDEX] = {2, KILN_MAX_OP_INPUTS, 1, 1},
     [KILN_OP_ARGMAX] = {1, 1, 2, 2},
+    [KILN_OP_INDEX_COPY] = {3, 3, 1, 1},
 };
 
 /* One inference call: the op, its inputs, and how to word a refusal. */
@@ -602,6 +603,29 @@ static kiln_status infer_cumsum(const infer_ctx *c, kiln_tensor_desc *out) {
   return KILN_OK;
 }
 
+/* INDEX_COPY: values shaped as x but idx's length along dim, in x's dtype. */
+static kiln_status infer_index_copy(const infer_ctx *c, kiln_tensor_desc *out) {
+  const kiln_tensor_desc *x = c->in[0], *v = c->in[2];
+  int64_t dim = c->op->iattr[0];
+  shape_text t;
+  kiln_status s = need_min_rank(c, 0, 1);
+  int fits;
+  if (s || (s = need_dim(c, dim, 0)) || (s = need_indices(c, 1, 1)) ||
+      (s = need_min_rank(c, 1, 1)) || (s = need_same_dtype(c, 0, 2)))
+    return s;
+  fits = v->rank == x->rank;
+  for (int32_t d = 0; fits && d < x->rank; d++)
+    fits = v->dims[d] == (d == dim ? c->in[1]->dims[0] : x->dims[d]);
+  if (!fits)
+    return kiln_fail(c->err, c->status,
+                     "%.7s op %u (%.12s): values %.40s must be input 0 %.40s with dim %lld the "
+                     "index count%.24s",
+                     c->stage, c->index, c->name, shape_of(v, t.a), shape_of(x, t.b),
+                     (long long)dim, c->remedy);
+  set_shape(out, x->dtype, x->rank, x->dims);
+  return KILN_OK;
+}
+
 /* GATHER: indices of x's rank, no dim but the gathered one larger than x's. */
 static kiln_status infer_gather(const infer_ctx *c, kiln_tensor_desc *out) {
   const kiln_tensor_desc *x = c->in[0], *idx = c->in[1];
@@ -977,6 +1001,7 @@ static kiln_status infer_dispatch(const infer_ctx *c, kiln_tensor_desc *out) {
   case KILN_OP_UPSAMPLE_BILINEAR2D: return infer_vision(c, out);
   case KILN_OP_CUMSUM: return infer_cumsum(c, out);
   case KILN_OP_GATHER: return infer_gather(c, out);
+  case KILN_OP_INDEX_COPY: return infer_index_copy(c, out);
   case KILN_OP_INDEX: return infer_index(c, out);
   case KILN_OP_ARGMAX: return infer_argmax(c, out);
   case KILN_OP_COUNT: break;

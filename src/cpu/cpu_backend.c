@@ -13,6 +13,7 @@
 
 typedef struct cpu_state {
   uint8_t *arena;
+  uint8_t **state; /* n_states buffers kept across executes, outside the arena */
   void **data;     /* n_tensors pointers, filled by each execute */
   double *scratch; /* kiln_cpu_scratch_count doubles */
 } cpu_state;
@@ -24,10 +25,48 @@ static void cpu_destroy(kiln_engine *e) {
   cpu_state *s = e->impl;
   if (!s) return;
   free(s->arena);
+  for (uint32_t k = 0; s->state && k < e->plan.n_states; k++) free(s->state[k]);
+  free(s->state);
   free(s->data);
   free(s->scratch);
   free(s);
   e->impl = NULL;
+}
+
+/* The start-of-run record of each state: its size and where its initial value lies. */
+static const kiln_tensor_desc *state_record(const kiln_plan *p, uint32_t k) {
+  for (uint32_t t = 0; t < p->n_tensors; t++)
+    if (p->tensors[t].storage == KILN_STORE_STATE && p->tensors[t].io_index == k)
+      return &p->tensors[t];
+  return NULL; /* the plan parser guarantees one per index */
+}
+
+static kiln_status cpu_reset_state(kiln_engine *e, kiln_error *err) {
+  cpu_state *s = e->impl;
+  (void)err;
+  for (uint32_t k = 0; k < e->plan.n_states; k++) {
+    const kiln_tensor_desc *t = state_record(&e->plan, k);
+    if (t && t->nbytes) memcpy(s->state[k], e->weights + t->offset, (size_t)t->nbytes);
+  }
+  return KILN_OK;
+}
+
+static kiln_status alloc_state(kiln_engine *e, cpu_state *s, kiln_error *err) {
+  const kiln_plan *p = &e->plan;
+  if (p->n_states && !(s->state = kiln_calloc(p->n_states, sizeof *s->state)))
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "CPU engine: out of host memory for %u state pointers; free memory",
+                     (unsigned)p->n_states);
+  for (uint32_t k = 0; k < p->n_states; k++) {
+    const kiln_tensor_desc *t = state_record(p, k);
+    if (!t || t->nbytes > SIZE_MAX ||
+        !(s->state[k] = kiln_aligned_alloc(ARENA_ALIGN, t->nbytes ? (size_t)t->nbytes : 1)))
+      return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                       "CPU engine: out of host memory for state %u of %llu bytes; free memory "
+                       "or use a smaller cache",
+                       (unsigned)k, (unsigned long long)(t ? t->nbytes : 0));
+  }
+  return cpu_reset_state(e, err);
 }
 
 static kiln_status cpu_init(kiln_engine *e, kiln_error *err) {
@@ -60,7 +99,8 @@ static kiln_status cpu_init(kiln_engine *e, kiln_error *err) {
                      "values; free memory",
                      (unsigned long long)p->n_tensors, (unsigned long long)scratch_count);
   }
-  return KILN_OK;
+  if ((st = alloc_state(e, s, err)) != KILN_OK) cpu_destroy(e);
+  return st;
 }
 
 static kiln_status resolve(kiln_engine *e, const kiln_tensor_view *inputs,
@@ -74,6 +114,11 @@ static kiln_status resolve(kiln_engine *e, const kiln_tensor_view *inputs,
     case KILN_STORE_WEIGHT: base = e->weights; break;
     case KILN_STORE_INPUT: base = inputs[t->io_index].data; break;
     case KILN_STORE_OUTPUT: base = outputs[t->io_index].data; break;
+    case KILN_STORE_STATE: break; /* its offset is the initial value's, in the weights */
+    }
+    if (t->storage == KILN_STORE_STATE) {
+      s->data[i] = t->nbytes ? (void *)s->state[t->io_index] : (void *)empty_tensor;
+      continue;
     }
     if (t->nbytes == 0) {
       s->data[i] = empty_tensor;
@@ -160,6 +205,7 @@ static kiln_status run_op(const kiln_cpu_run *r, uint32_t index, kiln_error *err
   case KILN_OP_GATHER: return kiln_cpu_gather(r, index, op, err);
   case KILN_OP_INDEX: return kiln_cpu_index(r, index, op, err);
   case KILN_OP_ARGMAX: kiln_cpu_argmax(r, op); break;
+  case KILN_OP_INDEX_COPY: return kiln_cpu_index_copy(r, index, op, err);
   case KILN_OP_COUNT: break; /* refused at init */
   }
   return KILN_OK;
@@ -200,4 +246,5 @@ static kiln_status cpu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
   return st;
 }
 
-const kiln_backend kiln_cpu_backend = {"cpu", cpu_init, cpu_execute, cpu_destroy};
+const kiln_backend kiln_cpu_backend = {"cpu", cpu_init, cpu_execute, cpu_destroy,
+                                       cpu_reset_state};

@@ -14,12 +14,12 @@ typedef enum out_class {
   OUT_SAME   /* a layout op: the data input's dtype, bytes moved unchanged */
 } out_class;
 
-static const char *const storage_names[4] = {"arena", "weights", "input", "output"};
+static const char *const storage_names[5] = {"arena", "weights", "input", "output", "state"};
 
 /* 1 when dtype, rank, dims and storage are valid and the dims make exactly t->nbytes. */
 static int desc_ok(const kiln_tensor_desc *t) {
   uint64_t bytes = kiln_dtype_size(t->dtype);
-  if (bytes == 0 || t->rank < 0 || t->rank > KILN_MAX_RANK || (unsigned)t->storage > 3u) return 0;
+  if (bytes == 0 || t->rank < 0 || t->rank > KILN_MAX_RANK || (unsigned)t->storage > 4u) return 0;
   for (int32_t d = 0; d < t->rank; d++)
     if (t->dims[d] < 0 || kiln_mul_u64(bytes, (uint64_t)t->dims[d], &bytes) != 0) return 0;
   return bytes == t->nbytes;
@@ -35,7 +35,9 @@ static kiln_status check_tensors(const kiln_engine *e, kiln_error *err) {
                        "%llu bytes; re-export the program",
                        (unsigned)i, (int)t->dtype, (int)t->rank, (int)t->storage,
                        (unsigned long long)t->nbytes);
-    uint32_t bindings = t->storage == KILN_STORE_INPUT ? p->n_inputs : p->n_outputs;
+    uint32_t bindings = t->storage == KILN_STORE_INPUT    ? p->n_inputs
+                        : t->storage == KILN_STORE_OUTPUT ? p->n_outputs
+                                                          : p->n_states;
     if (t->storage >= KILN_STORE_INPUT && t->io_index >= bindings)
       return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
                        "plan tensor %u: %.6s index %u is past the %u %.6ss; re-export the program",
@@ -44,7 +46,7 @@ static kiln_status check_tensors(const kiln_engine *e, kiln_error *err) {
     uint64_t end = 0;
     uint64_t limit = t->nbytes; /* a caller's buffer holds the tensor at offset 0 */
     if (t->storage == KILN_STORE_ARENA) limit = p->arena_size;
-    if (t->storage == KILN_STORE_WEIGHT) limit = e->weights_size;
+    if (t->storage == KILN_STORE_WEIGHT || t->storage == KILN_STORE_STATE) limit = e->weights_size;
     if (kiln_add_u64(t->offset, t->nbytes, &end) != 0 || end > limit)
       return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
                        "plan tensor %u: %llu bytes at offset %llu lie outside its %.7s of %llu "
@@ -201,6 +203,10 @@ static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
   case KILN_OP_SELECT: return a[0] >= 0 && a[0] < x->rank && a[1] >= 0 && a[1] < x->dims[a[0]];
   case KILN_OP_EMBEDDING: return x->rank == 2;
   case KILN_OP_INDEX_SELECT: return a[0] >= 0 && a[0] < x->rank;
+  case KILN_OP_INDEX_COPY:
+    return a[0] >= 0 && a[0] < x->rank && p->tensors[op->inputs[1]].rank == 1 &&
+           same_dims(out, x->rank, x->dims) &&
+           p->tensors[op->inputs[2]].dims[a[0]] == p->tensors[op->inputs[1]].dims[0];
   case KILN_OP_SDPA:
     if (op->n_iattr > 2 && a[2] != 0) /* packed heads: qkv [B,L,3,H,E] -> [B,L,H,E] */
       return a[2] == 1 && (a[1] == 0 || a[1] == 1) && op->n_inputs == 1u + (uint32_t)a[1] &&
@@ -249,6 +255,7 @@ static int bad_operand(const kiln_plan *p, const kiln_op *op, out_class cls) {
     case KILN_OP_BITWISE: ok = dt == out && !kiln_cpu_is_float(out); break;
     case KILN_OP_GATHER:
     case KILN_OP_INDEX: ok = k == 0 ? dt == out : (dt == KILN_I32 || dt == KILN_I64); break;
+    case KILN_OP_INDEX_COPY: ok = k == 1 ? (dt == KILN_I32 || dt == KILN_I64) : dt == out; break;
     case KILN_OP_ARGMAX: ok = dt != KILN_BOOL; break;
     default: ok = cls != OUT_SAME || dt == out; break;
     }
@@ -300,6 +307,7 @@ static void op_rule(kiln_op_kind kind, uint32_t *min_in, uint32_t *max_in, out_c
   case KILN_OP_ARGMAX: *cls = OUT_ANY; break;
   case KILN_OP_GATHER: *min_in = *max_in = 2, *cls = OUT_SAME; break;
   case KILN_OP_INDEX: *min_in = 2, *max_in = KILN_MAX_OP_INPUTS, *cls = OUT_SAME; break;
+  case KILN_OP_INDEX_COPY: *min_in = *max_in = 3, *cls = OUT_SAME; break;
   default: break; /* the float unary ops, softmax, mean, pooling and resize */
   }
 }
@@ -323,7 +331,9 @@ static kiln_status check_op(const kiln_plan *p, uint32_t index, kiln_error *err)
                      (unsigned)index, name, (unsigned)op->n_inputs, (unsigned)min_in,
                      (unsigned)max_in);
   const kiln_tensor_desc *out = &p->tensors[op->output];
-  if (out->storage != KILN_STORE_ARENA && out->storage != KILN_STORE_OUTPUT)
+  int state_write = out->storage == KILN_STORE_STATE &&
+                    (op->kind == KILN_OP_INDEX_COPY || op->kind == KILN_OP_COPY);
+  if (out->storage != KILN_STORE_ARENA && out->storage != KILN_STORE_OUTPUT && !state_write)
     return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
                      "plan op %u (%.16s): writes into an input or weight tensor; re-export "
                      "the program",

@@ -21,6 +21,36 @@ static kiln_status check_indices(const kiln_cpu_run *r, uint32_t index, const ki
   return KILN_OK;
 }
 
+/* The write positions of a state (a KV cache) are checked before any byte moves, and the
+ * refusal names the position and the length, so a step past the cache end writes nothing. */
+kiln_status kiln_cpu_index_copy(const kiln_cpu_run *r, uint32_t index, const kiln_op *op,
+                                kiln_error *err) {
+  const kiln_tensor_desc *x = kiln_cpu_desc(r, op->inputs[0]);
+  const kiln_tensor_desc *idx = kiln_cpu_desc(r, op->inputs[1]);
+  int32_t dim = (int32_t)op->iattr[0];
+  const void *pi = r->data[op->inputs[1]];
+  const uint8_t *src = r->data[op->inputs[2]];
+  uint8_t *dst = r->data[op->output];
+  int64_t outer = kiln_cpu_extent(x, 0, dim), len = x->dims[dim], n = idx->dims[0];
+  size_t inner = (size_t)kiln_cpu_extent(x, dim + 1, x->rank) * kiln_dtype_size(x->dtype);
+  for (int64_t k = 0; k < n; k++) {
+    int64_t v = kiln_cpu_ldi(pi, idx->dtype, k);
+    if (v < 0 || v >= len)
+      return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                       "op %u (index_copy): position %lld (index %lld) is outside the %lld slots "
+                       "of dim %d; nothing was written; pass positions from 0 to %lld",
+                       (unsigned)index, (long long)v, (long long)k, (long long)len, (int)dim,
+                       (long long)(len - 1));
+  }
+  if (dst != r->data[op->inputs[0]] && x->nbytes)
+    memcpy(dst, r->data[op->inputs[0]], (size_t)x->nbytes);
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t k = 0; k < n; k++)
+      memcpy(dst + (size_t)(o * len + kiln_cpu_ldi(pi, idx->dtype, k)) * inner,
+             src + (size_t)(o * n + k) * inner, inner);
+  return KILN_OK;
+}
+
 /* out[i, :] = weight[idx[i], :] for weight[V,D]. */
 kiln_status kiln_cpu_embedding(const kiln_cpu_run *r, uint32_t index, const kiln_op *op,
                                kiln_error *err) {

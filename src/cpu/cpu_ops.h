@@ -171,6 +171,9 @@ void kiln_cpu_slice(const kiln_cpu_run *r, const kiln_op *op); /* SLICE and SELE
 /* cpu_gather.c: an index outside the table is refused, naming the op and the index. */
 kiln_status kiln_cpu_embedding(const kiln_cpu_run *r, uint32_t index, const kiln_op *op,
                                kiln_error *err);
+/* out = x with slots idx[k] along dim replaced by values' slot k (in place when out is x). */
+kiln_status kiln_cpu_index_copy(const kiln_cpu_run *r, uint32_t index, const kiln_op *op,
+                                kiln_error *err);
 kiln_status kiln_cpu_index_select(const kiln_cpu_run *r, uint32_t index, const kiln_op *op,
                                   kiln_error *err);
 kiln_status kiln_cpu_gather(const kiln_cpu_run *r, uint32_t index, const kiln_op *op,

@@ -31,6 +31,12 @@
 #define KCU_WORKSPACE_BYTES ((size_t)32 << 20)
 #define KCU_BIND_ALIGN 256u
 #define KCU_MIN_CC 80
+/* The fault area: an index outside its dim in a gather, one in a state write (which wrote
+ * nothing), then that write's position and length as two long longs. */
+#define KCU_FAULT_BYTES 32u
+#define KCU_FAULT_GATHER 0
+#define KCU_FAULT_WRITE 1
+#define KCU_FAULT_WHERE 2 /* in ints: bytes 8..23 */
 
 typedef enum kcu_mode { KCU_HOST, KCU_BOUND, KCU_DEVSTAGE } kcu_mode;
 
@@ -50,7 +56,9 @@ typedef struct kcu_state {
   cublasLtHandle_t lt;
   void *weights, *arena, *workspace;
   size_t workspace_size;
-  int *fault_dev, *fault_host;
+  int *fault_dev, *fault_host; /* KCU_FAULT_BYTES: see the KCU_FAULT_* slots */
+  void **state;      /* n_states device buffers kept across executes, outside the arena */
+  uint32_t n_states;
   void *ring;        /* pinned host staging, sized at init */
   kcu_staging staging;
   int whole_io;      /* all I/O fits the ring at once: graph_host holds the host copies */
@@ -135,6 +143,7 @@ static void *kcu_tensor_addr(const kcu_state *s, const kiln_tensor_desc *t, void
   case KILN_STORE_ARENA: return (char *)s->arena + t->offset;
   case KILN_STORE_WEIGHT: return (char *)s->weights + t->offset;
   case KILN_STORE_INPUT: return in[t->io_index];
+  case KILN_STORE_STATE: return s->state[t->io_index];
   default: return out[t->io_index];
   }
 }
@@ -219,6 +228,10 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
     return kcu_argmax(st, &in[0], &out, (int32_t)op->iattr[0]);
   case KILN_OP_GATHER:
     return kcu_gather_dim(st, &in[0], &in[1], &out, (int32_t)op->iattr[0], s->fault_dev);
+  case KILN_OP_INDEX_COPY:
+    return kcu_index_copy(st, &in[0], &in[1], &in[2], &out, (int32_t)op->iattr[0],
+                          s->fault_dev + KCU_FAULT_WRITE,
+                          (long long *)(void *)(s->fault_dev + KCU_FAULT_WHERE));
   case KILN_OP_INDEX: {
     const kiln_tensor_desc *idx[KILN_MAX_OP_INPUTS];
     kiln_index_layout lay;
@@ -242,7 +255,7 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
  * op, optionally copy outputs out to pinned staging, and read the fault flag back. */
 static cudaError_t kcu_enqueue(kcu_state *s, const kiln_plan *p, void *const *in_addr,
                                void *const *out_addr, int host_copies) {
-  cudaError_t rc = cudaMemsetAsync(s->fault_dev, 0, sizeof(int), s->stream);
+  cudaError_t rc = cudaMemsetAsync(s->fault_dev, 0, KCU_FAULT_BYTES, s->stream);
   for (uint32_t i = 0; rc == cudaSuccess && host_copies && i < s->n_in; i++)
     if (s->in[i].nbytes)
       rc = cudaMemcpyAsync(s->in[i].dev, (char *)s->ring + s->in[i].ring_off, s->in[i].nbytes,
@@ -253,7 +266,8 @@ static cudaError_t kcu_enqueue(kcu_state *s, const kiln_plan *p, void *const *in
       rc = cudaMemcpyAsync((char *)s->ring + s->out[i].ring_off, s->out[i].dev, s->out[i].nbytes,
                            cudaMemcpyDeviceToHost, s->stream);
   if (rc == cudaSuccess)
-    rc = cudaMemcpyAsync(s->fault_host, s->fault_dev, sizeof(int), cudaMemcpyDeviceToHost, s->stream);
+    rc = cudaMemcpyAsync(s->fault_host, s->fault_dev, KCU_FAULT_BYTES, cudaMemcpyDeviceToHost,
+                         s->stream);
   return rc;
 }
 
@@ -293,6 +307,8 @@ static void kcu_destroy(kiln_engine *e) {
   cudaFree(s->attn_scratch);
   cudaFree(s->fault_dev);
   cudaFreeHost(s->fault_host);
+  for (uint32_t k = 0; s->state && k < s->n_states; k++) cudaFree(s->state[k]);
+  free(s->state);
   if (s->lt) cublasLtDestroy(s->lt);
   if (s->stream) cudaStreamDestroy(s->stream);
   free(s->gemm);
@@ -516,6 +532,43 @@ static kiln_status kcu_instantiate(kcu_state *s, const kiln_plan *p, int host_co
   return KILN_OK;
 }
 
+/* The start-of-run record of state k: its size and where its initial value lies. */
+static const kiln_tensor_desc *kcu_state_record(const kiln_plan *p, uint32_t k) {
+  for (uint32_t t = 0; t < p->n_tensors; t++)
+    if (p->tensors[t].storage == KILN_STORE_STATE && p->tensors[t].io_index == k)
+      return &p->tensors[t];
+  return NULL; /* the plan parser guarantees one per index */
+}
+
+static kiln_status kcu_alloc_state(kcu_state *s, const kiln_plan *p, kiln_error *err) {
+  if (p->n_states && !(s->state = (void **)kcu_calloc(s, p->n_states, sizeof *s->state)))
+    return kcu_oom(s, p->n_states * sizeof *s->state, "state table", err);
+  s->n_states = p->n_states;
+  for (uint32_t k = 0; k < p->n_states; k++) {
+    const kiln_tensor_desc *t = kcu_state_record(p, k);
+    kiln_status st = kcu_dev_alloc(s, &s->state[k], t && t->nbytes ? (size_t)t->nbytes : 1,
+                                   "state", err);
+    if (st != KILN_OK) return st;
+  }
+  return KILN_OK;
+}
+
+/* Device to device from the uploaded weights, where each initial value lies. */
+static kiln_status kcu_reset_state(kiln_engine *e, kiln_error *err) {
+  kcu_state *s = (kcu_state *)e->impl;
+  cudaError_t rc = cudaSetDevice(s->device);
+  for (uint32_t k = 0; rc == cudaSuccess && k < s->n_states; k++) {
+    const kiln_tensor_desc *t = kcu_state_record(&e->plan, k);
+    if (t && t->nbytes)
+      rc = cudaMemcpyAsync(s->state[k], (const char *)s->weights + t->offset, (size_t)t->nbytes,
+                           cudaMemcpyDeviceToDevice, s->stream);
+  }
+  if (rc == cudaSuccess) rc = cudaStreamSynchronize(s->stream);
+  if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "state reset", err);
+  s->stats.state_resets++;
+  return KILN_OK;
+}
+
 static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err) {
   kiln_status st = kcu_check_device(s, e, err);
   if (st != KILN_OK) return st;
@@ -538,10 +591,11 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
     if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "weight upload", err);
   }
   if ((st = kcu_dev_alloc(s, &s->arena, e->plan.arena_size, "arena", err)) != KILN_OK) return st;
-  if ((st = kcu_dev_alloc(s, (void **)&s->fault_dev, sizeof(int), "fault flag", err)) != KILN_OK)
+  if ((st = kcu_dev_alloc(s, (void **)&s->fault_dev, KCU_FAULT_BYTES, "fault flag", err)) != KILN_OK)
     return st;
-  if ((st = kcu_pinned_alloc(s, (void **)&s->fault_host, sizeof(int), "fault flag", err)) != KILN_OK)
+  if ((st = kcu_pinned_alloc(s, (void **)&s->fault_host, KCU_FAULT_BYTES, "fault flag", err)) != KILN_OK)
     return st;
+  if ((st = kcu_alloc_state(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_setup_io(s, e, err)) != KILN_OK) return st;
   /* Buffers exist now: time the heuristic's matmul candidates on them and keep the fastest. */
   for (uint32_t i = 0; i < e->plan.n_ops; i++) {
@@ -564,7 +618,7 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
   cudaError_t rc = cudaGraphLaunch(s->graph_host, s->stream);
   if (rc == cudaSuccess) rc = cudaStreamSynchronize(s->stream);
   if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "first graph replay", err);
-  return KILN_OK;
+  return kcu_reset_state(e, err); /* that replay wrote the state with whatever the inputs held */
 }
 
 static kiln_status kcu_init(kiln_engine *e, kiln_error *err) {
@@ -743,6 +797,8 @@ static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
     if (dst != src && s->out[al->output].nbytes)
       rc = cudaMemcpyAsync(dst, src, s->out[al->output].nbytes, cudaMemcpyDefault, s->stream);
   }
+  for (uint32_t i = 0; i < s->n_out; i++)
+    if (s->out_mode[i] == KCU_HOST) s->stats.host_out_bytes += s->out[i].nbytes;
   /* Host outputs leave in chunks, each copied out while the next one is still on the link. */
   for (uint32_t i = 0; rc == cudaSuccess && !whole && i < s->n_out; i++)
     if (s->out_mode[i] == KCU_HOST)
@@ -762,7 +818,15 @@ static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
   if (whole)
     for (uint32_t i = 0; i < s->n_out; i++)
       memcpy(outputs[i].data, (char *)s->ring + s->out[i].ring_off, s->out[i].nbytes);
-  if (*s->fault_host)
+  if (s->fault_host[KCU_FAULT_WRITE]) {
+    const long long *where = (const long long *)(const void *)(s->fault_host + KCU_FAULT_WHERE);
+    return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
+                     "index_copy on cuda:%d: position %lld is outside the %lld slots of the "
+                     "tensor (a state's cache length); nothing was written; pass positions from "
+                     "0 to %lld",
+                     s->device, where[0], where[1], where[1] - 1);
+  }
+  if (s->fault_host[KCU_FAULT_GATHER])
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                      "an index input holds a value outside its dim (embedding, index_select, "
                      "gather or index on cuda:%d); those elements were written as zeros: check "
@@ -772,7 +836,8 @@ static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
 
 /* ---------------------------------------------------------------- the table and accessors */
 
-const kiln_backend kiln_cuda_backend = {"cuda", kcu_init, kcu_execute, kcu_destroy};
+const kiln_backend kiln_cuda_backend = {"cuda", kcu_init, kcu_execute, kcu_destroy,
+                                        kcu_reset_state};
 
 int kiln_cuda_device_count(kiln_error *err) {
   int count = 0;

@@ -16,6 +16,8 @@ typedef struct kiln_cuda_stats {
   uint64_t direct_runs;   /* runs launched op by op (a graph update was refused) */
   uint64_t init_allocs;   /* allocations made by init */
   uint64_t stage_chunks;  /* pieces host buffers moved in through the pinned ring, in and out */
+  uint64_t state_resets;  /* state buffers set back to their initial values (init does one) */
+  uint64_t host_out_bytes; /* output bytes execute copied from the device to host memory */
 } kiln_cuda_stats;
 
 /* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend. */

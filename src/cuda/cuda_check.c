@@ -303,7 +303,8 @@ static const uint32_t kcu_min_inputs[KILN_OP_COUNT] = {
     [KILN_OP_LINEAR] = 2, [KILN_OP_MATMUL] = 2, [KILN_OP_ADD] = 2, [KILN_OP_SUB] = 2,
     [KILN_OP_MUL] = 2, [KILN_OP_DIV] = 2, [KILN_OP_WHERE] = 3, [KILN_OP_SDPA] = 1,
     [KILN_OP_EMBEDDING] = 2, [KILN_OP_INDEX_SELECT] = 2, [KILN_OP_MINIMUM] = 2,
-    [KILN_OP_MAXIMUM] = 2, [KILN_OP_COMPARE] = 2, [KILN_OP_GATHER] = 2, [KILN_OP_INDEX] = 2};
+    [KILN_OP_MAXIMUM] = 2, [KILN_OP_COMPARE] = 2, [KILN_OP_GATHER] = 2, [KILN_OP_INDEX] = 2,
+    [KILN_OP_INDEX_COPY] = 3};
 
 /* COMPARE, LOGICAL, BITWISE: the operator, the input count it takes and the dtypes. */
 static kiln_status kcu_check_logic(const kiln_plan *p, const kiln_op *op, uint32_t i,
@@ -422,6 +423,19 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
       ok = out->dims[d] == (d == dim ? kcu_count(idx) : x->dims[d]);
     if (!ok)
       return KCU_BAD("op %u (index_select): dim, indices or output shape do not fit the input; "
+                     "re-export the program", i);
+    return KILN_OK;
+  }
+  case KILN_OP_INDEX_COPY: {
+    const kiln_tensor_desc *idx = &p->tensors[op->inputs[1]], *v = &p->tensors[op->inputs[2]];
+    int64_t dim = op->n_iattr > 0 ? op->iattr[0] : -1;
+    int ok = op->n_inputs == 3 && dim >= 0 && dim < x->rank && idx->rank == 1 &&
+             kcu_index(idx->dtype) && v->dtype == x->dtype && out->dtype == x->dtype &&
+             kcu_same_dims(x, out) && v->rank == x->rank;
+    for (int d = 0; ok && d < x->rank; d++)
+      ok = v->dims[d] == (d == dim ? idx->dims[0] : x->dims[d]);
+    if (!ok)
+      return KCU_BAD("op %u (index_copy): dim, indices or values do not fit the input; "
                      "re-export the program", i);
     return KILN_OK;
   }

@@ -67,6 +67,12 @@ cudaError_t kcu_reduce(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
                        const kcu_tensor *out, uint32_t mask);
 cudaError_t kcu_argmax(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *out, int32_t dim);
 
+/* cuda_state.cu: INDEX_COPY along dim (out may be x: in place). A position outside x's dim
+ * writes nothing, sets *fault to 1 and bad[0], bad[1] to the first such position and the length. */
+cudaError_t kcu_index_copy(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *idx,
+                           const kcu_tensor *values, const kcu_tensor *out, int32_t dim,
+                           int *fault, long long *bad);
+
 /* cuda_scan.cu: CUMSUM along dim in the output's dtype. */
 cudaError_t kcu_cumsum(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *out, int32_t dim);
 

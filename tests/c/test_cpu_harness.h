@@ -25,6 +25,7 @@ typedef struct graph {
   uint64_t weights_size;
   kiln_alias aliases[2];
   uint32_t n_aliases;
+  uint32_t n_states;
 } graph;
 
 static inline graph *g_new(void) {
@@ -74,6 +75,21 @@ static inline uint32_t g_weight(graph *g, kiln_dtype dt, int32_t rank, const int
   return id;
 }
 
+/* A state's start-of-run record, its initial value a copy of data in the weights. */
+static inline uint32_t g_state(graph *g, kiln_dtype dt, int32_t rank, const int64_t *dims,
+                               const void *data) {
+  uint32_t id = g_weight(g, dt, rank, dims, data);
+  g->tensors[id].storage = KILN_STORE_STATE;
+  g->tensors[id].io_index = g->n_states++;
+  return id;
+}
+
+/* The record of state `base` that an op writes. */
+static inline uint32_t g_state_written(graph *g, uint32_t base) {
+  g->tensors[g->n_tensors] = g->tensors[base];
+  return g->n_tensors++;
+}
+
 static inline kiln_op *g_op(graph *g, kiln_op_kind kind, uint32_t n_in, const uint32_t *in,
                             uint32_t out, uint32_t n_iattr, const int64_t *iattr, double f0) {
   kiln_op *op = &g->ops[g->n_ops++];
@@ -105,6 +121,7 @@ static inline kiln_engine *g_engine(graph *g) {
   p->ops = g->ops;
   p->inputs = g->inputs;
   p->outputs = g->outputs;
+  p->n_states = g->n_states;
   e->weights = g->weights_size ? g->weights : NULL;
   e->weights_size = g->weights_size;
   e->metadata.n_aliases = g->n_aliases;

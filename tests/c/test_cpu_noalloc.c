@@ -173,6 +173,24 @@ static void test_remaining_kinds(void) {
   free(g);
 }
 
+/* A cache row written in place at a position input, then read out: the state is the engine's,
+ * kept across the two counted runs, and nothing is allocated. */
+static void test_state_write(void) {
+  float cache[8] = {0}, row[2] = {1.5f, -2.0f}, y[8] = {0};
+  int64_t pos[1] = {2};
+  graph *g = g_new();
+  uint32_t tp = g_tensor(g, KILN_STORE_INPUT, KILN_I64, 1, DIMS(1));
+  uint32_t tr = g_tensor(g, KILN_STORE_INPUT, KILN_F32, 2, DIMS(1, 2));
+  uint32_t base = g_state(g, KILN_F32, 2, DIMS(4, 2), cache);
+  uint32_t written = g_state_written(g, base);
+  uint32_t out = g_tensor(g, KILN_STORE_OUTPUT, KILN_F32, 2, DIMS(4, 2));
+  g_op(g, KILN_OP_INDEX_COPY, 3, IDS(base, tp, tr), written, 1, DIMS(0), 0);
+  g_op(g, KILN_OP_COPY, 1, IDS(written), out, 0, NULL, 0);
+  CHECK(count_execute(g, BUFS(pos, row), BUFS(y)) == 0);
+  CHECK(y[4] == 1.5f && y[5] == -2.0f && y[0] == 0.0f && y[7] == 0.0f);
+  free(g);
+}
+
 /* Every op kind of the enum ran in a counted execute. */
 static void test_every_kind_ran(void) {
   int missing = 0;
@@ -303,6 +321,7 @@ int main(void) {
   test_remaining_kinds();
   test_logic_and_math();
   test_scan_index();
+  test_state_write();
   test_every_kind_ran();
   return check_report("test_cpu_noalloc");
 }

@@ -522,7 +522,7 @@ static kiln_status probe_execute(kiln_engine *e, const kiln_tensor_view *inputs,
   return kiln_cpu_backend.execute(e, inputs, outputs, err);
 }
 
-static const kiln_backend probe_backend = {"probe", NULL, probe_execute, NULL};
+static const kiln_backend probe_backend = {"probe", NULL, probe_execute, NULL, NULL};
 
 /* execute holds the handle's lock around the backend and releases it after. */
 static void test_execute_holds_lock(void) {

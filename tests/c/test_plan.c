@@ -41,7 +41,7 @@ static void fresh(fixture *f) {
   f->ops[1] = (kiln_op){KILN_OP_RELU, 1, {3}, 4, 0, {0}, {0, 0}, {{0, 0, 0}}};
   f->inputs[0] = 0;
   f->outputs[0] = 4;
-  f->plan = (kiln_plan){1, 5, 2, 1, 1, 32, f->tensors, f->ops, f->inputs, f->outputs, 0, {{"", 0, 0}}};
+  f->plan = (kiln_plan){1, 5, 2, 1, 1, 32, f->tensors, f->ops, f->inputs, f->outputs, 0, 0, {{"", 0, 0}}};
 }
 
 static uint8_t *encode(const fixture *f, size_t *size) {
@@ -179,9 +179,9 @@ static void test_tensor_refusals(void) {
   expect(&f, KILN_ERR_INVALID_PROGRAM,
          "plan tensor 3: nbytes 31 is not the 32 bytes of f32 [2,4]; re-export the program");
   fresh(&f);
-  f.tensors[3].storage = (kiln_storage)4;
+  f.tensors[3].storage = (kiln_storage)5;
   expect(&f, KILN_ERR_INVALID_PROGRAM,
-         "plan tensor 3: storage 4 is unknown; re-export the program");
+         "plan tensor 3: storage 5 is unknown; re-export the program");
   fresh(&f);
   f.tensors[0].io_index = 1;
   expect(&f, KILN_ERR_INVALID_PROGRAM,
@@ -513,8 +513,74 @@ static void test_serialize_arguments(void) {
             "plan parse: NULL output or data; pass the plan section and a plan to fill");
 }
 
+/* A KV-cache step: cache = index_copy(cache, pos, row) in place on state 0, out = copy(cache).
+ * t0 pos i64 [1], t1 row f32 [1,2], t2 the state at the start (f32 [4,2], initial value at
+ * weights 0), t3 the state written, t4 the output. */
+static void state_fixture(fixture *f) {
+  memset(f, 0, sizeof *f);
+  set_tensor(&f->tensors[0], KILN_I64, 1, (int64_t[]){1}, KILN_STORE_INPUT, 0, 0);
+  set_tensor(&f->tensors[1], KILN_F32, 2, (int64_t[]){1, 2}, KILN_STORE_INPUT, 1, 0);
+  set_tensor(&f->tensors[2], KILN_F32, 2, (int64_t[]){4, 2}, KILN_STORE_STATE, 0, 0);
+  set_tensor(&f->tensors[3], KILN_F32, 2, (int64_t[]){4, 2}, KILN_STORE_STATE, 0, 0);
+  set_tensor(&f->tensors[4], KILN_F32, 2, (int64_t[]){4, 2}, KILN_STORE_OUTPUT, 0, 0);
+  f->ops[0] = (kiln_op){KILN_OP_INDEX_COPY, 3, {2, 0, 1}, 3, 1, {0}, {0, 0}, {{0, 0, 0}}};
+  f->ops[1] = (kiln_op){KILN_OP_COPY, 1, {3}, 4, 0, {0}, {0, 0}, {{0, 0, 0}}};
+  f->inputs[0] = 0;
+  f->inputs[1] = 1;
+  f->outputs[0] = 4;
+  f->plan = (kiln_plan){1, 5, 2, 2, 1, 0, f->tensors, f->ops, f->inputs, f->outputs, 0, 0, {{"", 0, 0}}};
+}
+
+static void test_state_rules(void) {
+  fixture f;
+  kiln_plan out;
+  kiln_error err = {KILN_OK, ""};
+  size_t size = 0;
+  uint8_t *bytes;
+  state_fixture(&f);
+  bytes = encode(&f, &size);
+  CHECK(kiln_plan_parse(bytes, size, WEIGHTS_SIZE, &out, &err) == KILN_OK);
+  CHECK(out.n_states == 1 && out.tensors[3].storage == KILN_STORE_STATE);
+  kiln_plan_release(&out);
+  free(bytes);
+  state_fixture(&f);
+  f.tensors[2].offset = 64; /* its initial value past the 80-byte weights */
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan tensor 2: state bytes at offset 64 (+32) are misaligned or outside its 80 bytes "
+         "(io index 0 must be 0); re-export the program");
+  state_fixture(&f);
+  f.tensors[3].offset = 32;
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan tensor 3 differs from tensor 2, the same state 0, in dtype, shape or initial "
+         "value; re-export the program");
+  state_fixture(&f);
+  f.tensors[2].io_index = f.tensors[3].io_index = 1; /* state 0 has no record */
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan state 0 has no record of its value at the start of a run (the plan has 2 "
+         "states); re-export the program");
+  state_fixture(&f);
+  f.tensors[2].io_index = 300;
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan tensor 2: state index 300 exceeds the limit of 256 states; re-export the program");
+  state_fixture(&f);
+  f.ops[0] = (kiln_op){KILN_OP_RELU, 1, {2}, 3, 0, {0}, {0, 0}, {{0, 0, 0}}}; /* not a state write */
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 0 (relu): writes tensor 3 of state 0, but only index_copy in place on that "
+         "state, or a copy from another buffer, may; re-export the program");
+  state_fixture(&f);
+  f.tensors[2].storage = KILN_STORE_WEIGHT; /* index_copy onto a state from a weight */
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 0 (index_copy): writes tensor 3 of state 0, but only index_copy in place on "
+         "that state, or a copy from another buffer, may; re-export the program");
+  state_fixture(&f);
+  f.ops[1].inputs[0] = 2; /* reads the start value after op 0 replaced it */
+  expect(&f, KILN_ERR_INVALID_PROGRAM,
+         "plan op 1 (copy) reads state 0 as it was before op 0 wrote it; re-export the program");
+}
+
 int main(void) {
   test_round_trip();
+  test_state_rules();
   test_header_refusals();
   test_tensor_refusals();
   test_io_list_refusals();

@@ -29,6 +29,7 @@ typedef struct prog {
   int allow_tf32;
   kiln_alias aliases[2];
   uint32_t n_aliases;
+  uint32_t n_states;
 } prog;
 
 static uint32_t rng_state = 12345u;
@@ -122,6 +123,20 @@ static uint32_t p_weight(prog *p, kiln_dtype dt, int32_t rank, const int64_t *di
   return id;
 }
 
+/* A state's start-of-run record with a random initial value in the weights, and the record an
+ * op writes. */
+static uint32_t p_state(prog *p, kiln_dtype dt, int32_t rank, const int64_t *dims) {
+  uint32_t id = p_weight(p, dt, rank, dims, -1, 1);
+  p->tensors[id].storage = KILN_STORE_STATE;
+  p->tensors[id].io_index = p->n_states++;
+  return id;
+}
+
+static uint32_t p_state_written(prog *p, uint32_t base) {
+  p->tensors[p->n_tensors] = p->tensors[base];
+  return p->n_tensors++;
+}
+
 static kiln_op *p_op(prog *p, kiln_op_kind kind, uint32_t n_in, const uint32_t *in, uint32_t out,
                      uint32_t n_iattr, const int64_t *iattr, double f0) {
   kiln_op *op = &p->ops[p->n_ops++];
@@ -152,6 +167,7 @@ static kiln_engine *p_load(const prog *p, const kiln_backend *be, int device, ki
   pl->ops = (kiln_op *)p->ops;
   pl->inputs = (uint32_t *)p->inputs;
   pl->outputs = (uint32_t *)p->outputs;
+  pl->n_states = p->n_states;
   if (p->weights_size) {
     e->weights = aligned_alloc(KILN_WEIGHTS_ALIGN, (p->weights_size + 63) & ~(uint64_t)63);
     if (!e->weights) die("out of memory");

@@ -1687,6 +1687,72 @@ static int fault_check(void) {
   return check_report("test_cuda_ops --fault");
 }
 
+/* A KV-cache step, cache[:, :, pos] = rows in place on a state, then the cache read out: three
+ * steps, a refused one, another step and a reset, on the CPU and CUDA engines side by side. The
+ * cache is copied exactly, so the two must agree to the byte; only the output crosses to the
+ * host. */
+static void test_state_write(void) {
+  static const int64_t steps[5][2] = {{0, 1}, {2, 3}, {4, 5}, {5, 6}, {0, 3}};
+  char name[64];
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    snprintf(name, sizeof name, "index_copy state %s", kiln_dtype_name(dt));
+    if (!selected(name)) continue;
+    prog *p = p_new();
+    uint32_t pos = IN(p, KILN_I64, 1, 2), rows = IN(p, dt, 4, 1, 2, 2, 4);
+    uint32_t base = p_state(p, dt, 4, DIMS(1, 2, 6, 4));
+    uint32_t written = p_state_written(p, base);
+    p_op(p, KILN_OP_INDEX_COPY, 3, OPS(base, pos, rows), written, 1, ATTR(2), 0);
+    p_op(p, KILN_OP_COPY, 1, OPS(written), OUT(p, dt, 4, 1, 2, 6, 4), 0, NULL, 0);
+    kiln_error err = {KILN_OK, ""};
+    kiln_engine *cpu = p_load(p, &kiln_cpu_backend, 0, &err);
+    kiln_engine *gpu = p_load(p, &kiln_cuda_backend, 0, &err);
+    CHECK(cpu && gpu);
+    if (!cpu || !gpu) {
+      fprintf(stderr, "%s: load failed: %s\n", name, err.message);
+      p_unload(cpu);
+      p_unload(gpu);
+      p_free(p);
+      continue;
+    }
+    size_t row_bytes = 16 * kiln_dtype_size(dt), out_bytes = 48 * kiln_dtype_size(dt);
+    uint8_t *in_rows = malloc(row_bytes), *a = malloc(out_bytes), *b = malloc(out_bytes);
+    if (!in_rows || !a || !b) die("out of memory");
+    kiln_cuda_stats before, after;
+    kiln_cuda_engine_stats(gpu, &before, &err);
+    for (int s = 0; s < 6; s++) {
+      int64_t where[2] = {steps[s < 5 ? s : 4][0], steps[s < 5 ? s : 4][1]};
+      if (s == 5) { /* after a reset both start again from the initial value */
+        CHECK(cpu->backend->reset_state(cpu, &err) == KILN_OK);
+        CHECK(gpu->backend->reset_state(gpu, &err) == KILN_OK);
+      }
+      fill(in_rows, dt, 16, -1, 1);
+      memset(a, 0, out_bytes);
+      memset(b, 0xff, out_bytes);
+      kiln_status sa = p_execute(cpu, p, (void *[]){where, in_rows}, (void *[]){a}, &err);
+      kiln_status sb = p_execute(gpu, p, (void *[]){where, in_rows}, (void *[]){b}, &err);
+      if (s == 3) { /* position 6 is past the 6 slots: refused, nothing written */
+        CHECK(sa == KILN_ERR_INVALID_ARGUMENT && sb == KILN_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(err.message, "position 6 is outside the 6 slots") != NULL);
+        continue;
+      }
+      CHECK(sa == KILN_OK && sb == KILN_OK);
+      CHECK(memcmp(a, b, out_bytes) == 0);
+    }
+    kiln_cuda_engine_stats(gpu, &after, &err);
+    /* Each of the six runs (the refused one too) copied only its output to the host. */
+    CHECK(after.host_out_bytes - before.host_out_bytes == 6 * out_bytes);
+    CHECK(after.state_resets - before.state_resets == 1);
+    printf("%-40s %s\n", name, "compared");
+    free(in_rows);
+    free(a);
+    free(b);
+    p_unload(cpu);
+    p_unload(gpu);
+    p_free(p);
+  }
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0); /* a run cut short keeps what it printed */
   int count = 0;
@@ -1717,6 +1783,7 @@ int main(int argc, char **argv) {
   test_flash_attention();
   test_packed_attention();
   test_grouped_attention();
+  test_state_write();
   if (only_filter) return check_report("test_cuda_ops --only");
   test_residency();
   test_chunked_staging();

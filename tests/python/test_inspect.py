@@ -157,7 +157,7 @@ def test_prints_a_blob_header_metadata_and_plan(kiln, demo_blob):
     for line in ["  producer: kiln 0.1.0", "  device_id: 0", "  allow_tf32: false",
                  '    input 0 "x": f32 [2, 16]', '    output 0 "y": f32 [2, 8]', "  aliases: none"]:
         assert line + "\n" in out, line
-    plan = re.search(r"^plan: version 1, (\d+) tensors, (\d+) ops, 1 inputs, 1 outputs, arena (\d+) bytes$",
+    plan = re.search(r"^plan: version 1, (\d+) tensors, (\d+) ops, 1 inputs, 1 outputs, 0 states, arena (\d+) bytes$",
                      out, re.M)
     assert plan, out
     n_tensors, n_ops = int(plan.group(1)), int(plan.group(2))

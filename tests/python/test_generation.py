@@ -1,0 +1,151 @@
+"""Greedy generation with a static KV cache held by the Kiln blob, through ExecuTorch's runtime on
+the CPU reference engine: tokens equal eager's, the cache stays in the engine across calls, and
+a write past the cache end is refused without harming the program."""
+
+import os
+import warnings
+
+import pytest
+import torch
+from torch.export.graph_signature import InputKind
+
+import decoders
+import kiln
+from kiln import _lib
+
+NEW_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model = decoders.llama()
+    path = str(tmp_path_factory.mktemp("generation") / "llama.pte")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.export(decoders.greedy_step(model), decoders.example_inputs(), path, strict=True,
+                              require_whole=True)
+    return model, path, program
+
+
+@pytest.fixture()
+def method(exported, monkeypatch):
+    import kiln_runtime  # noqa: F401  (registers KilnBackend)
+    from executorch.runtime import Runtime
+
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    program = Runtime.get().load_program(exported[1])
+    method = program.load_method("forward")
+    method.program = program  # a Method does not keep its Program alive
+    return method
+
+
+def _step(method):
+    return lambda ids, position: method.execute([ids, position])[0]
+
+
+def _eager(model, prompt, new_tokens):
+    with torch.no_grad():
+        return decoders.generate(decoders.greedy_step(model), prompt, new_tokens)
+
+
+def test_the_decoder_is_one_blob_holding_its_cache(exported):
+    _, _, program = exported
+    assert program.kiln_report.whole and len(kiln.blobs(program)) == 1
+    signature = program.exported_program().graph_signature
+    # The caches and their lengths are the blob's own: ExecuTorch keeps no buffer and writes none.
+    assert not signature.buffers_to_mutate
+    assert [spec.kind for spec in signature.input_specs] == [InputKind.USER_INPUT, InputKind.USER_INPUT]
+
+
+def test_default_export_arguments_give_the_same_single_blob(exported, tmp_path):
+    # Non-strict export lifts the cache layers' tensors as constants, whose writes lowering
+    # cannot functionalize; kiln.export then exports strictly, where they are buffers.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.export(decoders.greedy_step(exported[0]), decoders.example_inputs(),
+                              str(tmp_path / "default.pte"), require_whole=True)
+    assert len(kiln.blobs(program)) == 1
+    assert not program.exported_program().graph_signature.buffers_to_mutate
+
+
+@pytest.mark.parametrize("length", [1, 7])
+def test_generation_equals_eager(exported, method, length):
+    model = exported[0]
+    prompt = decoders.prompt_of(length)
+    expected = _eager(model, prompt, NEW_TOKENS)
+    assert decoders.generate(_step(method), prompt, NEW_TOKENS) == expected
+    assert len(set(expected)) > 4  # the weights are not degenerate: the text moves
+
+
+def test_a_prompt_filling_the_cache_then_a_step_past_its_end(exported, method):
+    model = exported[0]
+    prompt = decoders.prompt_of(decoders.CACHE)
+    assert decoders.generate(_step(method), prompt, 1) == _eager(model, prompt, 1)
+    with pytest.raises(RuntimeError):
+        method.execute([torch.tensor([[5]]), torch.tensor([decoders.CACHE])])
+
+
+def test_a_refused_step_writes_nothing_and_the_program_stays_usable(exported, method):
+    model = exported[0]
+    prompt = decoders.prompt_of(7)
+    expected = _eager(model, prompt, 8)
+    run = _step(method)
+    refused = []
+
+    def step_with_a_bad_call(ids, position):
+        if int(position[0]) == len(prompt) + 2:  # mid-generation, a position past the cache end
+            with pytest.raises(RuntimeError):
+                run(ids, torch.tensor([decoders.CACHE + 3]))
+            refused.append(True)
+        return run(ids, position)
+
+    assert decoders.generate(step_with_a_bad_call, prompt, 8) == expected
+    assert refused
+
+
+def _engine_step(engine):
+    def step(ids, position):
+        out = torch.zeros(1, dtype=torch.long)
+        engine.execute([ids.contiguous(), position.contiguous()], [out])
+        return out
+
+    return step
+
+
+def test_the_engine_names_the_position_and_the_cache_length(exported):
+    engine = _lib.Engine(kiln.blobs(exported[2])[0], device="cpu")
+    with pytest.raises(_lib.KilnError) as caught:
+        _engine_step(engine)(torch.tensor([[5]]), torch.tensor([decoders.CACHE]))
+    assert f"position {decoders.CACHE} " in caught.value.message
+    assert f"outside the {decoders.CACHE} slots" in caught.value.message
+    assert "nothing was written" in caught.value.message
+
+
+def test_state_persists_across_calls_and_reset_restores_it(exported):
+    blob = kiln.blobs(exported[2])[0]
+    prompt = decoders.prompt_of(7)
+    last = (torch.tensor([[prompt[-1]]]), torch.tensor([len(prompt) - 1]))
+    fresh = int(_engine_step(_lib.Engine(blob, device="cpu"))(*last)[0])
+    engine = _lib.Engine(blob, device="cpu")
+    step = _engine_step(engine)
+    for position, token in enumerate(prompt):
+        after_prompt = int(step(torch.tensor([[token]]), torch.tensor([position]))[0])
+    # The earlier calls' keys and values are in the cache: the same last call gives another token.
+    assert after_prompt != fresh
+    assert after_prompt == decoders.generate(_engine_step(_lib.Engine(blob, device="cpu")), prompt, 1)[0]
+    engine.reset_state()
+    assert int(step(*last)[0]) == fresh
+
+
+def test_the_cpp_runner_generates_the_same_tokens(exported, tmp_path):
+    from test_executorch_e2e import PACKAGE_DIR, ROOT, configure_and_build, run
+
+    build = str(tmp_path / "generate")
+    configure_and_build(os.path.join(ROOT, "examples", "generate"), build, os.path.join(PACKAGE_DIR, "cmake"))
+    prompt = decoders.prompt_of(7)
+    result = run([os.path.join(build, "generate"), exported[1], "--prompt", ",".join(map(str, prompt)),
+                  "--tokens", str(NEW_TOKENS), "--device", "cpu"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = dict(line.split(":", 1) for line in result.stdout.splitlines() if ":" in line)
+    assert [int(t) for t in lines["tokens"].split()] == _eager(exported[0], prompt, NEW_TOKENS)
+    assert "tokens/s" in lines["prefill"] and "tokens/s" in lines["decode"]
