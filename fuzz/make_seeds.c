@@ -205,6 +205,26 @@ static int dynamic_seed(const char *dir, kiln_error *err) {
   return rc;
 }
 
+/* A KV-cache step: a state written in place at a position input, then read. */
+static int state_seed(const char *dir, kiln_error *err) {
+  kiln_builder *b = kiln_builder_create();
+  if (!b) return -1;
+  int64_t pd[1] = {1}, rd[2] = {1, 4}, cd[2] = {6, 4}, dim0[1] = {0};
+  float cache[24] = {0};
+  int32_t pos = kiln_builder_add_input(b, "position", KILN_I64, 1, pd, err);
+  int32_t row = kiln_builder_add_input(b, "row", KILN_F32, 2, rd, err);
+  int32_t st = kiln_builder_add_state(b, KILN_F32, 2, cd, cache, sizeof cache, err);
+  int32_t w = kiln_builder_add_op(b, KILN_OP_INDEX_COPY, (int32_t[]){st, pos, row}, 3, dim0, 1, NULL, 0, err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_RELU, &w, 1, NULL, 0, NULL, 0, err);
+  int rc = y < 0 || kiln_builder_write_state(b, st, w, err) != KILN_OK ||
+                   kiln_builder_mark_output(b, y, "cache", err) != KILN_OK ||
+                   save(dir, "state.blob", b, err) != 0
+               ? -1
+               : 0;
+  kiln_builder_destroy(b);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   kiln_error err = {KILN_OK, ""};
   if (argc != 2) {
@@ -213,7 +233,7 @@ int main(int argc, char **argv) {
   }
   if (linear_seed(argv[1], &err) != 0 || elementwise_seed(argv[1], &err) != 0 ||
       layers_seed(argv[1], &err) != 0 || later_kinds_seed(argv[1], &err) != 0 ||
-      dynamic_seed(argv[1], &err) != 0) {
+      dynamic_seed(argv[1], &err) != 0 || state_seed(argv[1], &err) != 0) {
     fprintf(stderr, "make_seeds: %s\n", err.message);
     return 1;
   }

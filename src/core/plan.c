@@ -9,7 +9,9 @@
  * then one 128-byte record per op
  *   0 u32 kind  4 u32 n_inputs  8 u32 inputs[8]  40 u32 output  44 u32 n_iattr
  *  48 i64 iattr[8]  112 f64 fattr[2]
- * then u32 tensor indices of the inputs, then of the outputs. Unused slots are zero.
+ * then u32 tensor indices of the inputs, then of the outputs. Unused slots are zero. A state
+ * tensor (storage 4) names its buffer by io_index, and its offset is where the state's initial
+ * value lies in the weights section.
  * Version 2 (a dynamic plan) then holds a symbol section: u32 symbols, u32 tensor sizes, u32
  * attribute sizes, u32 0, then one 32-byte record per symbol
  *   0 char[16] name (NUL-padded)  16 i64 min  24 i64 max
@@ -447,7 +449,9 @@ static int ranges_meet(uint64_t a, uint64_t an, uint64_t b, uint64_t bn) {
  * norms by rows they read twice; linear and matmul by GEMM or GEMV tiles (cuBLASLt takes no
  * output on an operand); attention by tiles of q, k and v staged while o is stored; embedding
  * and index_select by rows. So no output byte may lie on an input byte. The one exception is a
- * view the memory plan placed exactly on its input's bytes, which both engines skip. The arena
+ * view the memory plan placed exactly on its input's bytes, which both engines skip. The other
+ * is a write into state, which lives outside the arena: index_copy's output may be its input 0's
+ * own state buffer (in place; writes_state_ok admits nothing else onto a state). The arena
  * is at most its tensors' reach aligned up, so a damaged size cannot reserve host or device
  * memory at load. */
 static kiln_status check_arena(const kiln_plan *plan, kiln_error *err) {

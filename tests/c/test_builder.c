@@ -911,7 +911,83 @@ static void test_index_scan_shapes(void) {
   kiln_builder_destroy(b);
 }
 
+/* Counts the plan's ops of kind k writing a state tensor, and all its ops of kind k. */
+static void count_state_writes(const built *x, kiln_op_kind k, uint32_t *to_state, uint32_t *all) {
+  *to_state = *all = 0;
+  for (uint32_t i = 0; i < x->plan.n_ops; i++) {
+    if (plan_op(x, i)->kind != k) continue;
+    (*all)++;
+    *to_state += plan_tensor(x, plan_op(x, i)->output)->storage == KILN_STORE_STATE;
+  }
+}
+
+/* A cache written by index_copy in place when that write is the cache's last reader; copied in
+ * after the run when an op reads the old cache after the write; a state's other value (a
+ * length counter) copied in; and the run keeping the state between executes. */
+static void test_states(void) {
+  kiln_error err = {KILN_OK, ""};
+  float zeros[8] = {0};
+  int64_t pos_one[1] = {1}, pos_bad[1] = {4}, length = 0;
+  float row[2] = {3, 4}, y[8];
+  for (int late_reader = 0; late_reader < 2; late_reader++) {
+    kiln_builder *b = builder();
+    int32_t pos = input(b, "pos", KILN_I64, 1, D(1)), r = input(b, "row", KILN_F32, 2, D(1, 2));
+    int32_t cache = kiln_builder_add_state(b, KILN_F32, 2, D(4, 2), zeros, sizeof zeros, &err);
+    int32_t count = kiln_builder_add_state(b, KILN_I64, 1, D(1), &length, sizeof length, &err);
+    CHECK(cache >= 0 && count >= 0);
+    int32_t w = op(b, KILN_OP_INDEX_COPY, T(cache, pos, r), 3, I(0), 1, NULL, 0);
+    int32_t out = op(b, KILN_OP_RELU, T(w), 1, NULL, 0, NULL, 0);
+    if (late_reader) out = op(b, KILN_OP_ADD, T(out, cache), 2, NULL, 0, NULL, 0);
+    int32_t next = op(b, KILN_OP_ADD, T(count, pos), 2, NULL, 0, NULL, 0);
+    CHECK(kiln_builder_write_state(b, cache, w, &err) == KILN_OK);
+    CHECK(kiln_builder_write_state(b, count, next, &err) == KILN_OK);
+    CHECK(kiln_builder_write_state(b, count, next, &err) == KILN_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(err.message, "already has its value") != NULL);
+    CHECK(kiln_builder_write_state(b, cache, pos, &err) == KILN_ERR_INVALID_ARGUMENT);
+    CHECK(kiln_builder_write_state(b, r, r, &err) == KILN_ERR_INVALID_ARGUMENT);
+    output(b, out, "y");
+    built x;
+    if (!build(b, NULL, &x)) {
+      kiln_builder_destroy(b);
+      continue;
+    }
+    uint32_t in_place, copies, all;
+    count_state_writes(&x, KILN_OP_INDEX_COPY, &in_place, &all);
+    CHECK(all == 1 && in_place == (late_reader ? 0u : 1u));
+    count_state_writes(&x, KILN_OP_COPY, &copies, &all);
+    CHECK(copies == (late_reader ? 2u : 1u)); /* the counter always, the cache when read late */
+    CHECK(x.plan.n_states == 2);
+    kiln_engine *e = NULL;
+    kiln_engine_options o;
+    kiln_engine_options_default(&o);
+    o.device = KILN_DEVICE_CPU;
+    CHECK(kiln_engine_load(x.blob, x.size, &o, &e, &err) == KILN_OK);
+    kiln_tensor_view in[2], outv[1];
+    memset(in, 0, sizeof in);
+    memset(outv, 0, sizeof outv);
+    in[0] = (kiln_tensor_view){pos_one, 8, KILN_I64, 1, {1}, {1}};
+    in[1] = (kiln_tensor_view){row, 8, KILN_F32, 2, {1, 2}, {2, 1}};
+    outv[0] = (kiln_tensor_view){y, 32, KILN_F32, 2, {4, 2}, {2, 1}};
+    for (int run = 0; e && run < 2; run++) CHECK(kiln_engine_execute(e, in, 2, outv, 1, &err) == KILN_OK);
+    /* the late reader adds the row the first run left in the cache: state kept across runs */
+    CHECK(y[2] == (late_reader ? 6.0f : 3.0f) && y[3] == (late_reader ? 8.0f : 4.0f) && y[0] == 0.0f);
+    in[0].data = pos_bad; /* past the 4 slots: refused, and the cache keeps its row */
+    CHECK(e && kiln_engine_execute(e, in, 2, outv, 1, &err) == KILN_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(err.message, "position 4 (index 0) is outside the 4 slots") != NULL);
+    CHECK(e && kiln_engine_reset_state(e, &err) == KILN_OK);
+    in[0].data = pos_one;
+    row[0] = 5;
+    CHECK(e && kiln_engine_execute(e, in, 2, outv, 1, &err) == KILN_OK);
+    CHECK(y[2] == 5.0f && y[3] == 4.0f); /* after the reset no earlier row is added */
+    row[0] = 3;
+    kiln_engine_destroy(e);
+    release(&x);
+    kiln_builder_destroy(b);
+  }
+}
+
 int main(void) {
+  test_states();
   test_shapes();
   test_shape_refusals();
   test_logic_and_math();
