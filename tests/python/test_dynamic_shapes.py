@@ -25,6 +25,14 @@ KILN_CLI = os.environ.get("KILN_CLI") or os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "kiln")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def cpu_engine():
+    """ExecuTorch's runtime loads the blobs on the CPU reference engine (CI has no GPU)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KILN_DEVICE", "cpu")
+        yield
+
+
 class Exported:
     """A model exported once with dynamic_shapes, its program loaded in ExecuTorch's runtime."""
 
