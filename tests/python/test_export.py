@@ -821,6 +821,13 @@ OP_CASES = [
     ("argmax_all", aten.argmax.default, (rand(3, 4),), {}),
     ("argmax_all_keepdim", aten.argmax.default, (rand(3, 4), None, True), {}),
     ("argmax_ties", aten.argmax.default, (ids(4, 6, high=3), -1), {}),
+    # A KV-cache write: whole slots along one dim at given positions (functional here; a state's
+    # write in place is tests/python/test_generation.py's).
+    ("index_put_slots", aten.index_put.default, (rand(1, 2, 6, 4), [None, None, torch.tensor([4, 1])],
+                                                 rand(1, 2, 2, 4, seed=1)), {}),
+    ("index_copy", aten.index_copy.default, (rand(5, 3), 0, torch.tensor([3, 0]), rand(2, 3, seed=1)), {}),
+    ("copy_broadcast", aten.copy.default, (rand(2, 3), rand(3, seed=1)), {}),
+    ("copy_cast", aten.copy.default, (ids(1, high=9), rand(1, seed=1) * 9), {}),
     ("split_with_sizes_copy", aten.split_with_sizes_copy.default, (rand(1, 4, 12), [3, 4, 5], 2), {}),
     ("split_with_sizes", aten.split_with_sizes.default, (rand(6, 2), [2, 4]), {}),
     ("split_copy", aten.split_copy.Tensor, (rand(2, 7), 3, -1), {}),
