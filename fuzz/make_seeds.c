@@ -213,6 +213,29 @@ static int fused_group_seed(const char *dir, kiln_error *err) {
   return rc;
 }
 
+/* x[s,4] with s in 1..6 -> linear -> reshape [2s,4] -> slice rows 1..2s: a dynamic plan, so the
+ * fuzzers reach the symbol section and the per-call shapes. */
+static int dynamic_seed(const char *dir, kiln_error *err) {
+  kiln_builder *b = kiln_builder_create();
+  if (!b) return -1;
+  int64_t xd[2] = {6, 4}, wd[2] = {8, 4}, rd[2] = {12, 4}, sl[4] = {0, 1, 12, 1};
+  float w[32] = {0.5f, -1.0f, 2.0f};
+  kiln_sym_size s = {1, 1, 0}, none = {0, 0, 0}, two_s = {1, 2, 0};
+  kiln_sym_size xs[2] = {s, none}, rs[2] = {two_s, none}, ss[4] = {none, none, two_s, none};
+  int32_t in[2];
+  int rc = kiln_builder_add_symbol(b, "s", 1, 6, err) == 1 ? 0 : -1;
+  in[0] = kiln_builder_add_input_sym(b, "x", KILN_F32, 2, xd, xs, err);
+  in[1] = kiln_builder_add_constant(b, KILN_F32, 2, wd, w, sizeof w, err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_LINEAR, in, 2, NULL, 0, NULL, 0, err);
+  int32_t r = kiln_builder_add_op_sym(b, KILN_OP_RESHAPE, &y, 1, rd, rs, 2, NULL, 0, err);
+  int32_t t = kiln_builder_add_op_sym(b, KILN_OP_SLICE, &r, 1, sl, ss, 4, NULL, 0, err);
+  if (rc || t < 0 || kiln_builder_mark_output(b, t, "rows", err) != KILN_OK ||
+      save(dir, "dynamic.blob", b, err) != 0)
+    rc = -1;
+  kiln_builder_destroy(b);
+  return rc;
+}
+
 /* A KV-cache step: a state written in place at a position input, then read. */
 static int state_seed(const char *dir, kiln_error *err) {
   kiln_builder *b = kiln_builder_create();
@@ -241,7 +264,8 @@ int main(int argc, char **argv) {
   }
   if (linear_seed(argv[1], &err) != 0 || elementwise_seed(argv[1], &err) != 0 ||
       layers_seed(argv[1], &err) != 0 || later_kinds_seed(argv[1], &err) != 0 ||
-      fused_group_seed(argv[1], &err) != 0 || state_seed(argv[1], &err) != 0) {
+      fused_group_seed(argv[1], &err) != 0 || dynamic_seed(argv[1], &err) != 0 ||
+      state_seed(argv[1], &err) != 0) {
     fprintf(stderr, "make_seeds: %s\n", err.message);
     return 1;
   }

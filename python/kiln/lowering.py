@@ -752,6 +752,12 @@ def _lower_size(ctx, node):
     return None
 
 
+def is_size_node(node):
+    """Whether node computes a dynamic size (no builder op of its own)."""
+    lowering = LOWERINGS.get(aten_op(node)) if node.op == "call_function" else None
+    return lowering is not None and lowering.lower is _lower_size
+
+
 def _check_size(node):
     """A size read or computed on dynamic dims goes with its readers: each must be a Kiln op."""
     if not isinstance(node.meta.get("val"), torch.SymInt):

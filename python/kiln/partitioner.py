@@ -99,6 +99,12 @@ class KilnPartitioner(Partitioner):
             for node in partition.nodes:
                 node.meta["delegation_tag"] = tag
             tags[tag] = self.delegation_spec
+        # A dynamic size goes into a blob only with all its readers: a blob never outputs one.
+        for node in exported_program.graph_module.graph.nodes:
+            tag = node.meta.get("delegation_tag")
+            if tag and lowering.is_size_node(node) and any(
+                    user.meta.get("delegation_tag") != tag for user in node.users):
+                del node.meta["delegation_tag"]
         tag_constant_data(exported_program)
         tag_states(exported_program)
         self.refusals = support.refusals

@@ -490,6 +490,7 @@ static kiln_status place_states(kiln_graph *g, kiln_error *err) {
     int32_t base = g->states[i].tensor, value = g->states[i].value, w, copy;
     const kiln_op *op;
     kiln_op c;
+    kiln_tensor_desc shape;
     if (value == base) continue;
     w = g->tensors[value].node == KILN_NODE_OP ? g->tensors[value].producer : -1;
     op = w >= 0 ? &g->ops[w] : NULL;
@@ -507,7 +508,8 @@ static kiln_status place_states(kiln_graph *g, kiln_error *err) {
     c.kind = KILN_OP_COPY;
     c.n_inputs = 1;
     c.inputs[0] = (uint32_t)value;
-    if ((copy = kiln_graph_add_op(g, &c, &g->tensors[value].desc)) < 0)
+    shape = g->tensors[value].desc; /* adding the op may move g->tensors */
+    if ((copy = kiln_graph_add_op(g, &c, &shape)) < 0)
       return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                        "builder: out of memory writing state %u; free memory and retry",
                        (unsigned)i);

@@ -611,10 +611,11 @@ static kiln_status parse_symbols(const uint8_t *p, kiln_plan *plan, kiln_error *
     if (is_dim) {
       kiln_tensor_desc *t;
       if (index >= plan->n_tensors || slot >= (uint32_t)plan->tensors[index].rank ||
-          plan->tensors[index].storage == KILN_STORE_WEIGHT)
+          plan->tensors[index].storage == KILN_STORE_WEIGHT ||
+          plan->tensors[index].storage == KILN_STORE_STATE)
         return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
-                         "plan tensor %u dim %u cannot be dynamic: no such tensor or dim, or a "
-                         "weight; re-export the program",
+                         "plan tensor %u dim %u cannot be dynamic: no such tensor or dim, or a weight "
+                         "or state; re-export the program",
                          (unsigned)index, (unsigned)slot);
       t = &plan->tensors[index];
       if ((s = parse_sym_size(p, plan, what, index, slot, t->dims[slot], &t->sym[slot], err)))

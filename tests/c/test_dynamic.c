@@ -247,7 +247,7 @@ static void test_reader_refuses_malformed_symbol_data(void) {
   for (uint32_t t = 0; t < p.n_tensors; t++)
     if (p.tensors[t].storage == KILN_STORE_WEIGHT) p.tensors[t].sym[0] = (kiln_sym_size){1, 1, -5};
   expect_plan_refused(&p, w,
-                      "plan tensor 2 dim 0 cannot be dynamic: no such tensor or dim, or a weight; "
+                      "plan tensor 2 dim 0 cannot be dynamic: no such tensor or dim, or a weight or state; "
                       "re-export the program");
   decoded(&p, &w);
   p.n_symbols = 2;

@@ -5,6 +5,9 @@ a message naming the input, the dim, the value and the bound, leaving the progra
 
 import contextlib
 import io
+import os
+import re
+import subprocess
 
 import pytest
 import torch
@@ -18,6 +21,16 @@ from executorch.runtime import Runtime
 from kiln._lib import KilnError
 
 TOLERANCE = 1e-4
+KILN_CLI = os.environ.get("KILN_CLI") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "kiln")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_engine():
+    """ExecuTorch's runtime loads the blobs on the CPU reference engine (CI has no GPU)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KILN_DEVICE", "cpu")
+        yield
 
 
 class Exported:
@@ -27,6 +40,7 @@ class Exported:
         self.model = model
         with torch.no_grad():
             self.program = kiln.export(model, example, str(path), dynamic_shapes=dynamic_shapes)
+        self.path = path
         self.report = self.program.kiln_report
         self.blobs = kiln.blobs(self.program)
         self.et_program = Runtime.get().load_program(str(path))  # a Method does not keep it alive
@@ -118,3 +132,11 @@ def test_a_size_above_the_bound_is_refused_naming_input_dim_value_and_bound(llam
     with torch.no_grad():
         assert (got - llama.model(*llama_inputs(6))).abs().max() < 1e-4
     assert llama.method.execute(list(llama_inputs(16)))[0].shape == (1, 16, 64)
+
+
+def test_inspect_lists_the_symbol_and_each_dynamic_dim(llama):
+    out = subprocess.run([KILN_CLI, "inspect", str(llama.path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    symbol = re.search(r"dynamic size (s\w+): 1\.\.16 \(dims shown at the upper bound\)", out.stdout)
+    assert symbol, out.stdout[:2000]
+    assert re.search(rf"t0: f32 \[1, 16, 64\] as \[1,{symbol.group(1)},64\] input 0", out.stdout), out.stdout[:2000]

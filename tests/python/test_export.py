@@ -885,7 +885,7 @@ def test_each_op_alone_matches_pytorch(name, op, args, kwargs):
 
 def test_every_lowering_has_a_case():
     covered = {op for _, op, _, _ in OP_CASES}
-    lowered = set(lowering.LOWERINGS) - {operator.getitem}
+    lowered = set(lowering.LOWERINGS) - {operator.getitem} - set(lowering._SIZE_TARGETS)  # sizes: test_dynamic_shapes
     assert lowered, "the lowering table is empty"
     assert lowered - covered == set()
 
