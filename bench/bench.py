@@ -619,10 +619,10 @@ def main():
         os.environ["KILN_STAGE_CHUNK_KIB"] = str(args.stage_chunk_kib)
     cores = len(os.sched_getaffinity(0))
     stage = {"threads": os.environ.get("KILN_STAGE_THREADS", str(min(cores, 8))),
-             "chunk_kib": os.environ.get("KILN_STAGE_CHUNK_KIB", "2048"),
+             "chunk_kib": os.environ.get("KILN_STAGE_CHUNK_KIB", "8192"),
              "source": "set by KILN_STAGE_THREADS / KILN_STAGE_CHUNK_KIB"
              if "KILN_STAGE_THREADS" in os.environ or "KILN_STAGE_CHUNK_KIB" in os.environ
-             else f"the defaults: min({cores} cores, 8) and 2048 KiB"}
+             else f"the defaults: min({cores} cores, 8) and 8192 KiB"}
     rows = []
     stem = os.path.join(args.out, f"bench_{args.date}_h200")
     started = time.perf_counter()

@@ -157,7 +157,7 @@ def test_prints_a_blob_header_metadata_and_plan(kiln, demo_blob):
     for line in ["  producer: kiln 0.1.0", "  device_id: 0", "  allow_tf32: false",
                  '    input 0 "x": f32 [2, 16]', '    output 0 "y": f32 [2, 8]', "  aliases: none"]:
         assert line + "\n" in out, line
-    plan = re.search(r"^plan: version 1, (\d+) tensors, (\d+) ops, 1 inputs, 1 outputs, 0 states, arena (\d+) bytes$",
+    plan = re.search(r"^plan: version 2, (\d+) tensors, (\d+) ops, 1 inputs, 1 outputs, 0 states, arena (\d+) bytes$",
                      out, re.M)
     assert plan, out
     n_tensors, n_ops = int(plan.group(1)), int(plan.group(2))
@@ -184,7 +184,7 @@ def test_inspects_a_kiln_blob_inside_a_pte(kiln, xnnpack, demo_blob, tmp_path, s
     assert int(size) == len(blob) and path.read_bytes()[int(at):int(at) + len(blob)] == blob
     assert f"      Kiln blob: {len(blob)} bytes, container version 1" in r.stdout
     assert '          input 0 "x": f32 [2, 16]\n' in r.stdout
-    assert re.search(r"^      plan: version 1, \d+ tensors", r.stdout, re.M)
+    assert re.search(r"^      plan: version 2, \d+ tensors", r.stdout, re.M)
 
 
 # ---------------------------------------------------------------- refusals
