@@ -43,9 +43,10 @@
 #define KCU_FAULT_WRITE 1
 #define KCU_FAULT_WHERE 2 /* in ints: bytes 8..23 */
 
-/* HOST: pageable, through the ring; BOUND: used in place; DEVSTAGE (an unaligned device
- * buffer) and PINNED (pinned host memory): one cudaMemcpyAsync to or from the engine's buffer. */
-typedef enum kcu_mode { KCU_HOST, KCU_BOUND, KCU_DEVSTAGE, KCU_PINNED } kcu_mode;
+/* HOST: pageable, through the ring; BOUND: used in place (device memory, and pinned host memory
+ * the device can address); DEVSTAGE (an unaligned buffer the device can address): one
+ * cudaMemcpyAsync to or from the engine's buffer. */
+typedef enum kcu_mode { KCU_HOST, KCU_BOUND, KCU_DEVSTAGE } kcu_mode;
 
 typedef struct kcu_io {
   uint32_t tensor;
@@ -764,12 +765,6 @@ static kiln_status kcu_place(kcu_state *s, const kcu_io *io, const char *kind, v
     *addr = io->dev;
     return KILN_OK;
   }
-  if (a.type == cudaMemoryTypeHost) {
-    /* Pinned: one DMA to or from the engine's buffer, rather than kernels reading the link. */
-    *mode = KCU_PINNED;
-    *addr = io->dev;
-    return KILN_OK;
-  }
   if (!kcu_reachable(s, &a, ptr))
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
                      "%.6s %.64s is memory of cuda:%d, which cuda:%d cannot reach; enabling peer "
@@ -829,7 +824,6 @@ static cudaError_t kcu_stage_in(kcu_state *s, uint32_t i, const void *data) {
     return cudaSuccess;
   }
   s->stats.staged++;
-  s->stats.pinned_copies += s->in_mode[i] == KCU_PINNED;
   if (n == 0) return cudaSuccess;
   if (s->in_mode[i] == KCU_HOST) return kcu_stage_upload(&s->staging, s->stream, s->in[i].dev, data, n);
   return cudaMemcpyAsync(s->in[i].dev, data, n, cudaMemcpyDefault, s->stream);
@@ -842,7 +836,6 @@ static cudaError_t kcu_copy_device_out(kcu_state *s, uint32_t i, void *data) {
     return cudaSuccess;
   }
   s->stats.staged++;
-  s->stats.pinned_copies += s->out_mode[i] == KCU_PINNED;
   if (s->out_mode[i] == KCU_HOST || s->out[i].nbytes == 0) return cudaSuccess;
   return cudaMemcpyAsync(data, s->out[i].dev, s->out[i].nbytes, cudaMemcpyDefault, s->stream);
 }

@@ -10,13 +10,12 @@
 
 typedef struct kiln_cuda_stats {
   uint64_t staged;        /* caller buffers copied through engine-owned buffers */
-  uint64_t bound;         /* caller device buffers used in place, without a copy */
+  uint64_t bound;         /* caller buffers the device addresses, used in place without a copy */
   uint64_t graph_replays; /* runs replayed from a captured CUDA graph */
   uint64_t graph_updates; /* graph updates for a new set of bound caller addresses */
   uint64_t direct_runs;   /* runs launched op by op (a graph update was refused) */
   uint64_t init_allocs;   /* allocations made by init */
   uint64_t stage_chunks;  /* pieces host buffers moved in through the pinned ring, in and out */
-  uint64_t pinned_copies; /* caller pinned host buffers moved by one DMA each, not the ring */
   uint64_t stage_threads; /* threads that copy a staged transfer, the caller included */
   uint64_t stage_slot_bytes; /* bytes of one ring slot: the largest chunk */
   uint64_t state_resets;  /* state buffers set back to their initial values (init does one) */
