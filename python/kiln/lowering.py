@@ -554,6 +554,12 @@ def _check_convolution(node):
     spatial = _val(args["input"]).dim() - 2
     if spatial not in (1, 2):
         return f"a {spatial}-d convolution (Kiln runs 1-d and 2-d)"
+    if args["transposed"]:
+        stride = list(args["stride"]) * (spatial if len(args["stride"]) == 1 else 1)
+        padding = list(args["output_padding"]) * (spatial if len(args["output_padding"]) == 1 else 1)
+        if any(o >= s for o, s in zip(padding, stride)):
+            return (f"a transposed convolution with output padding {padding} not below its stride "
+                    f"{stride} (cuDNN, which runs Kiln's convolutions on the GPU, needs it below)")
     return None
 
 

@@ -463,6 +463,24 @@ def test_convolution_kiln_cannot_run_is_refused_with_its_reason():
     assert any("3-d convolution" in r for r in refusals_of(partitioner, "aten_convolution"))
 
 
+class WideOutputPadding(nn.Module):
+    """Output padding 1 with stride 1, which PyTorch allows below the dilation 2."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(2, 3, 3, stride=1, dilation=2, output_padding=1)
+
+    def forward(self, x):
+        return self.up(x).relu()
+
+
+def test_transposed_convolution_cudnn_cannot_size_is_refused_with_its_reason():
+    edge, partitioner = lower(WideOutputPadding(), (torch.randn(1, 2, 4, 4),))
+    assert "aten.convolution" in cpu_ops_of_edge(edge)
+    assert any("output padding [1, 1] not below its stride [1, 1]" in r
+               for r in refusals_of(partitioner, "aten_convolution"))
+
+
 def test_convolution_attributes_the_builder_refuses_name_the_fault():
     graph = torch.fx.Graph()
     x = _placeholder(graph, "x", torch.randn(1, 2, 5, 5))
