@@ -7,46 +7,7 @@
 
 #include <errno.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-
-/* volatile: the compiler assumes malloc touches no program memory */
-static volatile int counting;
-static volatile long allocations;
-
-#ifndef SANITIZED
-extern void *__libc_malloc(size_t size);
-extern void *__libc_calloc(size_t count, size_t size);
-extern void *__libc_realloc(void *p, size_t size);
-extern void *__libc_memalign(size_t alignment, size_t size);
-
-void *malloc(size_t size) {
-  allocations += counting;
-  return __libc_malloc(size);
-}
-void *calloc(size_t count, size_t size) {
-  allocations += counting;
-  return __libc_calloc(count, size);
-}
-void *realloc(void *p, size_t size) {
-  allocations += counting;
-  return __libc_realloc(p, size);
-}
-void *aligned_alloc(size_t alignment, size_t size) {
-  allocations += counting;
-  return __libc_memalign(alignment, size);
-}
-int posix_memalign(void **out, size_t alignment, size_t size) {
-  allocations += counting;
-  *out = __libc_memalign(alignment, size);
-  return *out ? 0 : ENOMEM;
-}
-#endif
+#include "counting_malloc.h"
 
 static kiln_error err;
 static int kind_ran[KILN_OP_COUNT]; /* op kinds the counted executes ran */

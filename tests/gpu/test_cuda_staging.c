@@ -13,36 +13,7 @@
 #include <errno.h>
 #include <time.h>
 
-/* volatile: the compiler assumes malloc touches no program memory */
-static volatile int counting;
-static volatile long allocations;
-
-extern void *__libc_malloc(size_t size);
-extern void *__libc_calloc(size_t count, size_t size);
-extern void *__libc_realloc(void *p, size_t size);
-extern void *__libc_memalign(size_t alignment, size_t size);
-
-void *malloc(size_t size) {
-  allocations += counting;
-  return __libc_malloc(size);
-}
-void *calloc(size_t count, size_t size) {
-  allocations += counting;
-  return __libc_calloc(count, size);
-}
-void *realloc(void *p, size_t size) {
-  allocations += counting;
-  return __libc_realloc(p, size);
-}
-void *aligned_alloc(size_t alignment, size_t size) {
-  allocations += counting;
-  return __libc_memalign(alignment, size);
-}
-int posix_memalign(void **out, size_t alignment, size_t size) {
-  allocations += counting;
-  *out = __libc_memalign(alignment, size);
-  return *out ? 0 : ENOMEM;
-}
+#include "counting_malloc.h"
 
 static int thread_count(void) {
   DIR *dir = opendir("/proc/self/task");
