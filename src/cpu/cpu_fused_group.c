@@ -30,10 +30,9 @@ void kiln_cpu_fused(const kiln_cpu_run *r, const kiln_op *op) {
       case KILN_FX_LOAD: {
         const kiln_fx_map *m = &prog.maps[x->arg];
         int64_t at = m->offset, inside = 1;
-        for (int32_t d = 0; d < prog.rank; d++) {
-          inside &= coord[d] >= m->lo[d] && coord[d] < m->hi[d];
-          at += coord[d] * m->stride[d];
-        }
+        for (int32_t d = 0; d < prog.rank; d++) inside &= coord[d] >= m->lo[d] && coord[d] < m->hi[d];
+        /* The parser bounds the address inside the box only: outside it, it may overflow. */
+        for (int32_t d = 0; inside && d < prog.rank; d++) at += coord[d] * m->stride[d];
         if (inside) v = kiln_cpu_ldf(r->data[op->inputs[m->slot]], in[m->slot]->dtype, at);
         break;
       }
