@@ -1,7 +1,7 @@
-// Timing entry points for bench/bench.py, which loads this library with ctypes: a .pte run
-// through ExecuTorch's Module API (the way an application runs Kiln) on host or device
-// tensors, and a blob run through Kiln's C API alone, so the difference is what ExecuTorch
-// adds per call.
+// Timing entry points for bench/bench.py and bench/generate_bench.py, which load this library
+// with ctypes: a .pte run through ExecuTorch's Module API (the way an application runs Kiln) on
+// host or device tensors, a blob run through Kiln's C API alone, so the difference is what
+// ExecuTorch adds per call, and greedy generation through Module from a decoder program.
 #include "kiln/kiln.h"
 
 #include <executorch/extension/module/module.h>
@@ -166,6 +166,79 @@ struct BlobRun {
   }
 };
 
+// A decoder program for greedy generation through Module: forward(input_ids [1, n],
+// cache_position [n]) -> the next token's id [1], its KV cache kept by the delegate across calls.
+// The ids, positions and token slots live wherever the caller put them (host or device memory):
+// each call points the tensors at the next slots, so generated tokens never pass through here.
+struct GenerateRun {
+  Module module;
+  executorch::extension::TensorPtr ids, positions, token;
+
+  explicit GenerateRun(const char *path) : module(path, Module::LoadMode::Mmap) {}
+
+  int load(char *msg, int msg_len) {
+    const Error loaded = module.load_method("forward");
+    if (loaded != Error::Ok) {
+      std::snprintf(msg, msg_len, "load_method(forward) failed: error %d", static_cast<int>(loaded));
+      return 1;
+    }
+    auto meta = module.method_meta("forward");
+    if (!meta.ok() || meta->num_inputs() != 2 || meta->num_outputs() != 1) {
+      std::snprintf(msg, msg_len, "forward is not (input_ids, cache_position) -> token id: give a "
+                                  "greedy decoder program with two inputs and one output");
+      return 1;
+    }
+    auto out = meta->output_tensor_meta(0);
+    if (!out.ok() || out->is_memory_planned() || out->scalar_type() != executorch::aten::ScalarType::Long) {
+      std::snprintf(msg, msg_len, "forward's output is not a caller-bound int64 token id: export the "
+                                  "decoder with kiln.export, which leaves outputs to the caller");
+      return 1;
+    }
+    return 0;
+  }
+
+  // The delegate's state lives in its handle: unloading forward destroys it (and the engine),
+  // loading it again starts from the program's initial cache.
+  int reset(double *load_us, char *msg, int msg_len) {
+    const double t0 = now_us();
+    module.unload_method("forward");
+    const int rc = load(msg, msg_len);
+    *load_us = now_us() - t0;
+    return rc;
+  }
+
+  static void point(executorch::extension::TensorPtr &t, void *data,
+                    std::vector<executorch::aten::SizesType> shape) {
+    if (t && std::equal(shape.begin(), shape.end(), t->sizes().begin(), t->sizes().end())) {
+      t->unsafeGetTensorImpl()->set_data(data);
+      return;
+    }
+    t = executorch::extension::from_blob(data, shape, executorch::aten::ScalarType::Long);
+  }
+
+  // One call on n tokens at ids/pos, writing the next token to *next; its microseconds or < 0.
+  double call(int64_t *ids_at, int64_t *pos_at, int64_t n, int64_t *next, char *msg, int msg_len) {
+    const auto len = static_cast<executorch::aten::SizesType>(n);
+    point(ids, ids_at, {1, len});
+    point(positions, pos_at, {len});
+    point(token, next, {1});
+    const double t0 = now_us();
+    Error bound = module.set_output("forward", EValue(*token), 0);
+    if (bound != Error::Ok) {
+      std::snprintf(msg, msg_len, "set_output failed: error %d", static_cast<int>(bound));
+      return -1.0;
+    }
+    auto result = module.execute("forward", {EValue(*ids), EValue(*positions)});
+    const double t1 = now_us();
+    if (!result.ok()) {
+      std::snprintf(msg, msg_len, "forward failed at position %lld: error %d",
+                    static_cast<long long>(*pos_at), static_cast<int>(result.error()));
+      return -1.0;
+    }
+    return t1 - t0;
+  }
+};
+
 }  // namespace
 
 // Loads path's forward method (see PteRun), then times warmup + iters synchronous forward()
@@ -250,4 +323,55 @@ extern "C" __attribute__((visibility("default"))) double kb_host_copy_rate(
   }
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2];
+}
+
+// A greedy decoder program (see GenerateRun) loaded through Module; null with msg set on failure.
+extern "C" __attribute__((visibility("default"))) void *kb_gen_open(const char *path, char *msg, int msg_len) {
+  auto *run = new GenerateRun(path);
+  if (run->load(msg, msg_len) != 0) {
+    delete run;
+    return nullptr;
+  }
+  return run;
+}
+
+extern "C" __attribute__((visibility("default"))) void kb_gen_close(void *run) {
+  delete static_cast<GenerateRun *>(run);
+}
+
+// Back to the program's initial state by reloading forward; load_us receives what that took.
+extern "C" __attribute__((visibility("default"))) int kb_gen_reset(void *run, double *load_us, char *msg,
+                                                                   int msg_len) {
+  return static_cast<GenerateRun *>(run)->reset(load_us, msg, msg_len);
+}
+
+// Greedy generation from position 0: the prompt seq[0, prompt_len) in calls of at most chunk
+// tokens (1 for a program of static sequence length 1), then new_tokens - 1 decode steps, each
+// feeding seq[p] at pos[p] and writing the next token to seq[p + 1]. seq holds prompt_len +
+// new_tokens slots and pos as many positions (0, 1, ...), in host or device memory alike.
+// times_us receives each call's microseconds: ceil(prompt_len / chunk) prefill calls, then the
+// decode steps.
+extern "C" __attribute__((visibility("default"))) int kb_gen_run(void *opaque, int64_t *seq, int64_t *pos,
+                                                                 int prompt_len, int new_tokens, int chunk,
+                                                                 double *times_us, char *msg, int msg_len) {
+  auto *run = static_cast<GenerateRun *>(opaque);
+  if (prompt_len < 1 || new_tokens < 1 || chunk < 1) {
+    std::snprintf(msg, msg_len, "prompt_len %d, new_tokens %d and chunk %d must all be at least 1",
+                  prompt_len, new_tokens, chunk);
+    return 1;
+  }
+  int k = 0;
+  for (int at = 0; at < prompt_len; at += chunk) {
+    const int n = std::min(chunk, prompt_len - at);
+    // Every prefill call writes seq[prompt_len]; the last one's token is the first generated.
+    const double t = run->call(seq + at, pos + at, n, seq + prompt_len, msg, msg_len);
+    if (t < 0) return 2;
+    times_us[k++] = t;
+  }
+  for (int p = prompt_len; p < prompt_len + new_tokens - 1; p++) {
+    const double t = run->call(seq + p, pos + p, 1, seq + p + 1, msg, msg_len);
+    if (t < 0) return 2;
+    times_us[k++] = t;
+  }
+  return 0;
 }

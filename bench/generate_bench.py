@@ -1,0 +1,450 @@
+"""Greedy generation of a Llama-family decoder on one GPU: Kiln through ExecuTorch's Module beside
+transformers eager and torch.compile, in one process.
+
+The decoder is built from a transformers LlamaConfig with seeded random weights (nothing is
+downloaded): hidden 2048, MLP 8192, 16 query and 4 key/value heads, RoPE, vocabulary 32000, 4
+layers by default, a static KV cache of 1152 slots. It is exported once with kiln.export
+(transformers' TorchExportableModuleWithStaticCache, greedy argmax inside the program, the cache
+the blob's own state) and run through ExecuTorch's Module by libkiln_bench.so (ctypes: ExecuTorch's
+Python runtime is not needed on the GPU machine). For prompts of 128 and 1024 tokens it times the
+prefill (today token by token: the program's sequence length is 1; --dynamic-prefill exports a
+bounded sequence dimension and prefills in calls of --prefill-chunk tokens once the CUDA engine
+runs such plans) and the decode steps after it, on host I/O (ids, positions and tokens in host
+memory, as a runner has them) and on device I/O (the same slots in GPU memory). The state is reset
+between runs by unloading and reloading forward (the delegate's handle owns the cache).
+
+Baselines on the same GPU: transformers eager with the same static cache (prefill in one call, and
+token by token for the shorter prompts), and torch.compile(mode="reduce-overhead", fullgraph) of
+the same step (decode steps; the prompt token by token, or in one call with --compile-prefill).
+The weight-read floor is the bytes of every weight one decode step reads (the embedding table
+excluded: one row of it is read; the LM head included) over the device-to-device copy rate
+measured in the same run. Writes generate_<date>_h200.{md,json} and the per-op profile of the
+decode step (kiln profile) into OUT.
+
+usage: python3 bench/generate_bench.py OUT [--dtype float16,bfloat16] [--layers 4] [--quick]
+"""
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "python"))
+import bench  # noqa: E402  (sets KILN_LIBRARY to the CUDA build where there is one)
+import decoders  # noqa: E402  (GreedyStep: the argmax of the last logits inside the program)
+
+kiln = bench.kiln
+
+GOAL_COMPILE = 0.8  # decode step over torch.compile's
+GOAL_FLOOR = 1.3  # decode step over the weight-read floor
+
+
+def llama_config(layers, cache_len, width=2048, ffn=8192, heads=16, kv_heads=4, vocab=32000):
+    import transformers
+
+    return transformers.LlamaConfig(hidden_size=width, intermediate_size=ffn, num_attention_heads=heads,
+                                    num_key_value_heads=kv_heads, num_hidden_layers=layers, vocab_size=vocab,
+                                    max_position_embeddings=cache_len, tie_word_embeddings=False)
+
+
+def build_model(config, dtype, seed=0):
+    """The causal LM with seeded random weights (transformers' own init), on the CPU, in eval mode."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+    model.generation_config.cache_implementation = "static"
+    return model
+
+
+def greedy_step(model, cache_len, device):
+    """forward(input_ids [1, n], cache_position [n]) -> the next token id [1], with its own static cache."""
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+    wrapped = TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=cache_len,
+                                                   device=torch.device(device))
+    return decoders.GreedyStep(wrapped).eval()
+
+
+def export_program(model, cache_len, path, dynamic_max=None):
+    """The greedy step as one Kiln blob holding its cache; with dynamic_max, its sequence
+    dimension is exported as Dim(1..dynamic_max), for prefill in calls of several tokens."""
+    ids, positions, dynamic = torch.tensor([[3]]), torch.tensor([0]), None
+    if dynamic_max:
+        seq = torch.export.Dim("seq", min=1, max=dynamic_max)
+        ids, positions = torch.tensor([[3, 4]]), torch.tensor([0, 1])  # two tokens: not specialized to 1
+        dynamic = {"input_ids": {1: seq}, "cache_position": {0: seq}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.export(greedy_step(model, cache_len, "cpu"), (ids, positions), path, strict=True,
+                              require_whole=True, dynamic_shapes=dynamic)
+    return len(kiln.blobs(program))
+
+
+def weight_bytes(model):
+    """Bytes of the weights one decode step reads: every parameter once, less the embedding table
+    (a step reads one row of it) unless it is also the LM head."""
+    unique = {p.data_ptr(): p for p in model.parameters()}
+    total = sum(p.numel() * p.element_size() for p in unique.values())
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    if embed.data_ptr() != head.data_ptr():
+        total -= embed.numel() * embed.element_size()
+    return total
+
+
+def cache_bytes(config, cache_len, dtype):
+    """Bytes of the whole static KV cache (keys and values of every layer)."""
+    head = config.hidden_size // config.num_attention_heads
+    size = torch.tensor([], dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head * cache_len * size
+
+
+def prompt_of(length, vocab, seed=1):
+    return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def load_library(path=None):
+    lib = ctypes.CDLL(path or os.environ.get("KILN_BENCH_LIBRARY",
+                                             os.path.join(bench.ROOT, "build-bench", "libkiln_bench.so")))
+    lib.kb_gen_open.restype = ctypes.c_void_p
+    lib.kb_gen_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+    lib.kb_gen_close.restype = None
+    lib.kb_gen_close.argtypes = [ctypes.c_void_p]
+    lib.kb_gen_reset.restype = ctypes.c_int
+    lib.kb_gen_reset.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_int]
+    lib.kb_gen_run.restype = ctypes.c_int
+    lib.kb_gen_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                               ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_int]
+    return lib
+
+
+class KilnGenerator:
+    """A decoder .pte loaded through ExecuTorch's Module (libkiln_bench's kb_gen_*)."""
+
+    def __init__(self, lib, path):
+        self.lib, self.msg = lib, ctypes.create_string_buffer(256)
+        self.handle = lib.kb_gen_open(path.encode(), self.msg, 256)
+        if not self.handle:
+            raise RuntimeError(f"kb_gen_open {path}: {self.msg.value.decode()}")
+
+    def close(self):
+        if self.handle:
+            self.lib.kb_gen_close(self.handle)
+            self.handle = None
+
+    def reset(self):
+        """Reloads forward, which gives back the program's initial cache; returns the microseconds."""
+        load_us = ctypes.c_double()
+        if self.lib.kb_gen_reset(self.handle, ctypes.byref(load_us), self.msg, 256) != 0:
+            raise RuntimeError(f"kb_gen_reset: {self.msg.value.decode()}")
+        return load_us.value
+
+    def generate(self, prompt, new_tokens, device="cpu", chunk=1):
+        """Greedy generation from position 0 with ids, positions and tokens in device's memory:
+        (new token ids, prefill call times, decode step times), microseconds."""
+        seq = torch.zeros(len(prompt) + new_tokens, dtype=torch.long)
+        seq[:len(prompt)] = torch.tensor(prompt)
+        seq, positions = seq.to(device), torch.arange(len(prompt) + new_tokens, device=device)
+        n_prefill = -(-len(prompt) // chunk)
+        times = (ctypes.c_double * (n_prefill + new_tokens - 1))()
+        rc = self.lib.kb_gen_run(self.handle, seq.data_ptr(), positions.data_ptr(), len(prompt), new_tokens, chunk,
+                                 times, self.msg, 256)
+        if rc != 0:
+            raise RuntimeError(f"kb_gen_run: {self.msg.value.decode()}")
+        times = list(times)
+        return seq[len(prompt):].tolist(), times[:n_prefill], times[n_prefill:]
+
+
+def torch_generate(step, prompt, new_tokens, device, whole_prompt):
+    """Greedy generation through a torch step (eager or compiled): the prompt in one call or token
+    by token, then new_tokens - 1 decode steps, each synchronized; (tokens, prefill us, step us)."""
+    ids = torch.tensor([prompt], device=device)
+    positions = torch.arange(len(prompt) + new_tokens, device=device)
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    with torch.no_grad():
+        sync()
+        t0 = time.perf_counter()
+        if whole_prompt:
+            token = step(ids, positions[:len(prompt)]).clone()
+        else:
+            for i in range(len(prompt)):
+                token = step(ids[:, i:i + 1], positions[i:i + 1]).clone()
+        sync()
+        prefill = (time.perf_counter() - t0) * 1e6
+        tokens, times = [token], []
+        for p in range(len(prompt), len(prompt) + new_tokens - 1):
+            t0 = time.perf_counter()
+            # A compiled step replays a CUDA graph whose output buffer the next replay rewrites.
+            token = step(token.view(1, 1), positions[p:p + 1]).clone()
+            sync()
+            times.append((time.perf_counter() - t0) * 1e6)
+            tokens.append(token)
+    return [int(t) for t in torch.cat(tokens).tolist()], prefill, times
+
+
+def agreement(tokens, reference):
+    """How many leading tokens equal the reference's, and how many equal it in all."""
+    prefix = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+    return {"prefix": prefix, "equal": sum(a == b for a, b in zip(tokens, reference)), "of": len(reference)}
+
+
+def compile_step(step):
+    """torch.compile of the step, fullgraph where dynamo manages it; (compiled, fullgraph?)."""
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    probe = (torch.tensor([[3]], device="cuda"), torch.tensor([0], device="cuda"))
+    try:
+        with torch.no_grad():
+            compiled(*probe)
+        return compiled, True
+    except Exception as error:  # a graph break: the same step without fullgraph
+        print(f"torch.compile fullgraph failed ({type(error).__name__}: {str(error)[:200]}); without fullgraph",
+              flush=True)
+        torch._dynamo.reset()
+        return torch.compile(step, mode="reduce-overhead"), False
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def run_dtype(lib, args, dtype, rate, workdir, log):
+    name = str(dtype).replace("torch.", "")
+    config = llama_config(args.layers, args.cache, args.width, args.ffn, args.heads, args.kv_heads, args.vocab)
+    t0 = time.perf_counter()
+    model = build_model(config, dtype, args.seed)
+    result = {"dtype": name, "weight_bytes": weight_bytes(model), "cache_bytes": cache_bytes(config, args.cache, dtype),
+              "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+              "build_s": time.perf_counter() - t0, "runs": {}}
+    result["floor_us"] = result["weight_bytes"] / rate * 1e6
+    path = os.path.join(workdir, f"llama_{args.layers}l_{name}.pte")
+    t0 = time.perf_counter()
+    result["blobs"] = export_program(model, args.cache, path, args.cache if args.dynamic_prefill else None)
+    result["export_s"] = time.perf_counter() - t0
+    result["pte_bytes"] = os.path.getsize(path)
+    gc.collect()
+    log(f"{name}: built in {result['build_s']:.0f} s, exported in {result['export_s']:.0f} s "
+        f"({result['blobs']} blob, {result['pte_bytes'] / 2**20:.0f} MiB); weights read per step "
+        f"{result['weight_bytes'] / 2**20:.0f} MiB, floor {result['floor_us']:.1f} us")
+    chunk = args.prefill_chunk if args.dynamic_prefill else 1
+    warm = prompt_of(16, args.vocab, seed=99)
+
+    # Kiln through ExecuTorch's Module: a warm-up generation, then each measured run from a reset.
+    kiln_gen = KilnGenerator(lib, path)
+    try:
+        kiln_gen.generate(warm, 8, "cpu", chunk)
+        resets = []
+        for length in args.prompts:
+            prompt = prompt_of(length, args.vocab)
+            run = result["runs"].setdefault(str(length), {})
+            for io in ("host", "device"):
+                resets.append(kiln_gen.reset())
+                tokens, prefill, steps = kiln_gen.generate(prompt, args.steps, "cpu" if io == "host" else "cuda", chunk)
+                run[f"kiln_{io}"] = {"tokens": tokens, "prefill_us": sum(prefill), "prefill_calls": prefill,
+                                     "steps_us": steps}
+            log(f"{name} prompt {length}: Kiln prefill {run['kiln_host']['prefill_us'] / 1e3:.1f} ms "
+                f"(device I/O {run['kiln_device']['prefill_us'] / 1e3:.1f}), decode "
+                f"{median(run['kiln_host']['steps_us']):.1f} us (device I/O {median(run['kiln_device']['steps_us']):.1f})")
+        result["reset_us"] = resets
+        # The same tokens from the same prompt twice: the reset left no state behind.
+        kiln_gen.reset()
+        again = kiln_gen.generate(prompt_of(args.prompts[0], args.vocab), args.steps, "cpu", chunk)[0]
+        result["reset_repeats_tokens"] = again == result["runs"][str(args.prompts[0])]["kiln_host"]["tokens"]
+    finally:
+        kiln_gen.close()
+    gc.collect()
+
+    # transformers eager with its static cache, and torch.compile of the same step, on the GPU.
+    cuda_model = model.cuda()
+    eager = greedy_step(cuda_model, args.cache, "cuda")
+    torch_generate(eager, warm, 8, "cuda", whole_prompt=True)
+    for length in args.prompts:
+        prompt = prompt_of(length, args.vocab)
+        run = result["runs"][str(length)]
+        tokens, prefill, steps = torch_generate(eager, prompt, args.steps, "cuda", whole_prompt=True)
+        run["eager"] = {"tokens": tokens, "prefill_us": prefill, "steps_us": steps}
+        if length <= args.eager_token_prefill_max:
+            tokens, prefill, _ = torch_generate(eager, prompt, 2, "cuda", whole_prompt=False)
+            run["eager_token_prefill"] = {"tokens": tokens, "prefill_us": prefill}
+        log(f"{name} prompt {length}: eager prefill {run['eager']['prefill_us'] / 1e3:.1f} ms, decode "
+            f"{median(run['eager']['steps_us']):.1f} us")
+    t0 = time.perf_counter()
+    compiled, result["compile_fullgraph"] = compile_step(greedy_step(cuda_model, args.cache, "cuda"))
+    torch_generate(compiled, warm, 8, "cuda", whole_prompt=False)
+    result["compile_s"] = time.perf_counter() - t0
+    for length in args.prompts:
+        prompt = prompt_of(length, args.vocab)
+        run = result["runs"][str(length)]
+        tokens, prefill, steps = torch_generate(compiled, prompt, args.steps, "cuda", whole_prompt=False)
+        run["compile"] = {"tokens": tokens, "prefill_us": prefill, "steps_us": steps}
+        if args.compile_prefill:
+            torch_generate(compiled, prompt, 2, "cuda", whole_prompt=True)  # compiles this prompt's shape
+            run["compile_whole_prefill"] = {"prefill_us": torch_generate(compiled, prompt, 2, "cuda", True)[1]}
+        for key in ("kiln_host", "kiln_device", "compile"):
+            run[key]["vs_eager"] = agreement(run[key]["tokens"], run["eager"]["tokens"])
+        run["kiln_host"]["vs_compile"] = agreement(run["kiln_host"]["tokens"], run["compile"]["tokens"])
+        run["distinct_tokens"] = len(set(run["eager"]["tokens"]))
+        log(f"{name} prompt {length}: compile decode {median(run['compile']['steps_us']):.1f} us; Kiln tokens equal "
+            f"eager's for the first {run['kiln_host']['vs_eager']['prefix']} of {args.steps} "
+            f"({run['distinct_tokens']} distinct)")
+    del eager, compiled, cuda_model, model
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+    if args.profile_reps:
+        result["profile"] = profile(path, args.profile_reps)
+    if not args.keep:
+        os.unlink(path)
+    return result
+
+
+def profile(path, reps):
+    """kiln profile of the program: each op of the decode step timed alone on the GPU."""
+    cli = os.environ.get("KILN_CLI") or next((c for c in (os.path.join(bench.ROOT, d, "kiln") for d in ("build", "build-gpu"))
+                                              if os.path.isfile(c)), "kiln")
+    done = subprocess.run([cli, "profile", path, "--reps", str(reps)], capture_output=True, text=True)
+    return done.stdout + (f"\n{cli} profile exited {done.returncode}: {done.stderr[-2000:]}" if done.returncode else "")
+
+
+def decode_cells(run, floor):
+    """Decode medians and the goal ratios of one prompt length."""
+    kiln_host, kiln_dev = median(run["kiln_host"]["steps_us"]), median(run["kiln_device"]["steps_us"])
+    comp = median(run["compile"]["steps_us"])
+    mark = lambda ratio, goal: f"{ratio:.2f} ({'met' if ratio <= goal else 'missed'})"
+    return {"kiln_host": kiln_host, "kiln_device": kiln_dev, "eager": median(run["eager"]["steps_us"]), "compile": comp,
+            "floor": mark(kiln_host / floor, GOAL_FLOOR) + f", dev {kiln_dev / floor:.2f}",
+            "vs_compile": mark(kiln_host / comp, GOAL_COMPILE) + f", dev {kiln_dev / comp:.2f}"}
+
+
+def table(report):
+    """The markdown report: a header explaining the columns, then one row per dtype and prompt."""
+    args = report["settings"]
+    lines = [
+        f"# Greedy generation, {report['date']}, {report['device']}",
+        "",
+        f"Llama-family decoder with random weights: hidden {args['width']}, MLP {args['ffn']}, {args['heads']} query and "
+        f"{args['kv_heads']} key/value heads, {args['layers']} layers, vocabulary {args['vocab']}, static KV cache of "
+        f"{args['cache']} slots, batch 1; {args['steps']} decode steps after each prompt. Device-to-device copy rate "
+        f"measured in the same run: {report['copy_rate'] / 1e12:.2f} TB/s (read + write).",
+        "",
+        "Prefill (ms): the prompt's latency until the first new token. Kiln: through ExecuTorch's Module, "
+        + ("in calls of %d tokens (a program with a dynamic sequence dimension)" % args["prefill_chunk"]
+           if args["dynamic_prefill"] else "token by token (the exported program's sequence length is 1)")
+        + "; host: ids, positions and the token in host memory (a runner's loop), dev: the same in GPU memory."
+        " eager: transformers with its static cache, the prompt in one call; eager/token: the same token by token."
+        " compile: torch.compile(mode=\"reduce-overhead\") of the same step, token by token"
+        + (" (compile/whole: in one call)" if args["compile_prefill"] else "") + "."
+        " Decode (us): the median of the synchronized steps after the prompt."
+        " floor: the bytes of the weights one step reads (the embedding table excluded, the LM head included) over"
+        f" the copy rate; Kiln/floor (goal <= {GOAL_FLOOR}) and Kiln/compile (goal <= {GOAL_COMPILE}) for host I/O,"
+        " met or missed, then for device I/O. tokens: how many of Kiln's (host I/O) new tokens equal eager's from the"
+        " first on, then in all, and the same against compile; distinct: distinct tokens eager generated.",
+        "",
+        "| dtype | prompt | Kiln prefill host | Kiln prefill dev | eager prefill | eager/token | compile prefill"
+        + (" | compile/whole" if args["compile_prefill"] else "")
+        + " | Kiln decode host | Kiln decode dev | eager decode | compile decode | floor | Kiln/floor | Kiln/compile"
+        " | tokens = eager | tokens = compile | distinct |",
+        "| --- | --- | --- | --- | --- | --- | ---" + (" | ---" if args["compile_prefill"] else "")
+        + " | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for result in report["results"]:
+        for length, run in result["runs"].items():
+            d = decode_cells(run, result["floor_us"])
+            ms = lambda key: f"{run[key]['prefill_us'] / 1e3:.1f}" if key in run else "-"
+            eq = lambda a: f"{a['prefix']} / {a['equal']} of {a['of']}"
+            lines.append(
+                f"| {result['dtype']} | {length} | {ms('kiln_host')} | {ms('kiln_device')} | {ms('eager')} "
+                f"| {ms('eager_token_prefill')} | {ms('compile')}"
+                + (f" | {ms('compile_whole_prefill')}" if args["compile_prefill"] else "")
+                + f" | {d['kiln_host']:.1f} | {d['kiln_device']:.1f} | {d['eager']:.1f} | {d['compile']:.1f} "
+                f"| {result['floor_us']:.1f} | {d['floor']} | {d['vs_compile']} | {eq(run['kiln_host']['vs_eager'])} "
+                f"| {eq(run['kiln_host']['vs_compile'])} | {run['distinct_tokens']} |")
+    lines.append("")
+    for result in report["results"]:
+        resets = result.get("reset_us", [])
+        lines.append(
+            f"{result['dtype']}: export {result['export_s']:.0f} s ({result['blobs']} blob, {result['pte_bytes'] / 2**20:.0f} MiB),"
+            f" torch.compile {result['compile_s']:.0f} s (fullgraph: {'yes' if result['compile_fullgraph'] else 'no'});"
+            f" weights read per step {result['weight_bytes'] / 2**20:.0f} MiB, whole KV cache"
+            f" {result['cache_bytes'] / 2**20:.1f} MiB; state reset by reloading forward, {median(resets) / 1e3:.0f} ms"
+            f" (median of {len(resets)}); the same prompt after a reset gives the same tokens:"
+            f" {'yes' if result['reset_repeats_tokens'] else 'NO'}.")
+    return "\n".join(lines) + "\n"
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("--dtype", default="float16,bfloat16", help="comma-separated: float16, bfloat16, float32")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--ffn", type=int, default=8192)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--cache", type=int, default=1152, help="static cache slots (the longest prompt + --steps)")
+    parser.add_argument("--prompts", default="128,1024", help="comma-separated prompt lengths")
+    parser.add_argument("--steps", type=int, default=64, help="new tokens per run (the decode steps and the first)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eager-token-prefill-max", type=int, default=128,
+                        help="also time eager's prefill token by token for prompts up to this length")
+    parser.add_argument("--compile-prefill", action="store_true",
+                        help="also time torch.compile's prefill in one call (a compilation per prompt length)")
+    parser.add_argument("--dynamic-prefill", action="store_true",
+                        help="export the sequence dimension as Dim(1..cache) and prefill in calls of --prefill-chunk")
+    parser.add_argument("--prefill-chunk", type=int, default=1024)
+    parser.add_argument("--profile-reps", type=int, default=20, help="kiln profile repetitions per op (0: no profile)")
+    parser.add_argument("--quick", action="store_true", help="fp16 only, prompt 128, 16 steps, profile of 5 reps")
+    parser.add_argument("--keep", action="store_true", help="keep the exported .pte in the work folder")
+    parser.add_argument("--workdir", default=os.environ.get("TMPDIR", "/tmp"))
+    parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.dtype, args.prompts, args.steps, args.profile_reps = "float16", "128", 16, 5
+    args.dtypes = [getattr(torch, d) for d in args.dtype.split(",")]
+    args.prompts = [int(p) for p in args.prompts.split(",")]
+    if max(args.prompts) + args.steps > args.cache:
+        parser.error(f"a prompt of {max(args.prompts)} and {args.steps} steps need more than the {args.cache} cache slots")
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    os.makedirs(args.out, exist_ok=True)
+    lib = load_library()
+    started = time.perf_counter()
+    log = lambda text: print(f"[{time.perf_counter() - started:5.0f} s] {text}", flush=True)
+    device = torch.cuda.get_device_name(0)
+    rate = bench.copy_rate()
+    log(f"copy rate {rate / 1e12:.2f} TB/s on {device}")
+    settings = {k: v for k, v in vars(args).items() if k not in ("dtypes", "out", "workdir")}
+    report = {"device": device, "date": args.date, "copy_rate": rate, "settings": settings, "results": []}
+    stem = os.path.join(args.out, f"generate_{args.date}_h200")
+    for dtype in args.dtypes:
+        result = run_dtype(lib, args, dtype, rate, args.workdir, log)
+        if "profile" in result:
+            with open(f"{stem}_profile_{result['dtype']}.txt", "w") as f:
+                f.write(f"kiln profile of the decode step ({args.layers} layers, {result['dtype']}, seq 1)\n")
+                f.write(result["profile"])
+        report["results"].append(result)
+        # Written after every dtype, so a run cut short still leaves its table.
+        with open(stem + ".json", "w") as f:
+            json.dump(report, f)
+        with open(stem + ".md", "w") as f:
+            f.write(table(report))
+    print(table(report))
+    log("done")
+
+
+if __name__ == "__main__":
+    main()
