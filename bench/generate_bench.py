@@ -124,7 +124,8 @@ def load_library(path=None):
     lib.kb_gen_reset.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_int]
     lib.kb_gen_run.restype = ctypes.c_int
     lib.kb_gen_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                               ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_int]
+                               ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.c_char_p,
+                               ctypes.c_int]
     return lib
 
 
@@ -149,43 +150,55 @@ class KilnGenerator:
             raise RuntimeError(f"kb_gen_reset: {self.msg.value.decode()}")
         return load_us.value
 
-    def generate(self, prompt, new_tokens, device="cpu", chunk=1):
-        """Greedy generation from position 0 with ids, positions and tokens in device's memory:
-        (new token ids, prefill call times, decode step times), microseconds."""
-        seq = torch.zeros(len(prompt) + new_tokens, dtype=torch.long)
-        seq[:len(prompt)] = torch.tensor(prompt)
-        seq, positions = seq.to(device), torch.arange(len(prompt) + new_tokens, device=device)
+    def generate(self, prompt, new_tokens, device="cpu", chunk=1, spaced=None, start=0):
+        """Greedy generation from position start (0: a new text) with ids, positions and tokens in device's memory:
+        (new token ids, prefill call times, decode step times), microseconds. spaced (the default
+        on a GPU) puts every slot at 8 bytes past a 16-byte boundary, never at the 256 the engine
+        binds in place: it copies each call's slots into its own buffers and replays one graph,
+        where slots it could bind, at a new address every call, would be re-captured each time."""
+        slots = len(prompt) + new_tokens
+        spaced = device != "cpu" if spaced is None else spaced
+        stride, first = (2, 1) if spaced and chunk == 1 else (1, 0)
+        seq = torch.zeros(slots * stride + first, dtype=torch.long)
+        seq[first::stride][:len(prompt)] = torch.tensor(prompt)
+        positions = torch.zeros_like(seq)
+        positions[first::stride] = torch.arange(start, start + slots)
+        seq, positions = seq.to(device), positions.to(device)
         n_prefill = -(-len(prompt) // chunk)
         times = (ctypes.c_double * (n_prefill + new_tokens - 1))()
-        rc = self.lib.kb_gen_run(self.handle, seq.data_ptr(), positions.data_ptr(), len(prompt), new_tokens, chunk,
-                                 times, self.msg, 256)
+        rc = self.lib.kb_gen_run(self.handle, seq.data_ptr() + 8 * first, positions.data_ptr() + 8 * first,
+                                 len(prompt), new_tokens, chunk, stride, times, self.msg, 256)
         if rc != 0:
             raise RuntimeError(f"kb_gen_run: {self.msg.value.decode()}")
         times = list(times)
-        return seq[len(prompt):].tolist(), times[:n_prefill], times[n_prefill:]
+        return seq[first::stride][len(prompt):].tolist(), times[:n_prefill], times[n_prefill:]
 
 
 def torch_generate(step, prompt, new_tokens, device, whole_prompt):
     """Greedy generation through a torch step (eager or compiled): the prompt in one call or token
     by token, then new_tokens - 1 decode steps, each synchronized; (tokens, prefill us, step us)."""
+    # Each call's inputs made beforehand, each its own tensor: views at moving offsets would make
+    # dynamo recompile, and making them in the loop would time their copies.
     ids = torch.tensor([prompt], device=device)
-    positions = torch.arange(len(prompt) + new_tokens, device=device)
+    ids_each = [ids[:, i:i + 1].clone() for i in range(len(prompt))]
+    positions = [torch.tensor([p], device=device) for p in range(len(prompt) + new_tokens)]
+    prompt_positions = torch.arange(len(prompt), device=device)
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     with torch.no_grad():
         sync()
         t0 = time.perf_counter()
         if whole_prompt:
-            token = step(ids, positions[:len(prompt)]).clone()
+            token = step(ids, prompt_positions).clone()
         else:
             for i in range(len(prompt)):
-                token = step(ids[:, i:i + 1], positions[i:i + 1]).clone()
+                token = step(ids_each[i], positions[i]).clone()
         sync()
         prefill = (time.perf_counter() - t0) * 1e6
         tokens, times = [token], []
         for p in range(len(prompt), len(prompt) + new_tokens - 1):
             t0 = time.perf_counter()
             # A compiled step replays a CUDA graph whose output buffer the next replay rewrites.
-            token = step(token.view(1, 1), positions[p:p + 1]).clone()
+            token = step(token.view(1, 1), positions[p]).clone()
             sync()
             times.append((time.perf_counter() - t0) * 1e6)
             tokens.append(token)

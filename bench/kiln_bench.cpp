@@ -188,6 +188,14 @@ struct GenerateRun {
                                   "greedy decoder program with two inputs and one output");
       return 1;
     }
+    for (size_t i = 0; i < 2; i++) {
+      auto in = meta->input_tensor_meta(i);
+      if (!in.ok() || in->is_memory_planned() || in->scalar_type() != executorch::aten::ScalarType::Long) {
+        std::snprintf(msg, msg_len, "forward's input %zu is not a caller-bound int64 tensor: export the "
+                                    "decoder with kiln.export, which leaves inputs to the caller", i);
+        return 1;
+      }
+    }
     auto out = meta->output_tensor_meta(0);
     if (!out.ok() || out->is_memory_planned() || out->scalar_type() != executorch::aten::ScalarType::Long) {
       std::snprintf(msg, msg_len, "forward's output is not a caller-bound int64 token id: export the "
@@ -345,31 +353,32 @@ extern "C" __attribute__((visibility("default"))) int kb_gen_reset(void *run, do
   return static_cast<GenerateRun *>(run)->reset(load_us, msg, msg_len);
 }
 
-// Greedy generation from position 0: the prompt seq[0, prompt_len) in calls of at most chunk
-// tokens (1 for a program of static sequence length 1), then new_tokens - 1 decode steps, each
-// feeding seq[p] at pos[p] and writing the next token to seq[p + 1]. seq holds prompt_len +
-// new_tokens slots and pos as many positions (0, 1, ...), in host or device memory alike.
-// times_us receives each call's microseconds: ceil(prompt_len / chunk) prefill calls, then the
-// decode steps.
+// Greedy generation from position 0: the prompt (slots 0 to prompt_len - 1) in calls of at most
+// chunk tokens (1 for a program of static sequence length 1), then new_tokens - 1 decode steps,
+// each feeding slot p at position slot p and writing the next token to slot p + 1. Slot p is
+// seq[p * stride] and pos[p * stride]: prompt_len + new_tokens slots each, in host or device
+// memory alike (a chunk of several tokens needs stride 1). times_us receives each call's
+// microseconds: ceil(prompt_len / chunk) prefill calls, then the decode steps.
 extern "C" __attribute__((visibility("default"))) int kb_gen_run(void *opaque, int64_t *seq, int64_t *pos,
                                                                  int prompt_len, int new_tokens, int chunk,
-                                                                 double *times_us, char *msg, int msg_len) {
+                                                                 int stride, double *times_us, char *msg,
+                                                                 int msg_len) {
   auto *run = static_cast<GenerateRun *>(opaque);
-  if (prompt_len < 1 || new_tokens < 1 || chunk < 1) {
-    std::snprintf(msg, msg_len, "prompt_len %d, new_tokens %d and chunk %d must all be at least 1",
-                  prompt_len, new_tokens, chunk);
+  if (prompt_len < 1 || new_tokens < 1 || chunk < 1 || stride < 1 || (chunk > 1 && stride != 1)) {
+    std::snprintf(msg, msg_len, "prompt_len %d, new_tokens %d, chunk %d and stride %d must all be at "
+                  "least 1, and stride 1 when chunk is above 1", prompt_len, new_tokens, chunk, stride);
     return 1;
   }
   int k = 0;
   for (int at = 0; at < prompt_len; at += chunk) {
     const int n = std::min(chunk, prompt_len - at);
     // Every prefill call writes seq[prompt_len]; the last one's token is the first generated.
-    const double t = run->call(seq + at, pos + at, n, seq + prompt_len, msg, msg_len);
+    const double t = run->call(seq + at * stride, pos + at * stride, n, seq + prompt_len * stride, msg, msg_len);
     if (t < 0) return 2;
     times_us[k++] = t;
   }
   for (int p = prompt_len; p < prompt_len + new_tokens - 1; p++) {
-    const double t = run->call(seq + p, pos + p, 1, seq + p + 1, msg, msg_len);
+    const double t = run->call(seq + p * stride, pos + p * stride, 1, seq + (p + 1) * stride, msg, msg_len);
     if (t < 0) return 2;
     times_us[k++] = t;
   }
