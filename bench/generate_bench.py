@@ -45,6 +45,7 @@ import decoders  # noqa: E402  (GreedyStep: the argmax of the last logits inside
 
 kiln = bench.kiln
 
+GPU = "cuda"  # where the baselines and device I/O run
 GOAL_COMPILE = 0.8  # decode step over torch.compile's
 GOAL_FLOOR = 1.3  # decode step over the weight-read floor
 
@@ -118,6 +119,8 @@ def load_library(path=None):
                                              os.path.join(bench.ROOT, "build-bench", "libkiln_bench.so")))
     lib.kb_gen_open.restype = ctypes.c_void_p
     lib.kb_gen_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+    lib.kb_gen_caller_inputs.restype = ctypes.c_int
+    lib.kb_gen_caller_inputs.argtypes = [ctypes.c_void_p]
     lib.kb_gen_close.restype = None
     lib.kb_gen_close.argtypes = [ctypes.c_void_p]
     lib.kb_gen_reset.restype = ctypes.c_int
@@ -137,6 +140,7 @@ class KilnGenerator:
         self.handle = lib.kb_gen_open(path.encode(), self.msg, 256)
         if not self.handle:
             raise RuntimeError(f"kb_gen_open {path}: {self.msg.value.decode()}")
+        self.device_inputs = bool(lib.kb_gen_caller_inputs(self.handle))
 
     def close(self):
         if self.handle:
@@ -156,6 +160,9 @@ class KilnGenerator:
         on a GPU) puts every slot at 8 bytes past a 16-byte boundary, never at the 256 the engine
         binds in place: it copies each call's slots into its own buffers and replays one graph,
         where slots it could bind, at a new address every call, would be re-captured each time."""
+        if device != "cpu" and not self.device_inputs:
+            raise RuntimeError("the program's inputs are in ExecuTorch's memory plan, which copies them on the "
+                               "host: generate from host memory")
         slots = len(prompt) + new_tokens
         spaced = device != "cpu" if spaced is None else spaced
         stride, first = (2, 1) if spaced and chunk == 1 else (1, 0)
@@ -183,7 +190,7 @@ def torch_generate(step, prompt, new_tokens, device, whole_prompt):
     ids_each = [ids[:, i:i + 1].clone() for i in range(len(prompt))]
     positions = [torch.tensor([p], device=device) for p in range(len(prompt) + new_tokens)]
     prompt_positions = torch.arange(len(prompt), device=device)
-    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     with torch.no_grad():
         sync()
         t0 = time.perf_counter()
@@ -214,7 +221,7 @@ def agreement(tokens, reference):
 def compile_step(step):
     """torch.compile of the step, fullgraph where dynamo manages it; (compiled, fullgraph?)."""
     compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
-    probe = (torch.tensor([[3]], device="cuda"), torch.tensor([0], device="cuda"))
+    probe = (torch.tensor([[3]], device=GPU), torch.tensor([0], device=GPU))
     try:
         with torch.no_grad():
             compiled(*probe)
@@ -259,11 +266,14 @@ def run_dtype(lib, args, dtype, rate, workdir, log):
         for length in args.prompts:
             prompt = prompt_of(length, args.vocab)
             run = result["runs"].setdefault(str(length), {})
-            for io in ("host", "device"):
+            for io in ("host", "device") if kiln_gen.device_inputs else ("host",):
                 resets.append(kiln_gen.reset())
-                tokens, prefill, steps = kiln_gen.generate(prompt, args.steps, "cpu" if io == "host" else "cuda", chunk)
+                tokens, prefill, steps = kiln_gen.generate(prompt, args.steps, "cpu" if io == "host" else GPU, chunk)
                 run[f"kiln_{io}"] = {"tokens": tokens, "prefill_us": sum(prefill), "prefill_calls": prefill,
                                      "steps_us": steps}
+            if "kiln_device" not in run:
+                run["kiln_device"] = {"tokens": [], "prefill_us": float("nan"), "steps_us": [],
+                                      "not_run": "the program's inputs are planned by ExecuTorch: host memory only"}
             log(f"{name} prompt {length}: Kiln prefill {run['kiln_host']['prefill_us'] / 1e3:.1f} ms "
                 f"(device I/O {run['kiln_device']['prefill_us'] / 1e3:.1f}), decode "
                 f"{median(run['kiln_host']['steps_us']):.1f} us (device I/O {median(run['kiln_device']['steps_us']):.1f})")
@@ -277,31 +287,34 @@ def run_dtype(lib, args, dtype, rate, workdir, log):
     gc.collect()
 
     # transformers eager with its static cache, and torch.compile of the same step, on the GPU.
-    cuda_model = model.cuda()
-    eager = greedy_step(cuda_model, args.cache, "cuda")
-    torch_generate(eager, warm, 8, "cuda", whole_prompt=True)
+    cuda_model = model.to(GPU)
+    eager = greedy_step(cuda_model, args.cache, GPU)
+    torch_generate(eager, warm, 8, GPU, whole_prompt=True)
     for length in args.prompts:
         prompt = prompt_of(length, args.vocab)
         run = result["runs"][str(length)]
-        tokens, prefill, steps = torch_generate(eager, prompt, args.steps, "cuda", whole_prompt=True)
+        torch_generate(eager, prompt, 2, GPU, whole_prompt=True)  # this prompt's shape seen once
+        tokens, prefill, steps = torch_generate(eager, prompt, args.steps, GPU, whole_prompt=True)
         run["eager"] = {"tokens": tokens, "prefill_us": prefill, "steps_us": steps}
         if length <= args.eager_token_prefill_max:
-            tokens, prefill, _ = torch_generate(eager, prompt, 2, "cuda", whole_prompt=False)
+            tokens, prefill, _ = torch_generate(eager, prompt, 2, GPU, whole_prompt=False)
             run["eager_token_prefill"] = {"tokens": tokens, "prefill_us": prefill}
         log(f"{name} prompt {length}: eager prefill {run['eager']['prefill_us'] / 1e3:.1f} ms, decode "
             f"{median(run['eager']['steps_us']):.1f} us")
     t0 = time.perf_counter()
-    compiled, result["compile_fullgraph"] = compile_step(greedy_step(cuda_model, args.cache, "cuda"))
-    torch_generate(compiled, warm, 8, "cuda", whole_prompt=False)
+    compiled, result["compile_fullgraph"] = compile_step(greedy_step(cuda_model, args.cache, GPU))
+    torch_generate(compiled, warm, 8, GPU, whole_prompt=False)
     result["compile_s"] = time.perf_counter() - t0
+    # Steps that Inductor ran without CUDA graphs (a mutated input it could not replay, say).
+    result["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0)
     for length in args.prompts:
         prompt = prompt_of(length, args.vocab)
         run = result["runs"][str(length)]
-        tokens, prefill, steps = torch_generate(compiled, prompt, args.steps, "cuda", whole_prompt=False)
+        tokens, prefill, steps = torch_generate(compiled, prompt, args.steps, GPU, whole_prompt=False)
         run["compile"] = {"tokens": tokens, "prefill_us": prefill, "steps_us": steps}
         if args.compile_prefill:
-            torch_generate(compiled, prompt, 2, "cuda", whole_prompt=True)  # compiles this prompt's shape
-            run["compile_whole_prefill"] = {"prefill_us": torch_generate(compiled, prompt, 2, "cuda", True)[1]}
+            torch_generate(compiled, prompt, 2, GPU, whole_prompt=True)  # compiles this prompt's shape
+            run["compile_whole_prefill"] = {"prefill_us": torch_generate(compiled, prompt, 2, GPU, True)[1]}
         for key in ("kiln_host", "kiln_device", "compile"):
             run[key]["vs_eager"] = agreement(run[key]["tokens"], run["eager"]["tokens"])
         run["kiln_host"]["vs_compile"] = agreement(run["kiln_host"]["tokens"], run["compile"]["tokens"])
@@ -325,8 +338,16 @@ def profile(path, reps):
     """kiln profile of the program: each op of the decode step timed alone on the GPU."""
     cli = os.environ.get("KILN_CLI") or next((c for c in (os.path.join(bench.ROOT, d, "kiln") for d in ("build", "build-gpu"))
                                               if os.path.isfile(c)), "kiln")
-    done = subprocess.run([cli, "profile", path, "--reps", str(reps)], capture_output=True, text=True)
+    try:
+        done = subprocess.run([cli, "profile", path, "--reps", str(reps)], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as error:  # the measurements stand without it
+        return f"{cli} profile did not run: {error}\n"
     return done.stdout + (f"\n{cli} profile exited {done.returncode}: {done.stderr[-2000:]}" if done.returncode else "")
+
+
+def num(value, digits=1):
+    """value with digits decimals, or "-" where it was not measured."""
+    return "-" if value != value else f"{value:.{digits}f}"
 
 
 def decode_cells(run, floor):
@@ -334,9 +355,9 @@ def decode_cells(run, floor):
     kiln_host, kiln_dev = median(run["kiln_host"]["steps_us"]), median(run["kiln_device"]["steps_us"])
     comp = median(run["compile"]["steps_us"])
     mark = lambda ratio, goal: f"{ratio:.2f} ({'met' if ratio <= goal else 'missed'})"
-    return {"kiln_host": kiln_host, "kiln_device": kiln_dev, "eager": median(run["eager"]["steps_us"]), "compile": comp,
-            "floor": mark(kiln_host / floor, GOAL_FLOOR) + f", dev {kiln_dev / floor:.2f}",
-            "vs_compile": mark(kiln_host / comp, GOAL_COMPILE) + f", dev {kiln_dev / comp:.2f}"}
+    return {"kiln_host": num(kiln_host), "kiln_device": num(kiln_dev), "eager": num(median(run["eager"]["steps_us"])),
+            "compile": num(comp), "floor": mark(kiln_host / floor, GOAL_FLOOR) + f", dev {num(kiln_dev / floor, 2)}",
+            "vs_compile": mark(kiln_host / comp, GOAL_COMPILE) + f", dev {num(kiln_dev / comp, 2)}"}
 
 
 def table(report):
@@ -373,13 +394,13 @@ def table(report):
     for result in report["results"]:
         for length, run in result["runs"].items():
             d = decode_cells(run, result["floor_us"])
-            ms = lambda key: f"{run[key]['prefill_us'] / 1e3:.1f}" if key in run else "-"
+            ms = lambda key: num(run[key]["prefill_us"] / 1e3) if key in run else "-"
             eq = lambda a: f"{a['prefix']} / {a['equal']} of {a['of']}"
             lines.append(
                 f"| {result['dtype']} | {length} | {ms('kiln_host')} | {ms('kiln_device')} | {ms('eager')} "
                 f"| {ms('eager_token_prefill')} | {ms('compile')}"
                 + (f" | {ms('compile_whole_prefill')}" if args["compile_prefill"] else "")
-                + f" | {d['kiln_host']:.1f} | {d['kiln_device']:.1f} | {d['eager']:.1f} | {d['compile']:.1f} "
+                + f" | {d['kiln_host']} | {d['kiln_device']} | {d['eager']} | {d['compile']} "
                 f"| {result['floor_us']:.1f} | {d['floor']} | {d['vs_compile']} | {eq(run['kiln_host']['vs_eager'])} "
                 f"| {eq(run['kiln_host']['vs_compile'])} | {run['distinct_tokens']} |")
     lines.append("")
@@ -387,7 +408,8 @@ def table(report):
         resets = result.get("reset_us", [])
         lines.append(
             f"{result['dtype']}: export {result['export_s']:.0f} s ({result['blobs']} blob, {result['pte_bytes'] / 2**20:.0f} MiB),"
-            f" torch.compile {result['compile_s']:.0f} s (fullgraph: {'yes' if result['compile_fullgraph'] else 'no'});"
+            f" torch.compile {result['compile_s']:.0f} s (fullgraph: {'yes' if result['compile_fullgraph'] else 'no'},"
+            f" CUDA graphs skipped: {result.get('cudagraph_skips', 0)});"
             f" weights read per step {result['weight_bytes'] / 2**20:.0f} MiB, whole KV cache"
             f" {result['cache_bytes'] / 2**20:.1f} MiB; state reset by reloading forward, {median(resets) / 1e3:.0f} ms"
             f" (median of {len(resets)}); the same prompt after a reset gives the same tokens:"

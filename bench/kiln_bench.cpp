@@ -173,6 +173,9 @@ struct BlobRun {
 struct GenerateRun {
   Module module;
   executorch::extension::TensorPtr ids, positions, token;
+  // Whether the inputs reach the delegate as the caller's buffers; planned ones are copied into
+  // ExecuTorch's plan on the host, so they must then be host memory.
+  bool caller_inputs = false;
 
   explicit GenerateRun(const char *path) : module(path, Module::LoadMode::Mmap) {}
 
@@ -188,13 +191,15 @@ struct GenerateRun {
                                   "greedy decoder program with two inputs and one output");
       return 1;
     }
+    caller_inputs = true;
     for (size_t i = 0; i < 2; i++) {
       auto in = meta->input_tensor_meta(i);
-      if (!in.ok() || in->is_memory_planned() || in->scalar_type() != executorch::aten::ScalarType::Long) {
-        std::snprintf(msg, msg_len, "forward's input %zu is not a caller-bound int64 tensor: export the "
-                                    "decoder with kiln.export, which leaves inputs to the caller", i);
+      if (!in.ok() || in->scalar_type() != executorch::aten::ScalarType::Long) {
+        std::snprintf(msg, msg_len, "forward's input %zu is not an int64 tensor: give a greedy decoder "
+                                    "program taking input_ids and cache_position", i);
         return 1;
       }
+      caller_inputs = caller_inputs && !in->is_memory_planned();
     }
     auto out = meta->output_tensor_meta(0);
     if (!out.ok() || out->is_memory_planned() || out->scalar_type() != executorch::aten::ScalarType::Long) {
@@ -341,6 +346,12 @@ extern "C" __attribute__((visibility("default"))) void *kb_gen_open(const char *
     return nullptr;
   }
   return run;
+}
+
+// 1 when forward's inputs are the caller's buffers (device memory allowed), 0 when ExecuTorch
+// plans them (host memory only).
+extern "C" __attribute__((visibility("default"))) int kb_gen_caller_inputs(void *run) {
+  return static_cast<GenerateRun *>(run)->caller_inputs ? 1 : 0;
 }
 
 extern "C" __attribute__((visibility("default"))) void kb_gen_close(void *run) {

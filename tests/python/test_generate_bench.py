@@ -98,6 +98,7 @@ def test_report_marks_the_goals_and_counts_agreeing_tokens():
     gb = load_generate_bench()
     assert gb.agreement([1, 2, 3, 4], [1, 2, 9, 4]) == {"prefix": 2, "equal": 3, "of": 4}
     assert gb.agreement([1, 2], [1, 2]) == {"prefix": 2, "equal": 2, "of": 2}
+    assert gb.num(float("nan")) == "-" and gb.num(2.345, 2) == "2.35"  # a column not measured, one that was
     args = gb.parse(["out"])
     settings = {k: v for k, v in vars(args).items() if k not in ("dtypes", "out", "workdir")}
     met = run_of(100.0, 200.0, [5, 6, 7], [5, 6, 7])  # 0.5 of compile, 1.25 of the floor
