@@ -177,7 +177,7 @@ class KilnGenerator:
                                  len(prompt), new_tokens, chunk, stride, times, self.msg, 256)
         if rc != 0:
             raise RuntimeError(f"kb_gen_run: {self.msg.value.decode()}")
-        times = list(times)
+        times = [round(t, 1) for t in times]
         return seq[first::stride][len(prompt):].tolist(), times[:n_prefill], times[n_prefill:]
 
 
@@ -207,7 +207,7 @@ def torch_generate(step, prompt, new_tokens, device, whole_prompt):
             # A compiled step replays a CUDA graph whose output buffer the next replay rewrites.
             token = step(token.view(1, 1), positions[p]).clone()
             sync()
-            times.append((time.perf_counter() - t0) * 1e6)
+            times.append(round((time.perf_counter() - t0) * 1e6, 1))
             tokens.append(token)
     return [int(t) for t in torch.cat(tokens).tolist()], prefill, times
 
@@ -301,12 +301,13 @@ def run_dtype(lib, args, dtype, rate, workdir, log):
             run["eager_token_prefill"] = {"tokens": tokens, "prefill_us": prefill}
         log(f"{name} prompt {length}: eager prefill {run['eager']['prefill_us'] / 1e3:.1f} ms, decode "
             f"{median(run['eager']['steps_us']):.1f} us")
+    skips = torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0)
     t0 = time.perf_counter()
     compiled, result["compile_fullgraph"] = compile_step(greedy_step(cuda_model, args.cache, GPU))
     torch_generate(compiled, warm, 8, GPU, whole_prompt=False)
     result["compile_s"] = time.perf_counter() - t0
     # Steps that Inductor ran without CUDA graphs (a mutated input it could not replay, say).
-    result["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0)
+    result["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0) - skips
     for length in args.prompts:
         prompt = prompt_of(length, args.vocab)
         run = result["runs"][str(length)]
@@ -406,6 +407,8 @@ def table(report):
     lines.append("")
     for result in report["results"]:
         resets = result.get("reset_us", [])
+        first = [f"{length}: {num(run['kiln_host']['prefill_calls'][0] / 1e3)} / "
+                 f"{num(median(run['kiln_host']['prefill_calls']) / 1e3, 2)}" for length, run in result["runs"].items()]
         lines.append(
             f"{result['dtype']}: export {result['export_s']:.0f} s ({result['blobs']} blob, {result['pte_bytes'] / 2**20:.0f} MiB),"
             f" torch.compile {result['compile_s']:.0f} s (fullgraph: {'yes' if result['compile_fullgraph'] else 'no'},"
@@ -413,7 +416,8 @@ def table(report):
             f" weights read per step {result['weight_bytes'] / 2**20:.0f} MiB, whole KV cache"
             f" {result['cache_bytes'] / 2**20:.1f} MiB; state reset by reloading forward, {median(resets) / 1e3:.0f} ms"
             f" (median of {len(resets)}); the same prompt after a reset gives the same tokens:"
-            f" {'yes' if result['reset_repeats_tokens'] else 'NO'}.")
+            f" {'yes' if result['reset_repeats_tokens'] else 'NO'}; Kiln's first prefill call after the reset"
+            f" and the median one (ms, host I/O), by prompt: {', '.join(first)}.")
     return "\n".join(lines) + "\n"
 
 

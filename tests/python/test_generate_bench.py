@@ -88,7 +88,7 @@ def test_a_tiny_decoder_generates_eager_tokens_through_module(bench_library, tmp
 
 
 def run_of(kiln_step, compile_step, tokens, eager_tokens):
-    timing = {"prefill_us": 1000.0, "steps_us": [kiln_step] * 3}
+    timing = {"prefill_us": 1000.0, "prefill_calls": [700.0, 100.0, 200.0], "steps_us": [kiln_step] * 3}
     return {"kiln_host": dict(timing, tokens=tokens), "kiln_device": dict(timing, tokens=tokens),
             "eager": {"prefill_us": 500.0, "steps_us": [400.0] * 3, "tokens": eager_tokens},
             "compile": {"prefill_us": 900.0, "steps_us": [compile_step] * 3, "tokens": eager_tokens}}
@@ -117,6 +117,7 @@ def test_report_marks_the_goals_and_counts_agreeing_tokens():
     assert "| 1.25 (met), dev 1.25 | 0.50 (met), dev 0.50 | 3 / 3 of 3 |" in rows[0]
     assert "| 2.38 (missed), dev 2.38 | 0.95 (missed), dev 0.95 | 1 / 2 of 3 |" in rows[1]
     assert "state reset by reloading forward, 2 ms" in text
+    assert "the median one (ms, host I/O), by prompt: 128: 0.7 / 0.20, 1024: 0.7 / 0.20." in text
 
 
 def test_the_cache_must_hold_the_longest_prompt_and_its_steps():
