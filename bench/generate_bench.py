@@ -369,7 +369,8 @@ def table(report):
         "",
         f"Llama-family decoder with random weights: hidden {args['width']}, MLP {args['ffn']}, {args['heads']} query and "
         f"{args['kv_heads']} key/value heads, {args['layers']} layers, vocabulary {args['vocab']}, static KV cache of "
-        f"{args['cache']} slots, batch 1; {args['steps']} decode steps after each prompt. Device-to-device copy rate "
+        f"{args['cache']} slots, batch 1; {args['steps']} new tokens after each prompt (the first from the prefill, then "
+        f"{args['steps'] - 1} decode steps). Device-to-device copy rate "
         f"measured in the same run: {report['copy_rate'] / 1e12:.2f} TB/s (read + write).",
         "",
         "Prefill (ms): the prompt's latency until the first new token. Kiln: through ExecuTorch's Module, "
