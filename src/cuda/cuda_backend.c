@@ -609,7 +609,8 @@ static kiln_status kcu_choose_convs(kcu_state *s, const kiln_plan *p, kiln_error
     kcu_tensor in[KILN_MAX_OP_INPUTS];
     for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = kcu_resolve(s, p, op->inputs[k], s->dev_in, s->dev_out);
     kcu_tensor out = kcu_resolve(s, p, op->output, s->dev_in, s->dev_out);
-    st = kcu_conv_choose(&s->conv[i], s->dnn, s->stream, p, i, in, &out, s->conv_ws, trial, err);
+    st = kcu_conv_choose(&s->conv[i], s->dnn, s->stream, p, i, in, &out, s->conv_ws, trial,
+                         s->conv, i, err);
     if (st != KILN_OK) return st;
     if (s->conv[i].workspace > need) need = s->conv[i].workspace;
   }

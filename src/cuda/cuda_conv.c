@@ -261,12 +261,20 @@ static kcu_conv_io kcu_io_of(const kcu_conv *c, const kcu_tensor *in, uint32_t n
 
 kiln_status kcu_conv_choose(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kiln_plan *p,
                             uint32_t op_index, const kcu_tensor *in, const kcu_tensor *out,
-                            void *ws, size_t ws_size, kiln_error *err) {
+                            void *ws, size_t ws_size, const kcu_conv *earlier,
+                            uint32_t n_earlier, kiln_error *err) {
   const kiln_op *op = &p->ops[op_index];
   if (!c->transposed) {
     kcu_conv_io io = kcu_io_of(c, in, op->n_inputs, out);
-    cudnnStatus_t st = kcu_conv_graph_choose(&c->graph, h, s, &c->shape, &io, out, c->channels,
-                                             c->inner, ws, ws_size);
+    int shared = 0;
+    /* ResNet's repeated blocks: one plan per shape, chosen once */
+    for (uint32_t j = 0; j < n_earlier && !shared; j++)
+      shared = earlier[j].active && !earlier[j].transposed && !earlier[j].graph.shared &&
+               memcmp(&earlier[j].shape, &c->shape, sizeof c->shape) == 0 &&
+               kcu_conv_graph_share(&c->graph, &earlier[j].graph, &io);
+    cudnnStatus_t st = shared ? CUDNN_STATUS_SUCCESS
+                              : kcu_conv_graph_choose(&c->graph, h, s, &c->shape, &io, out,
+                                                      c->channels, c->inner, ws, ws_size);
     if (st == CUDNN_STATUS_NOT_SUPPORTED) return kcu_no_algorithm(c, op, op_index, ws_size, err);
     KCU_DNN(st, "execution plan");
     c->workspace = c->graph.workspace;

@@ -456,6 +456,9 @@ cudnnStatus_t kcu_conv_graph_choose(kcu_conv_graph *g, cudnnHandle_t h, cudaStre
   g->fused = c->graph == 0;
   g->n_io = n_io[c->graph];
   memcpy(g->uid, uid[c->graph], sizeof g->uid);
+  void *ptr[KCU_GRAPH_MAX_IO] = {0};
+  kcu_io_ptrs(io, g->uid, g->n_io, ptr);
+  for (int k = 0; k < g->n_io; k++) g->align[k] = kcu_alignment(ptr[k]);
   g->workspace = c->workspace;
   g->engine = c->engine;
   g->heur_rank = c->rank;
@@ -464,6 +467,22 @@ cudnnStatus_t kcu_conv_graph_choose(kcu_conv_graph *g, cudnnHandle_t h, cudaStre
   g->behavior = c->behavior;
   g->time_us = c->time_us;
   return CUDNN_STATUS_SUCCESS;
+}
+
+int kcu_conv_graph_share(kcu_conv_graph *g, const kcu_conv_graph *from, const kcu_conv_io *io) {
+  void *ptr[KCU_GRAPH_MAX_IO] = {0};
+  if (!from->plan || from->graphs != g->graphs) return 0;
+  kcu_io_ptrs(io, from->uid, from->n_io, ptr);
+  for (int k = 0; k < from->n_io; k++)
+    if (kcu_alignment(ptr[k]) < from->align[k]) return 0;
+  *g = *from;
+  g->kept.n = 0; /* the owner releases the plan and its descriptors */
+  g->pack = NULL;
+  g->pack_ws = NULL;
+  memset(g->pack_ptr, 0, sizeof g->pack_ptr);
+  g->shared = 1;
+  g->timed = 0;
+  return 1;
 }
 
 cudnnStatus_t kcu_conv_graph_run(kcu_conv_graph *g, cudnnHandle_t h, const kcu_conv_io *io,

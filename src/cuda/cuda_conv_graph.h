@@ -47,6 +47,7 @@ typedef struct kcu_conv_graph {
   cudnnBackendDescriptor_t pack;     /* variant pack built for pack_ptr and pack_ws */
   void *pack_ptr[KCU_GRAPH_MAX_IO], *pack_ws;
   int64_t uid[KCU_GRAPH_MAX_IO];
+  int64_t align[KCU_GRAPH_MAX_IO]; /* the byte alignment the plan assumes of each */
   int n_io;
   int fused;          /* the chosen plan computes bias, residual and ReLU itself */
   int graphs;         /* KCU_GRAPH_* bits the choice may use */
@@ -60,6 +61,7 @@ typedef struct kcu_conv_graph {
   float time_us;      /* measured per run, epilogue kernel included when not fused */
   int timed;          /* candidate plans timed */
   int refused;        /* configurations refused for f32 without TF32 */
+  int shared;         /* the plan is another op's of the same shape, which owns it */
 } kcu_conv_graph;
 
 /* Builds the graphs of sh, times up to KCU_GRAPH_MAX_PLANS plans of each within ws_size bytes of
@@ -68,6 +70,9 @@ cudnnStatus_t kcu_conv_graph_choose(kcu_conv_graph *g, cudnnHandle_t h, cudaStre
                                     const kcu_conv_shape *sh, const kcu_conv_io *io,
                                     const kcu_tensor *out, int64_t channels, int64_t inner,
                                     void *ws, size_t ws_size);
+/* Takes the plan `from` chose for an op of the same shape when io's addresses are as aligned as
+ * the plan assumes; 0 when they are not. The owner must outlive g. */
+int kcu_conv_graph_share(kcu_conv_graph *g, const kcu_conv_graph *from, const kcu_conv_io *io);
 /* Enqueues the chosen plan on io; builds a variant pack only when the addresses changed, which
  * happens while a run is recorded (at init or when caller buffers are rebound). */
 cudnnStatus_t kcu_conv_graph_run(kcu_conv_graph *g, cudnnHandle_t h, const kcu_conv_io *io,

@@ -1218,7 +1218,7 @@ static void conv_direct_run(const conv_shape *cs, kiln_dtype dt, int nhwc, int e
   if (st == KILN_OK) {
     double t0 = now_ms();
     r->c.graph.graphs = graphs;
-    st = kcu_conv_choose(&r->c, h, s, &pl, 0, in, &out, ws, ws_size, &err);
+    st = kcu_conv_choose(&r->c, h, s, &pl, 0, in, &out, ws, ws_size, NULL, 0, &err);
     r->choose_ms = now_ms() - t0;
   }
   if (st != KILN_OK) fprintf(stderr, "%s: %s\n", cs->name, err.message);
@@ -1289,6 +1289,24 @@ static void test_conv_graph(void) {
     printf("conv graph plain only f16 nhwc bias res relu: %s, %s, rel err %.2e\n",
            r.ok ? "ok" : "FAILED", text, r.rel_err);
     CHECK(r.ok && !r.c.graph.fused && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
+  }
+  /* Two convolutions of one shape in one engine: the second runs the first's plan with its own
+   * variant pack. */
+  for (int t = 0; t < 2; t++) {
+    kiln_dtype dt = t ? KILN_F32 : KILN_F16;
+    int nhwc = !t;
+    prog *p = p_new();
+    uint32_t x = conv_tensor(p, KILN_STORE_INPUT, dt, 2, nhwc, 2, 64, 14, 14);
+    uint32_t w1 = p_weight(p, dt, 4, nhwc ? DIMS(64, 3, 3, 64) : DIMS(64, 64, 3, 3), -0.05, 0.05);
+    uint32_t w2 = p_weight(p, dt, 4, nhwc ? DIMS(64, 3, 3, 64) : DIMS(64, 64, 3, 3), -0.05, 0.05);
+    uint32_t b1 = p_weight(p, dt, 1, DIMS(64), -0.5, 0.5), b2 = p_weight(p, dt, 1, DIMS(64), -0.5, 0.5);
+    uint32_t h = conv_tensor(p, KILN_STORE_ARENA, dt, 2, nhwc, 2, 64, 14, 14);
+    uint32_t y = conv_tensor(p, KILN_STORE_OUTPUT, dt, 2, nhwc, 2, 64, 14, 14);
+    p_op(p, KILN_OP_CONV, 3, OPS(x, w1, b1), h, 8,
+         ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 1, nhwc, KILN_ACT_RELU, 0), 0);
+    p_op(p, KILN_OP_CONV, 3, OPS(h, w2, b2), y, 8,
+         ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 1, nhwc, KILN_ACT_RELU, 0), 0);
+    compare(p, t ? "conv graph shared plan f32 nchw" : "conv graph shared plan f16 nhwc", NULL);
   }
   for (int tf32 = 0; tf32 < 2 && selected("conv graph f32"); tf32++) {
     conv_direct_run(&res3x3, KILN_F32, 1, 0, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, tf32, 1, 0, &r);
