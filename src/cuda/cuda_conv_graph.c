@@ -246,12 +246,12 @@ static cudnnStatus_t kcu_engine_of(cudnnBackendDescriptor_t cfg, int64_t *index,
   return st;
 }
 
-/* 1 when the engine's numerics are allowed: f32 without TF32 takes neither tensor cores nor
- * inputs converted down. */
+/* 1 when the engine's numerics are allowed: no dtype takes inputs converted down (PyTorch refuses
+ * those too), and f32 without TF32 takes no tensor cores. */
 static int kcu_numerics_allowed(const kcu_conv_shape *sh, unsigned notes) {
-  unsigned lowered =
-      (1u << CUDNN_NUMERICAL_NOTE_TENSOR_CORE) | (1u << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS);
-  return sh->dtype != CUDNN_DATA_FLOAT || sh->allow_tf32 || (notes & lowered) == 0;
+  if (notes & (1u << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)) return 0;
+  return sh->dtype != CUDNN_DATA_FLOAT || sh->allow_tf32 ||
+         (notes & (1u << CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) == 0;
 }
 
 /* Appends to cand[] the plans of graph that heuristic mode offers and that fit: allowed

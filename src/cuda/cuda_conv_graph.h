@@ -60,7 +60,7 @@ typedef struct kcu_conv_graph {
   unsigned behavior;  /* bit k: behaviour note k */
   float time_us;      /* measured per run, epilogue kernel included when not fused */
   int timed;          /* candidate plans timed */
-  int refused;        /* configurations refused for f32 without TF32 */
+  int refused;        /* configurations refused for their numerics (see kcu_numerics_allowed) */
   int shared;         /* the plan is another op's of the same shape, which owns it */
 } kcu_conv_graph;
 
