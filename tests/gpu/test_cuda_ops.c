@@ -1066,6 +1066,8 @@ static void test_conv(void) {
  * and the timing chose, its output against the CPU engine's, optionally its time per run. */
 typedef struct conv_direct {
   kcu_conv c;
+  kcu_conv_graph graph; /* what was chosen, kept after c is released (its descriptors are not) */
+  size_t workspace;
   int ok;            /* init, choice and a run succeeded */
   double rel_err;    /* against the CPU engine; -1 when not compared */
   double us;         /* median per run of the chosen plan in a CUDA graph; -1 when not timed */
@@ -1240,6 +1242,8 @@ static void conv_direct_run(const conv_shape *cs, kiln_dtype dt, int nhwc, int e
     r->us = conv_direct_time(&r->c, h, s, in, op->n_inputs, &out, ws, ws_size);
     r->legacy_us = conv_legacy_us(&r->c.shape, h, in, &out, ws, ws_size, &r->legacy_algo);
   }
+  r->graph = r->c.graph;
+  r->workspace = r->c.workspace;
   kcu_conv_release(&r->c);
   if (h) cudnnDestroy(h);
   cudaStreamDestroy(s);
@@ -1257,14 +1261,14 @@ static void conv_direct_run(const conv_shape *cs, kiln_dtype dt, int nhwc, int e
 
 /* "A3 eng 12 fused tc": where the chosen plan came from and what it is. */
 static void conv_choice_text(const conv_direct *r, char *buf, size_t n) {
-  const kcu_conv_graph *g = &r->c.graph;
+  const kcu_conv_graph *g = &r->graph;
   snprintf(buf, n, "%s%-2d eng %-3lld %-5s%s%s%s%s ws %lluK timed %d refused %d",
            g->from_fallback ? "F" : "A", g->heur_rank, (long long)g->engine, g->fused ? "fused" : "plain",
            g->notes & (1u << CUDNN_NUMERICAL_NOTE_TENSOR_CORE) ? " tc" : "",
            g->notes & (1u << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) ? " down" : "",
            g->notes & (1u << CUDNN_NUMERICAL_NOTE_WINOGRAD) ? " wino" : "",
            g->behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) ? " rtc" : "",
-           (unsigned long long)(r->c.workspace >> 10), g->timed, g->refused);
+           (unsigned long long)(r->workspace >> 10), g->timed, g->refused);
 }
 
 /* The branches of the graph choice, each against the CPU engine: the fused graph alone must be
@@ -1282,14 +1286,14 @@ static void test_conv_graph(void) {
     conv_choice_text(&r, text, sizeof text);
     printf("conv graph fused only f16 nhwc bias res relu: %s, %s, rel err %.2e\n",
            r.ok ? "ok" : "FAILED", text, r.rel_err);
-    CHECK(r.ok && r.c.graph.fused && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
+    CHECK(r.ok && r.graph.fused && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
   }
   if (selected("conv graph plain")) {
     conv_direct_run(&res3x3, KILN_F16, 1, 2, KCU_GRAPH_PLAIN, 0, 1, 0, &r);
     conv_choice_text(&r, text, sizeof text);
     printf("conv graph plain only f16 nhwc bias res relu: %s, %s, rel err %.2e\n",
            r.ok ? "ok" : "FAILED", text, r.rel_err);
-    CHECK(r.ok && !r.c.graph.fused && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
+    CHECK(r.ok && !r.graph.fused && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
   }
   /* Two convolutions of one shape in one engine: the second runs the first's plan with its own
    * variant pack. */
@@ -1316,7 +1320,7 @@ static void test_conv_graph(void) {
     printf("conv graph f32 nhwc bias %s: %s, %s, rel err %.2e (tol %.0e)\n", tf32 ? "tf32 allowed" : "no tf32",
            r.ok ? "ok" : "FAILED", text, r.rel_err, tol);
     CHECK(r.ok && r.rel_err >= 0 && r.rel_err <= tol);
-    if (!tf32) CHECK((r.c.graph.notes & lowered) == 0);
+    if (!tf32) CHECK((r.graph.notes & lowered) == 0);
   }
 }
 
