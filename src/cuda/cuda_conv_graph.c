@@ -274,8 +274,10 @@ static int kcu_collect(cudnnHandle_t h, cudnnBackendDescriptor_t graph, int grap
     st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, NULL);
   if (count > max_cfg) count = max_cfg;
-  for (; st == CUDNN_STATUS_SUCCESS && made < count; made++)
+  while (st == CUDNN_STATUS_SUCCESS && made < count) {
     st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfg[made]);
+    if (st == CUDNN_STATUS_SUCCESS) made++;
+  }
   if (st == CUDNN_STATUS_SUCCESS)
     st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, made, &count, cfg);
