@@ -62,6 +62,9 @@ typedef struct kcu_conv_graph {
   int timed;          /* candidate plans timed */
   int refused;        /* configurations refused for their numerics (see kcu_numerics_allowed) */
   int shared;         /* the plan is another op's of the same shape, which owns it */
+  /* Per graph (0 fused, 1 plain): how its build ended, configurations offered, plans built. */
+  cudnnStatus_t build_status[2];
+  int offered[2], built[2];
 } kcu_conv_graph;
 
 /* Builds the graphs of sh, times up to KCU_GRAPH_MAX_PLANS plans of each within ws_size bytes of

@@ -1269,6 +1269,13 @@ static void conv_choice_text(const conv_direct *r, char *buf, size_t n) {
            g->notes & (1u << CUDNN_NUMERICAL_NOTE_WINOGRAD) ? " wino" : "",
            g->behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) ? " rtc" : "",
            (unsigned long long)(r->workspace >> 10), g->timed, g->refused);
+  /* each graph's build, the configurations heuristics offered, the plans built from them */
+  size_t at = strlen(buf);
+  snprintf(buf + at, n - at, " [fused %s %d>%d, plain %s %d>%d]",
+           g->build_status[0] == CUDNN_STATUS_SUCCESS ? "ok" : cudnnGetErrorString(g->build_status[0]),
+           g->offered[0], g->built[0],
+           g->build_status[1] == CUDNN_STATUS_SUCCESS ? "ok" : cudnnGetErrorString(g->build_status[1]),
+           g->offered[1], g->built[1]);
 }
 
 /* The branches of the graph choice, each against the CPU engine: the fused graph alone must be
@@ -1280,7 +1287,7 @@ static void test_conv_graph(void) {
   const unsigned lowered = (1u << CUDNN_NUMERICAL_NOTE_TENSOR_CORE) |
                            (1u << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS);
   conv_direct r;
-  char text[160];
+  char text[400];
   if (selected("conv graph fused")) {
     conv_direct_run(&res3x3, KILN_F16, 1, 2, KCU_GRAPH_FUSED, 0, 1, 0, &r);
     conv_choice_text(&r, text, sizeof text);
@@ -1354,7 +1361,7 @@ static int bench_conv(void) {
     for (int batch = 1; batch <= (mobile ? 32 : 1); batch += 31) {
       conv_shape cs = cases[i].s;
       conv_direct r;
-      char text[160];
+      char text[400];
       cs.n = batch;
       conv_direct_run(&cs, KILN_F16, 1, cases[i].epilogue, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, 0, 0, 1, &r);
       conv_choice_text(&r, text, sizeof text);
