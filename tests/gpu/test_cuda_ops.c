@@ -1373,7 +1373,7 @@ static int bench_conv(void) {
       if (batch == 1 && !mobile && r.legacy_us > 0) legacy_total += r.legacy_us;
     }
   }
-  printf("bench-conv resnet-50 shapes at batch 1, one of each: %.1f us (legacy convolutions alone %.1f us)\n",
+  printf("bench-conv the r50 cases above, summed: %.1f us (legacy convolutions alone %.1f us)\n",
          total, legacy_total);
   return check_report("test_cuda_ops --bench-conv");
 }
