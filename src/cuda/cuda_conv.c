@@ -262,7 +262,7 @@ static kcu_conv_io kcu_io_of(const kcu_conv *c, const kcu_tensor *in, uint32_t n
 kiln_status kcu_conv_choose(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kiln_plan *p,
                             uint32_t op_index, const kcu_tensor *in, const kcu_tensor *out,
                             void *ws, size_t ws_size, const kcu_conv *earlier,
-                            uint32_t n_earlier, kiln_error *err) {
+                            uint32_t n_earlier, double *compile_left, kiln_error *err) {
   const kiln_op *op = &p->ops[op_index];
   if (!c->transposed) {
     kcu_conv_io io = kcu_io_of(c, in, op->n_inputs, out);
@@ -274,7 +274,8 @@ kiln_status kcu_conv_choose(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const 
                kcu_conv_graph_share(&c->graph, &earlier[j].graph, &io);
     cudnnStatus_t st = shared ? CUDNN_STATUS_SUCCESS
                               : kcu_conv_graph_choose(&c->graph, h, s, &c->shape, &io, out,
-                                                      c->channels, c->inner, ws, ws_size);
+                                                      c->channels, c->inner, ws, ws_size,
+                                                      compile_left);
     if (st == CUDNN_STATUS_NOT_SUPPORTED) return kcu_no_algorithm(c, op, op_index, ws_size, err);
     KCU_DNN(st, "execution plan");
     c->workspace = c->graph.workspace;

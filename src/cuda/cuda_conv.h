@@ -41,11 +41,12 @@ kiln_status kcu_conv_init(kcu_conv *c, const kiln_plan *p, uint32_t i, int allow
                           kiln_error *err);
 /* Times the candidate plans (forward) or algorithms (transposed) on the engine's buffers with up
  * to ws_size bytes of workspace at ws and keeps the fastest; a forward op of the same shape as one
- * of the n_earlier ops at earlier (chosen already) takes that one's plan instead. */
+ * of the n_earlier ops at earlier (chosen already) takes that one's plan instead. Compiling plans
+ * at runtime spends from *compile_left, the engine's budget in ms. */
 kiln_status kcu_conv_choose(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kiln_plan *p,
                             uint32_t i, const kcu_tensor *in, const kcu_tensor *out, void *ws,
                             size_t ws_size, const kcu_conv *earlier, uint32_t n_earlier,
-                            kiln_error *err);
+                            double *compile_left, kiln_error *err);
 /* Enqueues the op on s, the stream the handle was given. */
 cudaError_t kcu_conv_run(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kcu_tensor *in,
                          uint32_t n_in, const kcu_tensor *out, void *ws, size_t ws_size);

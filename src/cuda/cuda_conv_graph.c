@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <string.h>
+#include <time.h>
 
 enum { KCU_UID_X = 1, KCU_UID_W, KCU_UID_Y, KCU_UID_BIAS, KCU_UID_RES, KCU_UID_VIRTUAL = 100 };
 
@@ -254,12 +255,27 @@ static int kcu_numerics_allowed(const kcu_conv_shape *sh, unsigned notes) {
          (notes & (1u << CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) == 0;
 }
 
+static double kcu_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* What collecting one graph's candidates counts and spends. */
+typedef struct kcu_collect_tally {
+  int refused;          /* configurations refused for their numerics */
+  int compiled;         /* plans of this graph compiled at runtime */
+  int offered;          /* configurations the heuristics gave */
+  double *compile_left; /* the engine's runtime-compilation budget left, ms */
+  double compile_ms;    /* spent on this op */
+} kcu_collect_tally;
+
 /* Appends to cand[] the plans of graph that heuristic mode offers and that fit: allowed
  * numerics, a plan that finalizes, workspace within ws_size; at most `room` of them, and at most
- * KCU_GRAPH_MAX_COMPILED compiled at runtime counting *compiled. */
+ * KCU_GRAPH_MAX_COMPILED compiled at runtime while the budget lasts. */
 static int kcu_collect(cudnnHandle_t h, cudnnBackendDescriptor_t graph, int graph_kind,
                        cudnnBackendHeurMode_t mode, const kcu_conv_shape *sh, size_t ws_size,
-                       kcu_candidate *cand, int have, int room, int *refused, int *compiled) {
+                       kcu_candidate *cand, int have, int room, kcu_collect_tally *t) {
   cudnnBackendDescriptor_t heur, cfg[2 * KCU_GRAPH_MAX_PLANS + 8];
   int64_t count = 0, max_cfg = (int64_t)(sizeof cfg / sizeof cfg[0]);
   int added = 0, made = 0, first = have;
@@ -282,10 +298,12 @@ static int kcu_collect(cudnnHandle_t h, cudnnBackendDescriptor_t graph, int grap
     st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, made, &count, cfg);
   if (st != CUDNN_STATUS_SUCCESS) count = 0;
+  t->offered += (int)count;
   for (int k = 0; k < (int)count && k < made; k++) {
     kcu_candidate c;
     int64_t ws = 0, got = 0;
-    int dup = 0;
+    int dup = 0, rtc;
+    double t0;
     memset(&c, 0, sizeof c);
     c.cfg = cfg[k];
     cfg[k] = NULL;
@@ -305,16 +323,17 @@ static int kcu_collect(cudnnHandle_t h, cudnnBackendDescriptor_t graph, int grap
       continue;
     }
     if (!kcu_numerics_allowed(sh, c.notes)) {
-      (*refused)++;
+      t->refused++;
       kcu_candidate_release(&c);
       continue;
     }
-    /* a plan compiled at runtime costs NVRTC time at load: the first few only */
-    if ((c.behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)) &&
-        *compiled >= KCU_GRAPH_MAX_COMPILED) {
+    /* a plan compiled at runtime costs NVRTC time at load (100s of ms): few, within budget */
+    rtc = (c.behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)) != 0;
+    if (rtc && (t->compiled >= KCU_GRAPH_MAX_COMPILED || *t->compile_left <= 0.0)) {
       kcu_candidate_release(&c);
       continue;
     }
+    t0 = kcu_now_ms();
     st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &c.plan);
     if (st != CUDNN_STATUS_SUCCESS) c.plan = NULL;
     if (st == CUDNN_STATUS_SUCCESS)
@@ -322,6 +341,12 @@ static int kcu_collect(cudnnHandle_t h, cudnnBackendDescriptor_t graph, int grap
     if (st == CUDNN_STATUS_SUCCESS)
       st = kcu_set_desc(c.plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, c.cfg);
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(c.plan);
+    if (rtc) {
+      double spent = kcu_now_ms() - t0;
+      *t->compile_left -= spent;
+      t->compile_ms += spent;
+      t->compiled++; /* a failed compilation spent its time too */
+    }
     if (st == CUDNN_STATUS_SUCCESS)
       st = cudnnBackendGetAttribute(c.plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                     CUDNN_TYPE_INT64, 1, &got, &ws);
@@ -332,7 +357,6 @@ static int kcu_collect(cudnnHandle_t h, cudnnBackendDescriptor_t graph, int grap
       continue;
     }
     c.workspace = (size_t)ws;
-    if (c.behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)) (*compiled)++;
     cand[have + added++] = c;
   }
   for (int k = 0; k < made; k++)
@@ -404,11 +428,12 @@ static float kcu_time_candidate(cudnnHandle_t h, cudaStream_t s, const kcu_candi
 cudnnStatus_t kcu_conv_graph_choose(kcu_conv_graph *g, cudnnHandle_t h, cudaStream_t s,
                                     const kcu_conv_shape *sh, const kcu_conv_io *io,
                                     const kcu_tensor *out, int64_t channels, int64_t inner,
-                                    void *ws, size_t ws_size) {
+                                    void *ws, size_t ws_size, double *compile_left) {
   kcu_dnn_set set[2];
   cudnnBackendDescriptor_t graph[2] = {NULL, NULL};
   int64_t uid[2][KCU_GRAPH_MAX_IO];
   int n_io[2] = {0, 0}, n = 0, best = -1, refused = 0;
+  double compile_ms = 0.0;
   kcu_candidate cand[4 * KCU_GRAPH_MAX_PLANS];
   int has_tail = sh->has_bias || sh->residual || sh->relu;
   memset(set, 0, sizeof set);
@@ -417,18 +442,24 @@ cudnnStatus_t kcu_conv_graph_choose(kcu_conv_graph *g, cudnnHandle_t h, cudaStre
     int wanted = k == 0 ? has_tail && (g->graphs & KCU_GRAPH_FUSED)
                         : !has_tail || (g->graphs & KCU_GRAPH_PLAIN);
     if (!wanted) continue;
-    if (kcu_build_graph(&set[k], &graph[k], h, sh, io, k == 0, uid[k], &n_io[k]) !=
-        CUDNN_STATUS_SUCCESS) {
+    g->build_status[k] = kcu_build_graph(&set[k], &graph[k], h, sh, io, k == 0, uid[k], &n_io[k]);
+    if (g->build_status[k] != CUDNN_STATUS_SUCCESS) {
       kcu_set_release(&set[k]);
       graph[k] = NULL;
       continue;
     }
-    int before = n, compiled = 0;
+    int before = n;
+    kcu_collect_tally t = {0, 0, 0, compile_left, 0.0};
     n += kcu_collect(h, graph[k], k, CUDNN_HEUR_MODE_A, sh, ws_size, cand, n, KCU_GRAPH_MAX_PLANS,
-                     &refused, &compiled);
+                     &t);
     n += kcu_collect(h, graph[k], k, CUDNN_HEUR_MODE_FALLBACK, sh, ws_size, cand, n,
-                     KCU_GRAPH_MAX_PLANS - (n - before), &refused, &compiled);
+                     KCU_GRAPH_MAX_PLANS - (n - before), &t);
+    g->offered[k] = t.offered;
+    g->built[k] = n - before;
+    refused += t.refused;
+    compile_ms += t.compile_ms;
   }
+  g->compile_ms = (float)compile_ms;
   for (int k = 0; k < n; k++) {
     cand[k].time_us = kcu_time_candidate(h, s, &cand[k], uid[cand[k].graph], n_io[cand[k].graph],
                                          sh, io, out, channels, inner, ws);

@@ -15,8 +15,11 @@
 
 /* Candidate plans timed per graph, and descriptors one graph holds. */
 #define KCU_GRAPH_MAX_PLANS 8
-/* Of those, plans compiled at runtime (NVRTC, slow to build) per graph. */
-#define KCU_GRAPH_MAX_COMPILED 2
+/* Of those, plans compiled at runtime (NVRTC, 100s of ms each) per graph. */
+#define KCU_GRAPH_MAX_COMPILED 1
+/* Runtime compilation one engine may spend choosing all its convolutions, ms: a bound on load
+ * time; past it, precompiled engines only. */
+#define KCU_GRAPH_COMPILE_BUDGET_MS 4000.0
 #define KCU_GRAPH_MAX_DESCS 24
 /* Variant pack slots: x, w, y, bias, residual. */
 #define KCU_GRAPH_MAX_IO 5
@@ -65,14 +68,16 @@ typedef struct kcu_conv_graph {
   /* Per graph (0 fused, 1 plain): how its build ended, configurations offered, plans built. */
   cudnnStatus_t build_status[2];
   int offered[2], built[2];
+  float compile_ms;   /* spent compiling plans at runtime for this op */
 } kcu_conv_graph;
 
 /* Builds the graphs of sh, times up to KCU_GRAPH_MAX_PLANS plans of each within ws_size bytes of
- * workspace on io and keeps the fastest. CUDNN_STATUS_NOT_SUPPORTED when no plan runs. */
+ * workspace on io and keeps the fastest; runtime compilation spends from *compile_left (ms).
+ * CUDNN_STATUS_NOT_SUPPORTED when no plan runs. */
 cudnnStatus_t kcu_conv_graph_choose(kcu_conv_graph *g, cudnnHandle_t h, cudaStream_t s,
                                     const kcu_conv_shape *sh, const kcu_conv_io *io,
                                     const kcu_tensor *out, int64_t channels, int64_t inner,
-                                    void *ws, size_t ws_size);
+                                    void *ws, size_t ws_size, double *compile_left);
 /* Takes the plan `from` chose for an op of the same shape when io's addresses are as aligned as
  * the plan assumes; 0 when they are not. The owner must outlive g. */
 int kcu_conv_graph_share(kcu_conv_graph *g, const kcu_conv_graph *from, const kcu_conv_io *io);

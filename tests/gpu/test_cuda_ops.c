@@ -1164,9 +1164,11 @@ static double conv_direct_time(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, con
 }
 
 /* Runs conv_prog(cs, dt, nhwc, epilogue) through kcu_conv with only the graphs in `graphs`
- * allowed; compares with the CPU engine when compare_cpu, times when bench. */
+ * allowed and compile_ms of runtime compilation; compares with the CPU engine when compare_cpu,
+ * times when bench. */
 static void conv_direct_run(const conv_shape *cs, kiln_dtype dt, int nhwc, int epilogue, int graphs,
-                            int allow_tf32, int compare_cpu, int bench, conv_direct *r) {
+                            int allow_tf32, double compile_ms, int compare_cpu, int bench,
+                            conv_direct *r) {
   prog *p = conv_prog(cs, dt, nhwc, epilogue);
   kiln_plan pl;
   kiln_error err;
@@ -1220,7 +1222,8 @@ static void conv_direct_run(const conv_shape *cs, kiln_dtype dt, int nhwc, int e
   if (st == KILN_OK) {
     double t0 = now_ms();
     r->c.graph.graphs = graphs;
-    st = kcu_conv_choose(&r->c, h, s, &pl, 0, in, &out, ws, ws_size, NULL, 0, &err);
+    double compile_left = compile_ms;
+    st = kcu_conv_choose(&r->c, h, s, &pl, 0, in, &out, ws, ws_size, NULL, 0, &compile_left, &err);
     r->choose_ms = now_ms() - t0;
   }
   if (st != KILN_OK) fprintf(stderr, "%s: %s\n", cs->name, err.message);
@@ -1271,11 +1274,11 @@ static void conv_choice_text(const conv_direct *r, char *buf, size_t n) {
            (unsigned long long)(r->workspace >> 10), g->timed, g->refused);
   /* each graph's build, the configurations heuristics offered, the plans built from them */
   size_t at = strlen(buf);
-  snprintf(buf + at, n - at, " [fused %s %d>%d, plain %s %d>%d]",
+  snprintf(buf + at, n - at, " [fused %s %d>%d, plain %s %d>%d, compiled %.0f ms]",
            g->build_status[0] == CUDNN_STATUS_SUCCESS ? "ok" : cudnnGetErrorString(g->build_status[0]),
            g->offered[0], g->built[0],
            g->build_status[1] == CUDNN_STATUS_SUCCESS ? "ok" : cudnnGetErrorString(g->build_status[1]),
-           g->offered[1], g->built[1]);
+           g->offered[1], g->built[1], (double)g->compile_ms);
 }
 
 /* The branches of the graph choice, each against the CPU engine: the fused graph alone must be
@@ -1289,14 +1292,14 @@ static void test_conv_graph(void) {
   conv_direct r;
   char text[400];
   if (selected("conv graph fused")) {
-    conv_direct_run(&res3x3, KILN_F16, 1, 2, KCU_GRAPH_FUSED, 0, 1, 0, &r);
+    conv_direct_run(&res3x3, KILN_F16, 1, 2, KCU_GRAPH_FUSED, 0, KCU_GRAPH_COMPILE_BUDGET_MS, 1, 0, &r);
     conv_choice_text(&r, text, sizeof text);
     printf("conv graph fused only f16 nhwc bias res relu: %s, %s, rel err %.2e\n",
            r.ok ? "ok" : "FAILED", text, r.rel_err);
     CHECK(r.ok && r.graph.fused && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
   }
   if (selected("conv graph plain")) {
-    conv_direct_run(&res3x3, KILN_F16, 1, 2, KCU_GRAPH_PLAIN, 0, 1, 0, &r);
+    conv_direct_run(&res3x3, KILN_F16, 1, 2, KCU_GRAPH_PLAIN, 0, KCU_GRAPH_COMPILE_BUDGET_MS, 1, 0, &r);
     conv_choice_text(&r, text, sizeof text);
     printf("conv graph plain only f16 nhwc bias res relu: %s, %s, rel err %.2e\n",
            r.ok ? "ok" : "FAILED", text, r.rel_err);
@@ -1320,8 +1323,20 @@ static void test_conv_graph(void) {
          ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 1, nhwc, KILN_ACT_RELU, 0), 0);
     compare(p, t ? "conv graph shared plan f32 nchw" : "conv graph shared plan f16 nhwc", NULL);
   }
+  /* The engine's compile budget spent: only precompiled engines, on the 1x1 + residual shape
+   * where a runtime-compiled one wins when it may. */
+  if (selected("conv graph no compile budget")) {
+    static const conv_shape res1x1 = {"resnet 1x1", 0, 2, 1, 256, 14, 14, 1024, 1, 1, 1, 0, 1, 1, 0};
+    conv_direct_run(&res1x1, KILN_F16, 1, 2, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, 0, 0.0, 1, 0, &r);
+    conv_choice_text(&r, text, sizeof text);
+    printf("conv graph no compile budget f16 nhwc 1x1 bias res relu: %s, %s, rel err %.2e\n",
+           r.ok ? "ok" : "FAILED", text, r.rel_err);
+    CHECK(r.ok && !(r.graph.behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)) &&
+          r.graph.compile_ms == 0.0f && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
+  }
   for (int tf32 = 0; tf32 < 2 && selected("conv graph f32"); tf32++) {
-    conv_direct_run(&res3x3, KILN_F32, 1, 0, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, tf32, 1, 0, &r);
+    conv_direct_run(&res3x3, KILN_F32, 1, 0, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, tf32,
+                    KCU_GRAPH_COMPILE_BUDGET_MS, 1, 0, &r);
     conv_choice_text(&r, text, sizeof text);
     double tol = tf32 ? 5e-3 : dtype_tolerance(KILN_F32);
     printf("conv graph f32 nhwc bias %s: %s, %s, rel err %.2e (tol %.0e)\n", tf32 ? "tf32 allowed" : "no tf32",
@@ -1363,7 +1378,8 @@ static int bench_conv(void) {
       conv_direct r;
       char text[400];
       cs.n = batch;
-      conv_direct_run(&cs, KILN_F16, 1, cases[i].epilogue, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, 0, 0, 1, &r);
+      conv_direct_run(&cs, KILN_F16, 1, cases[i].epilogue, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, 0,
+                      KCU_GRAPH_COMPILE_BUDGET_MS, 0, 1, &r);
       conv_choice_text(&r, text, sizeof text);
       printf("bench-conv %-24s b%-2d %-13s %8.1f us  legacy %8.1f us (algo %d)  %s  choose %.0f ms%s\n",
              cs.name, batch, conv_epilogues[cases[i].epilogue], r.us, r.legacy_us, r.legacy_algo, text,
