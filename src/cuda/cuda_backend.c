@@ -613,6 +613,11 @@ static kiln_status kcu_choose_convs(kcu_state *s, const kiln_plan *p, kiln_error
     st = kcu_conv_choose(&s->conv[i], s->dnn, s->stream, p, i, in, &out, s->conv_ws, trial,
                          s->conv, i, &compile_left, err);
     if (st != KILN_OK) return st;
+    const kcu_conv_graph *g = &s->conv[i].graph;
+    if (!s->conv[i].transposed && !g->shared) {
+      if (g->reused) s->stats.choices_reused++;
+      else s->stats.choices_measured++;
+    }
     if (s->conv[i].workspace > need) need = s->conv[i].workspace;
   }
   cudaFree(s->conv_ws);

@@ -2,6 +2,8 @@
  * plan's strides for NCHW or NHWC; a 1-d convolution arrives as a 2-d one of height 1. */
 #include "cuda_conv_graph.h"
 
+#include "cuda_choice_cache.h"
+
 #include <stdbool.h>
 #include <string.h>
 #include <time.h>
@@ -272,10 +274,12 @@ typedef struct kcu_collect_tally {
 
 /* Appends to cand[] the plans of graph that heuristic mode offers and that fit: allowed
  * numerics, a plan that finalizes, workspace within ws_size; at most `room` of them, and at most
- * KCU_GRAPH_MAX_COMPILED compiled at runtime while the budget lasts. */
+ * KCU_GRAPH_MAX_COMPILED compiled at runtime while the budget lasts. With `again`, only the
+ * configuration at its rank, and only if it is still its engine. */
 static int kcu_collect(cudnnHandle_t h, cudnnBackendDescriptor_t graph, int graph_kind,
                        cudnnBackendHeurMode_t mode, const kcu_conv_shape *sh, size_t ws_size,
-                       kcu_candidate *cand, int have, int room, kcu_collect_tally *t) {
+                       kcu_candidate *cand, int have, int room, kcu_collect_tally *t,
+                       const kcu_conv_choice *again) {
   cudnnBackendDescriptor_t heur, cfg[2 * KCU_GRAPH_MAX_PLANS + 8];
   int64_t count = 0, max_cfg = (int64_t)(sizeof cfg / sizeof cfg[0]);
   int added = 0, made = 0, first = have;
@@ -310,13 +314,14 @@ static int kcu_collect(cudnnHandle_t h, cudnnBackendDescriptor_t graph, int grap
     c.graph = graph_kind;
     c.rank = k;
     c.from_fallback = mode == CUDNN_HEUR_MODE_FALLBACK;
-    if (added >= room ||
-        kcu_engine_of(c.cfg, &c.engine, &c.notes, &c.behavior) != CUDNN_STATUS_SUCCESS) {
+    if (added >= room || (again && k != again->rank) ||
+        kcu_engine_of(c.cfg, &c.engine, &c.notes, &c.behavior) != CUDNN_STATUS_SUCCESS ||
+        (again && c.engine != again->engine)) {
       kcu_candidate_release(&c);
       continue;
     }
     /* the fallback list repeats engines mode A offered with the same default knobs */
-    for (int j = 0; c.from_fallback && j < first; j++)
+    for (int j = 0; c.from_fallback && !again && j < first; j++)
       dup |= cand[j].graph == graph_kind && cand[j].engine == c.engine;
     if (dup) {
       kcu_candidate_release(&c);
@@ -425,10 +430,13 @@ static float kcu_time_candidate(cudnnHandle_t h, cudaStream_t s, const kcu_candi
   return best;
 }
 
-cudnnStatus_t kcu_conv_graph_choose(kcu_conv_graph *g, cudnnHandle_t h, cudaStream_t s,
+/* The choice itself: every candidate timed, or with `again` only the one an earlier load chose,
+ * untimed. */
+static cudnnStatus_t kcu_graph_pick(kcu_conv_graph *g, cudnnHandle_t h, cudaStream_t s,
                                     const kcu_conv_shape *sh, const kcu_conv_io *io,
                                     const kcu_tensor *out, int64_t channels, int64_t inner,
-                                    void *ws, size_t ws_size, double *compile_left) {
+                                    void *ws, size_t ws_size, double *compile_left,
+                                    const kcu_conv_choice *again) {
   kcu_dnn_set set[2];
   cudnnBackendDescriptor_t graph[2] = {NULL, NULL};
   int64_t uid[2][KCU_GRAPH_MAX_IO];
@@ -441,7 +449,7 @@ cudnnStatus_t kcu_conv_graph_choose(kcu_conv_graph *g, cudnnHandle_t h, cudaStre
   for (int k = 0; k < 2; k++) {
     int wanted = k == 0 ? has_tail && (g->graphs & KCU_GRAPH_FUSED)
                         : !has_tail || (g->graphs & KCU_GRAPH_PLAIN);
-    if (!wanted) continue;
+    if (!wanted || (again && again->graph != k)) continue;
     g->build_status[k] = kcu_build_graph(&set[k], &graph[k], h, sh, io, k == 0, uid[k], &n_io[k]);
     if (g->build_status[k] != CUDNN_STATUS_SUCCESS) {
       kcu_set_release(&set[k]);
@@ -450,22 +458,32 @@ cudnnStatus_t kcu_conv_graph_choose(kcu_conv_graph *g, cudnnHandle_t h, cudaStre
     }
     int before = n;
     kcu_collect_tally t = {0, 0, 0, compile_left, 0.0};
-    n += kcu_collect(h, graph[k], k, CUDNN_HEUR_MODE_A, sh, ws_size, cand, n, KCU_GRAPH_MAX_PLANS,
-                     &t);
-    n += kcu_collect(h, graph[k], k, CUDNN_HEUR_MODE_FALLBACK, sh, ws_size, cand, n,
-                     KCU_GRAPH_MAX_PLANS - (n - before), &t);
+    if (again)
+      n += kcu_collect(h, graph[k], k, again->from_fallback ? CUDNN_HEUR_MODE_FALLBACK
+                                                            : CUDNN_HEUR_MODE_A,
+                       sh, ws_size, cand, n, 1, &t, again);
+    else
+      n += kcu_collect(h, graph[k], k, CUDNN_HEUR_MODE_A, sh, ws_size, cand, n,
+                       KCU_GRAPH_MAX_PLANS, &t, NULL);
+    if (!again)
+      n += kcu_collect(h, graph[k], k, CUDNN_HEUR_MODE_FALLBACK, sh, ws_size, cand, n,
+                       KCU_GRAPH_MAX_PLANS - (n - before), &t, NULL);
     g->offered[k] = t.offered;
     g->built[k] = n - before;
     refused += t.refused;
     compile_ms += t.compile_ms;
   }
   g->compile_ms = (float)compile_ms;
-  for (int k = 0; k < n; k++) {
+  for (int k = 0; k < n && !again; k++) {
     cand[k].time_us = kcu_time_candidate(h, s, &cand[k], uid[cand[k].graph], n_io[cand[k].graph],
                                          sh, io, out, channels, inner, ws);
     if (cand[k].time_us >= 0.0f && (best < 0 || cand[k].time_us < cand[best].time_us)) best = k;
   }
-  g->timed = n;
+  if (again && n == 1) {
+    best = 0;
+    cand[0].time_us = again->time_us;
+  }
+  g->timed = again ? 0 : n;
   g->refused = refused;
   for (int k = 0; k < n; k++)
     if (k != best) kcu_candidate_release(&cand[k]);
@@ -499,6 +517,54 @@ cudnnStatus_t kcu_conv_graph_choose(kcu_conv_graph *g, cudnnHandle_t h, cudaStre
   g->notes = c->notes;
   g->behavior = c->behavior;
   g->time_us = c->time_us;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+/* What decides a choice (the process's cache key) and what was chosen. */
+typedef struct kcu_conv_choice_key {
+  kcu_conv_shape shape;
+  int64_t align[KCU_GRAPH_MAX_IO]; /* of x, w, y, bias, residual */
+  int64_t ws_size;
+  int32_t device, graphs;
+} kcu_conv_choice_key;
+_Static_assert(sizeof(kcu_conv_choice_key) <= KCU_CHOICE_KEY_BYTES, "convolution key too long");
+_Static_assert(sizeof(kcu_conv_choice) <= KCU_CHOICE_VALUE_BYTES, "convolution choice too long");
+
+cudnnStatus_t kcu_conv_graph_choose(kcu_conv_graph *g, cudnnHandle_t h, cudaStream_t s,
+                                    const kcu_conv_shape *sh, const kcu_conv_io *io,
+                                    const kcu_tensor *out, int64_t channels, int64_t inner,
+                                    void *ws, size_t ws_size, double *compile_left) {
+  kcu_conv_choice_key key;
+  kcu_conv_choice kept;
+  const void *ptr[KCU_GRAPH_MAX_IO] = {io->x, io->w, io->y, io->bias, io->residual};
+  int device = 0;
+  cudaGetDevice(&device);
+  memset(&key, 0, sizeof key);
+  memset(&kept, 0, sizeof kept);
+  key.shape = *sh;
+  for (int k = 0; k < KCU_GRAPH_MAX_IO; k++) key.align[k] = kcu_alignment(ptr[k]);
+  key.ws_size = (int64_t)ws_size;
+  key.device = device;
+  key.graphs = g->graphs;
+  g->reused = 0;
+  /* an earlier load chose for this key: the same plan again, untimed, within the budget */
+  if (kcu_choice_find(&key, sizeof key, &kept, sizeof kept) &&
+      (!kept.compiled || *compile_left > 0.0) &&
+      kcu_graph_pick(g, h, s, sh, io, out, channels, inner, ws, ws_size, compile_left, &kept) ==
+          CUDNN_STATUS_SUCCESS) {
+    g->reused = 1;
+    return CUDNN_STATUS_SUCCESS;
+  }
+  cudnnStatus_t st =
+      kcu_graph_pick(g, h, s, sh, io, out, channels, inner, ws, ws_size, compile_left, NULL);
+  if (st != CUDNN_STATUS_SUCCESS) return st;
+  kept.engine = g->engine;
+  kept.graph = g->fused ? 0 : 1;
+  kept.from_fallback = g->from_fallback;
+  kept.rank = g->heur_rank;
+  kept.compiled = (g->behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)) != 0;
+  kept.time_us = g->time_us;
+  kcu_choice_keep(&key, sizeof key, &kept, sizeof kept);
   return CUDNN_STATUS_SUCCESS;
 }
 

@@ -38,6 +38,14 @@ typedef struct kcu_conv_io {
   void *x, *w, *y, *bias, *residual;
 } kcu_conv_io;
 
+/* A choice kept for the process (cuda_choice_cache.h): the configuration at `rank` of the
+ * heuristic list of `graph` (0 fused, 1 plain), still engine `engine` when rebuilt. */
+typedef struct kcu_conv_choice {
+  int64_t engine;
+  int32_t graph, from_fallback, rank, compiled;
+  float time_us;
+} kcu_conv_choice;
+
 /* Descriptors that live as long as a plan built from them. */
 typedef struct kcu_dnn_set {
   cudnnBackendDescriptor_t d[KCU_GRAPH_MAX_DESCS];
@@ -65,6 +73,7 @@ typedef struct kcu_conv_graph {
   int timed;          /* candidate plans timed */
   int refused;        /* configurations refused for their numerics (see kcu_numerics_allowed) */
   int shared;         /* the plan is another op's of the same shape, which owns it */
+  int reused;         /* chosen untimed: an earlier load in the process chose it for this key */
   /* Per graph (0 fused, 1 plain): how its build ended, configurations offered, plans built. */
   cudnnStatus_t build_status[2];
   int offered[2], built[2];
@@ -73,6 +82,8 @@ typedef struct kcu_conv_graph {
 
 /* Builds the graphs of sh, times up to KCU_GRAPH_MAX_PLANS plans of each within ws_size bytes of
  * workspace on io and keeps the fastest; runtime compilation spends from *compile_left (ms).
+ * What an earlier load in the process chose for the same shape, alignments, workspace and
+ * device is taken again untimed (both loads then run the same kernels).
  * CUDNN_STATUS_NOT_SUPPORTED when no plan runs. */
 cudnnStatus_t kcu_conv_graph_choose(kcu_conv_graph *g, cudnnHandle_t h, cudaStream_t s,
                                     const kcu_conv_shape *sh, const kcu_conv_io *io,

@@ -1334,6 +1334,43 @@ static void test_conv_graph(void) {
     CHECK(r.ok && !(r.graph.behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)) &&
           r.graph.compile_ms == 0.0f && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
   }
+  /* A convolution chosen at one load is taken untimed at the next load of its shape (a shape no
+   * other case of this program has), and both engines compute alike. */
+  if (selected("conv graph choice reused")) {
+    static const conv_shape odd = {"odd 3x3", 0, 2, 1, 40, 11, 11, 56, 3, 3, 1, 1, 1, 1, 0};
+    prog *p = conv_prog(&odd, KILN_F16, 1, 1);
+    kiln_error err;
+    kiln_engine *a = p_load(p, &kiln_cuda_backend, 0, &err);
+    kiln_engine *b = a ? p_load(p, &kiln_cuda_backend, 0, &err) : NULL;
+    if (!b) fprintf(stderr, "conv graph choice reused: cuda load: %s\n", err.message);
+    CHECK(a != NULL && b != NULL);
+    if (a && b) {
+      kiln_cuda_stats sa, sb;
+      const kiln_tensor_desc *xt = &p->tensors[p->inputs[0]], *yt = &p->tensors[p->outputs[0]];
+      void *hx = malloc(xt->nbytes), *ya = malloc(yt->nbytes), *yb = malloc(yt->nbytes);
+      if (!hx || !ya || !yb) die("out of memory");
+      fill(hx, KILN_F16, p_count(xt), -1, 1);
+      void *in[1] = {hx}, *oa[1] = {ya}, *ob[1] = {yb};
+      kiln_cuda_engine_stats(a, &sa, &err);
+      kiln_cuda_engine_stats(b, &sb, &err);
+      CHECK(p_execute(a, p, in, oa, &err) == KILN_OK && p_execute(b, p, in, ob, &err) == KILN_OK);
+      double e = rel_error(yb, ya, KILN_F16, p_count(yt));
+      printf("conv graph choice reused: first load measured %llu reused %llu, second measured %llu "
+             "reused %llu; outputs %s (rel err %.1e)\n",
+             (unsigned long long)sa.choices_measured, (unsigned long long)sa.choices_reused,
+             (unsigned long long)sb.choices_measured, (unsigned long long)sb.choices_reused,
+             memcmp(ya, yb, yt->nbytes) == 0 ? "identical" : "differ", e);
+      CHECK(sa.choices_measured == 1 && sa.choices_reused == 0);
+      CHECK(sb.choices_measured == 0 && sb.choices_reused == 1);
+      CHECK(e <= dtype_tolerance(KILN_F16));
+      free(hx);
+      free(ya);
+      free(yb);
+    }
+    p_unload(a);
+    p_unload(b);
+    p_free(p);
+  }
   for (int tf32 = 0; tf32 < 2 && selected("conv graph f32"); tf32++) {
     conv_direct_run(&res3x3, KILN_F32, 1, 0, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, tf32,
                     KCU_GRAPH_COMPILE_BUDGET_MS, 1, 0, &r);
