@@ -609,6 +609,7 @@ static kiln_status kcu_instantiate(kcu_state *s, const kiln_plan *p, int host_co
  * just what the chosen ones need. Runs once the arena and I/O buffers exist. */
 static kiln_status kcu_choose_convs(kcu_state *s, const kiln_plan *p, kiln_error *err) {
   size_t need = 0, free_b = 0, total_b = 0, trial = KCU_CONV_FIND_WORKSPACE;
+  double compile_left = KCU_GRAPH_COMPILE_BUDGET_MS; /* bounds the load time of a large CNN */
   kiln_status st;
   if (!s->dnn) return KILN_OK;
   /* Measuring must not take the memory other programs on the device need. */
@@ -622,8 +623,14 @@ static kiln_status kcu_choose_convs(kcu_state *s, const kiln_plan *p, kiln_error
     kcu_tensor in[KILN_MAX_OP_INPUTS];
     for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = kcu_resolve(s, p, op->inputs[k], s->dev_in, s->dev_out);
     kcu_tensor out = kcu_resolve(s, p, op->output, s->dev_in, s->dev_out);
-    st = kcu_conv_choose(&s->conv[i], s->dnn, s->stream, p, i, in, &out, s->conv_ws, trial, err);
+    st = kcu_conv_choose(&s->conv[i], s->dnn, s->stream, p, i, in, &out, s->conv_ws, trial,
+                         s->conv, i, &compile_left, err);
     if (st != KILN_OK) return st;
+    const kcu_conv_graph *g = &s->conv[i].graph;
+    if (!s->conv[i].transposed && !g->shared) {
+      if (g->reused) s->stats.choices_reused++;
+      else s->stats.choices_measured++;
+    }
     if (s->conv[i].workspace > need) need = s->conv[i].workspace;
   }
   cudaFree(s->conv_ws);

@@ -6,17 +6,19 @@
  * `--matmul-attention` runs only the matmul and attention cases, `--only SUBSTRING` only the
  * compared cases whose name contains SUBSTRING (`--only conv` the cuDNN convolutions), and
  * `--time-sdpa` times the attention paths on
- * the benchmark's shapes. */
+ * the benchmark's shapes, `--bench-conv` the convolution plans on ResNet-50 and MobileNetV3 shapes. */
 #include "fused_programs.h"
 #include "gpu_harness.h"
 
 #include "core/pointwise_steps.h"
 #include "core/vision_shape.h"
 #include "cuda/cuda_attention_gemm.h"
+#include "cuda/cuda_conv.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/cuda_staging.h"
 
 #include <cuda.h>
+#include <time.h>
 
 static int cuda_ok(cudaError_t rc, const char *what) {
   if (rc == cudaSuccess) return 1;
@@ -1006,11 +1008,11 @@ static uint32_t conv_tensor(prog *p, kiln_storage st, kiln_dtype dt, int spatial
   return p_tensor(p, st, dt, r, d);
 }
 
-/* One convolution in one dtype and layout with one epilogue: 0 bias, 1 bias + ReLU, 2 bias +
- * residual + ReLU (cuDNN's fused call where it takes it), 3 residual alone (the epilogue
- * kernel). */
-static void conv_case(const conv_shape *c, kiln_dtype dt, int nhwc, int epilogue) {
-  char name[128];
+static const char *const conv_epilogues[] = {"bias", "bias relu", "bias res relu", "res"};
+
+/* The one-op program of a convolution in one dtype and layout with one epilogue: 0 bias, 1 bias
+ * + ReLU, 2 bias + residual + ReLU, 3 residual alone. */
+static prog *conv_prog(const conv_shape *c, kiln_dtype dt, int nhwc, int epilogue) {
   int bias = epilogue < 3, relu = epilogue == 1 || epilogue == 2, residual = epilogue >= 2;
   int64_t oh = c->spatial == 2 ? conv_side(c, c->h, c->kh) : 1, ow = conv_side(c, c->w, c->kw);
   int64_t kh = c->spatial == 2 ? c->kh : 1;
@@ -1040,10 +1042,15 @@ static void conv_case(const conv_shape *c, kiln_dtype dt, int nhwc, int epilogue
   if (c->transposed) a[at++] = KILN_PAIR(c->spatial == 2 ? c->out_pad : 0, c->out_pad);
   a[at++] = nhwc, a[at++] = relu ? KILN_ACT_RELU : KILN_ACT_NONE, a[at++] = residual;
   p_op(p, c->transposed ? KILN_OP_CONV_TRANSPOSE : KILN_OP_CONV, n_in, ins, y, at, a, 0);
-  static const char *const epilogues[] = {"bias", "bias relu", "bias res relu", "res"};
+  return p;
+}
+
+/* One convolution through the engine (cuDNN's fused graph where an engine takes it). */
+static void conv_case(const conv_shape *c, kiln_dtype dt, int nhwc, int epilogue) {
+  char name[128];
   snprintf(name, sizeof name, "conv %s %s %s %s", c->name, kiln_dtype_name(dt), nhwc ? "nhwc" : "nchw",
-           epilogues[epilogue]);
-  compare(p, name, NULL);
+           conv_epilogues[epilogue]);
+  compare(conv_prog(c, dt, nhwc, epilogue), name, NULL);
 }
 
 static void test_conv(void) {
@@ -1065,6 +1072,377 @@ static void test_conv(void) {
     for (int t = 0; t < 3; t++)
       for (int nhwc = 0; nhwc < 2; nhwc++)
         for (int epi = 0; epi < 4; epi++) conv_case(&shapes[i], float_types[t], nhwc, epi);
+}
+
+/* ---------------------------------------------------------------- convolution plans, directly */
+
+/* One CONV op driven through kcu_conv on device buffers of its own: the plan cuDNN's heuristics
+ * and the timing chose, its output against the CPU engine's, optionally its time per run. */
+typedef struct conv_direct {
+  kcu_conv c;
+  kcu_conv_graph graph; /* what was chosen, kept after c is released (its descriptors are not) */
+  size_t workspace;
+  int ok;            /* init, choice and a run succeeded */
+  double rel_err;    /* against the CPU engine; -1 when not compared */
+  double us;         /* median per run of the chosen plan in a CUDA graph; -1 when not timed */
+  double legacy_us;  /* the legacy API's fastest forward algorithm (convolution alone); -1 none */
+  int legacy_algo;
+  double choose_ms;  /* init's choice: building, heuristics, timing every candidate */
+} conv_direct;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The legacy API's Find over the same shape: the time of its fastest usable forward algorithm. */
+static double conv_legacy_us(const kcu_conv_shape *sh, cudnnHandle_t h, const kcu_tensor *in,
+                             const kcu_tensor *out, void *ws, size_t ws_size, int *algo) {
+  cudnnTensorDescriptor_t x = NULL, y = NULL;
+  cudnnFilterDescriptor_t w = NULL;
+  cudnnConvolutionDescriptor_t conv = NULL;
+  cudnnConvolutionFwdAlgoPerf_t perf[8];
+  cudnnTensorFormat_t fmt = sh->channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  int found = 0;
+  double best = -1.0;
+  cudnnStatus_t st = cudnnCreateTensorDescriptor(&x);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnCreateTensorDescriptor(&y);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnCreateFilterDescriptor(&w);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnCreateConvolutionDescriptor(&conv);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnSetTensor4dDescriptor(x, fmt, sh->dtype, (int)sh->x[0], (int)sh->x[1], (int)sh->x[2], (int)sh->x[3]);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnSetTensor4dDescriptor(y, fmt, sh->dtype, (int)sh->y[0], (int)sh->y[1], (int)sh->y[2], (int)sh->y[3]);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnSetFilter4dDescriptor(w, sh->dtype, fmt, (int)sh->w[0], (int)sh->w[1], (int)sh->w[2], (int)sh->w[3]);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnSetConvolution2dDescriptor(conv, (int)sh->pad[0], (int)sh->pad[1], (int)sh->stride[0],
+                                         (int)sh->stride[1], (int)sh->dilation[0], (int)sh->dilation[1],
+                                         CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionGroupCount(conv, (int)(sh->x[1] / sh->w[1]));
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnSetConvolutionMathType(conv, sh->dtype != CUDNN_DATA_FLOAT ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnFindConvolutionForwardAlgorithmEx(h, x, in[0].data, w, in[1].data, conv, y, out->data, 8,
+                                                &found, perf, ws, ws_size);
+  for (int k = 0; st == CUDNN_STATUS_SUCCESS && k < found; k++)
+    if (perf[k].status == CUDNN_STATUS_SUCCESS && (best < 0 || perf[k].time * 1e3 < best)) {
+      best = perf[k].time * 1e3;
+      *algo = (int)perf[k].algo;
+    }
+  if (x) cudnnDestroyTensorDescriptor(x);
+  if (y) cudnnDestroyTensorDescriptor(y);
+  if (w) cudnnDestroyFilterDescriptor(w);
+  if (conv) cudnnDestroyConvolutionDescriptor(conv);
+  return best;
+}
+
+/* Median microseconds per run of the chosen plan, 20 runs recorded as one CUDA graph. */
+static double conv_direct_time(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kcu_tensor *in,
+                               uint32_t n_in, const kcu_tensor *out, void *ws, size_t ws_size) {
+  enum { RUNS = 20, LAUNCHES = 9 };
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  cudaEvent_t a, b;
+  double t[LAUNCHES];
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaError_t rc = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  for (int r = 0; rc == cudaSuccess && r < RUNS; r++) rc = kcu_conv_run(c, h, s, in, n_in, out, ws, ws_size);
+  cudaError_t end = cudaStreamEndCapture(s, &graph);
+  if (rc == cudaSuccess) rc = end;
+  if (rc == cudaSuccess) rc = cudaGraphInstantiate(&exec, graph, 0);
+  if (rc == cudaSuccess) rc = cudaGraphLaunch(exec, s);
+  for (int l = 0; rc == cudaSuccess && l < LAUNCHES; l++) {
+    float ms = 0.0f;
+    cudaEventRecord(a, s);
+    rc = cudaGraphLaunch(exec, s);
+    cudaEventRecord(b, s);
+    if (rc == cudaSuccess) rc = cudaEventSynchronize(b);
+    cudaEventElapsedTime(&ms, a, b);
+    t[l] = ms * 1e3 / RUNS;
+  }
+  for (int i = 1; rc == cudaSuccess && i < LAUNCHES; i++) /* insertion sort for the median */
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+      double v = t[j];
+      t[j] = t[j - 1];
+      t[j - 1] = v;
+    }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  if (rc != cudaSuccess) fprintf(stderr, "conv timing: %s\n", cudaGetErrorString(rc));
+  return rc == cudaSuccess ? t[LAUNCHES / 2] : -1.0;
+}
+
+/* Runs conv_prog(cs, dt, nhwc, epilogue) through kcu_conv with only the graphs in `graphs`
+ * allowed and compile_ms of runtime compilation; compares with the CPU engine when compare_cpu,
+ * times when bench. */
+static void conv_direct_run(const conv_shape *cs, kiln_dtype dt, int nhwc, int epilogue, int graphs,
+                            int allow_tf32, double compile_ms, int compare_cpu, int bench,
+                            conv_direct *r) {
+  prog *p = conv_prog(cs, dt, nhwc, epilogue);
+  kiln_plan pl;
+  kiln_error err;
+  void *host_in[P_MAX_IO] = {0}, *dev_in[P_MAX_IO] = {0}, *dev_out = NULL, *dev_w = NULL, *ws = NULL;
+  void *cpu_out = NULL, *gpu_out = NULL;
+  size_t ws_size = KCU_CONV_FIND_WORKSPACE;
+  cudaStream_t s = NULL;
+  cudnnHandle_t h = NULL;
+  memset(r, 0, sizeof *r);
+  r->rel_err = r->us = r->legacy_us = -1.0;
+  memset(&pl, 0, sizeof pl);
+  pl.version = KILN_PLAN_VERSION;
+  pl.n_tensors = p->n_tensors;
+  pl.n_ops = p->n_ops;
+  pl.n_inputs = p->n_inputs;
+  pl.n_outputs = p->n_outputs;
+  pl.tensors = p->tensors;
+  pl.ops = p->ops;
+  pl.inputs = p->inputs;
+  pl.outputs = p->outputs;
+  const kiln_tensor_desc *yt = &p->tensors[p->outputs[0]];
+  for (uint32_t i = 0; i < p->n_inputs; i++) {
+    const kiln_tensor_desc *t = &p->tensors[p->inputs[i]];
+    host_in[i] = malloc(t->nbytes);
+    if (!host_in[i]) die("out of memory");
+    fill(host_in[i], dt, p_count(t), -1.0, 1.0);
+    if (!cuda_ok(cudaMalloc(&dev_in[i], t->nbytes), "cudaMalloc")) die("device");
+    cudaMemcpy(dev_in[i], host_in[i], t->nbytes, cudaMemcpyHostToDevice);
+  }
+  if (!cuda_ok(cudaMalloc(&dev_out, yt->nbytes), "cudaMalloc") ||
+      !cuda_ok(cudaMalloc(&dev_w, p->weights_size), "cudaMalloc") ||
+      !cuda_ok(cudaMalloc(&ws, ws_size), "cudaMalloc"))
+    die("device");
+  cudaMemcpy(dev_w, p->weights, p->weights_size, cudaMemcpyHostToDevice);
+  const kiln_op *op = &p->ops[0];
+  kcu_tensor in[KILN_MAX_OP_INPUTS], out;
+  for (uint32_t k = 0; k <= op->n_inputs; k++) {
+    const kiln_tensor_desc *t = &p->tensors[k < op->n_inputs ? op->inputs[k] : op->output];
+    kcu_tensor *kt = k < op->n_inputs ? &in[k] : &out;
+    memset(kt, 0, sizeof *kt);
+    kt->data = t->storage == KILN_STORE_INPUT ? dev_in[t->io_index]
+               : t->storage == KILN_STORE_WEIGHT ? (char *)dev_w + t->offset : dev_out;
+    kt->dtype = t->dtype;
+    kt->rank = t->rank;
+    kt->numel = (int64_t)p_count(t);
+    for (int d = 0; d < t->rank; d++) kt->dims[d] = t->dims[d];
+  }
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  kiln_status st = kcu_conv_handle(&h, s, 0, &err);
+  if (st == KILN_OK) st = kcu_conv_init(&r->c, &pl, 0, allow_tf32, &err);
+  if (st == KILN_OK) {
+    double t0 = now_ms();
+    r->c.graph.graphs = graphs;
+    double compile_left = compile_ms;
+    st = kcu_conv_choose(&r->c, h, s, &pl, 0, in, &out, ws, ws_size, NULL, 0, &compile_left, &err);
+    r->choose_ms = now_ms() - t0;
+  }
+  if (st != KILN_OK) fprintf(stderr, "%s: %s\n", cs->name, err.message);
+  r->ok = st == KILN_OK &&
+          cuda_ok(kcu_conv_run(&r->c, h, s, in, op->n_inputs, &out, ws, ws_size), "conv run") &&
+          cuda_ok(cudaStreamSynchronize(s), "conv run");
+  if (r->ok && compare_cpu) {
+    kiln_engine *cpu = p_load(p, &kiln_cpu_backend, 0, &err);
+    cpu_out = malloc(yt->nbytes);
+    gpu_out = malloc(yt->nbytes);
+    if (!cpu || !cpu_out || !gpu_out) die("cpu engine");
+    void *outs[1] = {cpu_out};
+    if (p_execute(cpu, p, host_in, outs, &err) != KILN_OK) die(err.message);
+    cudaMemcpy(gpu_out, dev_out, yt->nbytes, cudaMemcpyDeviceToHost);
+    r->rel_err = rel_error(gpu_out, cpu_out, dt, p_count(yt));
+    p_unload(cpu);
+  }
+  if (r->ok && bench) {
+    r->us = conv_direct_time(&r->c, h, s, in, op->n_inputs, &out, ws, ws_size);
+    r->legacy_us = conv_legacy_us(&r->c.shape, h, in, &out, ws, ws_size, &r->legacy_algo);
+  }
+  r->graph = r->c.graph;
+  r->workspace = r->c.workspace;
+  kcu_conv_release(&r->c);
+  if (h) cudnnDestroy(h);
+  cudaStreamDestroy(s);
+  for (uint32_t i = 0; i < P_MAX_IO; i++) {
+    free(host_in[i]);
+    cudaFree(dev_in[i]);
+  }
+  cudaFree(dev_out);
+  cudaFree(dev_w);
+  cudaFree(ws);
+  free(cpu_out);
+  free(gpu_out);
+  p_free(p);
+}
+
+/* "A3 eng 12 fused tc": where the chosen plan came from and what it is. */
+static void conv_choice_text(const conv_direct *r, char *buf, size_t n) {
+  const kcu_conv_graph *g = &r->graph;
+  snprintf(buf, n, "%s%-2d eng %-3lld %-5s%s%s%s%s ws %lluK timed %d refused %d",
+           g->from_fallback ? "F" : "A", g->heur_rank, (long long)g->engine, g->fused ? "fused" : "plain",
+           g->notes & (1u << CUDNN_NUMERICAL_NOTE_TENSOR_CORE) ? " tc" : "",
+           g->notes & (1u << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) ? " down" : "",
+           g->notes & (1u << CUDNN_NUMERICAL_NOTE_WINOGRAD) ? " wino" : "",
+           g->behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) ? " rtc" : "",
+           (unsigned long long)(r->workspace >> 10), g->timed, g->refused);
+  /* each graph's build, the configurations heuristics offered, the plans built from them */
+  size_t at = strlen(buf);
+  snprintf(buf + at, n - at, " [fused %s %d>%d, plain %s %d>%d, compiled %.0f ms]",
+           g->build_status[0] == CUDNN_STATUS_SUCCESS ? "ok" : cudnnGetErrorString(g->build_status[0]),
+           g->offered[0], g->built[0],
+           g->build_status[1] == CUDNN_STATUS_SUCCESS ? "ok" : cudnnGetErrorString(g->build_status[1]),
+           g->offered[1], g->built[1], (double)g->compile_ms);
+}
+
+/* The branches of the graph choice, each against the CPU engine: the fused graph alone must be
+ * accepted for f16 NHWC bias + residual + ReLU; the plain graph alone runs the epilogue kernel;
+ * f32 without TF32 keeps no engine noted for tensor cores or down-converted inputs; two ops of one
+ * shape share a plan. */
+static void test_conv_graph(void) {
+  static const conv_shape res3x3 = {"resnet 3x3", 0, 2, 2, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1, 0};
+  const unsigned lowered = (1u << CUDNN_NUMERICAL_NOTE_TENSOR_CORE) |
+                           (1u << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS);
+  conv_direct r;
+  char text[400];
+  if (selected("conv graph fused")) {
+    conv_direct_run(&res3x3, KILN_F16, 1, 2, KCU_GRAPH_FUSED, 0, KCU_GRAPH_COMPILE_BUDGET_MS, 1, 0, &r);
+    conv_choice_text(&r, text, sizeof text);
+    printf("conv graph fused only f16 nhwc bias res relu: %s, %s, rel err %.2e\n",
+           r.ok ? "ok" : "FAILED", text, r.rel_err);
+    CHECK(r.ok && r.graph.fused && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
+  }
+  if (selected("conv graph plain")) {
+    conv_direct_run(&res3x3, KILN_F16, 1, 2, KCU_GRAPH_PLAIN, 0, KCU_GRAPH_COMPILE_BUDGET_MS, 1, 0, &r);
+    conv_choice_text(&r, text, sizeof text);
+    printf("conv graph plain only f16 nhwc bias res relu: %s, %s, rel err %.2e\n",
+           r.ok ? "ok" : "FAILED", text, r.rel_err);
+    CHECK(r.ok && !r.graph.fused && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
+  }
+  /* Two convolutions of one shape in one engine: the second runs the first's plan with its own
+   * variant pack. */
+  for (int t = 0; t < 2; t++) {
+    kiln_dtype dt = t ? KILN_F32 : KILN_F16;
+    int nhwc = !t;
+    prog *p = p_new();
+    uint32_t x = conv_tensor(p, KILN_STORE_INPUT, dt, 2, nhwc, 2, 64, 14, 14);
+    uint32_t w1 = p_weight(p, dt, 4, nhwc ? DIMS(64, 3, 3, 64) : DIMS(64, 64, 3, 3), -0.05, 0.05);
+    uint32_t w2 = p_weight(p, dt, 4, nhwc ? DIMS(64, 3, 3, 64) : DIMS(64, 64, 3, 3), -0.05, 0.05);
+    uint32_t b1 = p_weight(p, dt, 1, DIMS(64), -0.5, 0.5), b2 = p_weight(p, dt, 1, DIMS(64), -0.5, 0.5);
+    uint32_t h = conv_tensor(p, KILN_STORE_ARENA, dt, 2, nhwc, 2, 64, 14, 14);
+    uint32_t y = conv_tensor(p, KILN_STORE_OUTPUT, dt, 2, nhwc, 2, 64, 14, 14);
+    p_op(p, KILN_OP_CONV, 3, OPS(x, w1, b1), h, 8,
+         ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 1, nhwc, KILN_ACT_RELU, 0), 0);
+    p_op(p, KILN_OP_CONV, 3, OPS(h, w2, b2), y, 8,
+         ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 1, nhwc, KILN_ACT_RELU, 0), 0);
+    compare(p, t ? "conv graph shared plan f32 nchw" : "conv graph shared plan f16 nhwc", NULL);
+  }
+  /* The engine's compile budget spent: only precompiled engines, on the 1x1 + residual shape
+   * where a runtime-compiled one wins when it may. */
+  if (selected("conv graph no compile budget")) {
+    static const conv_shape res1x1 = {"resnet 1x1", 0, 2, 1, 256, 14, 14, 1024, 1, 1, 1, 0, 1, 1, 0};
+    conv_direct_run(&res1x1, KILN_F16, 1, 2, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, 0, 0.0, 1, 0, &r);
+    conv_choice_text(&r, text, sizeof text);
+    printf("conv graph no compile budget f16 nhwc 1x1 bias res relu: %s, %s, rel err %.2e\n",
+           r.ok ? "ok" : "FAILED", text, r.rel_err);
+    CHECK(r.ok && !(r.graph.behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)) &&
+          r.graph.compile_ms == 0.0f && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
+  }
+  /* A convolution chosen at one load is taken untimed at the next load of its shape (a shape no
+   * other case of this program has), and both engines compute alike. */
+  if (selected("conv graph choice reused")) {
+    static const conv_shape odd = {"odd 3x3", 0, 2, 1, 40, 11, 11, 56, 3, 3, 1, 1, 1, 1, 0};
+    prog *p = conv_prog(&odd, KILN_F16, 1, 1);
+    kiln_error err;
+    kiln_engine *a = p_load(p, &kiln_cuda_backend, 0, &err);
+    kiln_engine *b = a ? p_load(p, &kiln_cuda_backend, 0, &err) : NULL;
+    if (!b) fprintf(stderr, "conv graph choice reused: cuda load: %s\n", err.message);
+    CHECK(a != NULL && b != NULL);
+    if (a && b) {
+      kiln_cuda_stats sa, sb;
+      const kiln_tensor_desc *xt = &p->tensors[p->inputs[0]], *yt = &p->tensors[p->outputs[0]];
+      void *hx = malloc(xt->nbytes), *ya = malloc(yt->nbytes), *yb = malloc(yt->nbytes);
+      if (!hx || !ya || !yb) die("out of memory");
+      fill(hx, KILN_F16, p_count(xt), -1, 1);
+      void *in[1] = {hx}, *oa[1] = {ya}, *ob[1] = {yb};
+      kiln_cuda_engine_stats(a, &sa, &err);
+      kiln_cuda_engine_stats(b, &sb, &err);
+      CHECK(p_execute(a, p, in, oa, &err) == KILN_OK && p_execute(b, p, in, ob, &err) == KILN_OK);
+      double e = rel_error(yb, ya, KILN_F16, p_count(yt));
+      printf("conv graph choice reused: first load measured %llu reused %llu, second measured %llu "
+             "reused %llu; outputs %s (rel err %.1e)\n",
+             (unsigned long long)sa.choices_measured, (unsigned long long)sa.choices_reused,
+             (unsigned long long)sb.choices_measured, (unsigned long long)sb.choices_reused,
+             memcmp(ya, yb, yt->nbytes) == 0 ? "identical" : "differ", e);
+      CHECK(sa.choices_measured == 1 && sa.choices_reused == 0);
+      CHECK(sb.choices_measured == 0 && sb.choices_reused == 1);
+      CHECK(e <= dtype_tolerance(KILN_F16));
+      free(hx);
+      free(ya);
+      free(yb);
+    }
+    p_unload(a);
+    p_unload(b);
+    p_free(p);
+  }
+  for (int tf32 = 0; tf32 < 2 && selected("conv graph f32"); tf32++) {
+    conv_direct_run(&res3x3, KILN_F32, 1, 0, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, tf32,
+                    KCU_GRAPH_COMPILE_BUDGET_MS, 1, 0, &r);
+    conv_choice_text(&r, text, sizeof text);
+    double tol = tf32 ? 5e-3 : dtype_tolerance(KILN_F32);
+    printf("conv graph f32 nhwc bias %s: %s, %s, rel err %.2e (tol %.0e)\n", tf32 ? "tf32 allowed" : "no tf32",
+           r.ok ? "ok" : "FAILED", text, r.rel_err, tol);
+    CHECK(r.ok && r.rel_err >= 0 && r.rel_err <= tol);
+    if (!tf32) CHECK((r.graph.notes & lowered) == 0);
+  }
+}
+
+/* --bench-conv: ResNet-50's batch-1 convolutions and MobileNetV3's depthwise ones at batch 1
+ * and 32, NHWC f16: the chosen plan, its median time per run, the legacy API's fastest. */
+static int bench_conv(void) {
+  static const struct {
+    conv_shape s;
+    int epilogue;
+  } cases[] = {
+      /* name                    T  sp  n    c    h    w     o  kh kw  s pad dil  g op */
+      {{"r50 stem 7x7 s2 224", 0, 2, 1, 3, 224, 224, 64, 7, 7, 2, 3, 1, 1, 0}, 1},
+      {{"r50 3x3 56x56x64", 0, 2, 1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 0}, 1},
+      {{"r50 1x1 56x56 64>256", 0, 2, 1, 64, 56, 56, 256, 1, 1, 1, 0, 1, 1, 0}, 2},
+      {{"r50 3x3 28x28x128", 0, 2, 1, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1, 0}, 1},
+      {{"r50 3x3 14x14x256", 0, 2, 1, 256, 14, 14, 256, 3, 3, 1, 1, 1, 1, 0}, 1},
+      {{"r50 1x1 14x14 256>1024", 0, 2, 1, 256, 14, 14, 1024, 1, 1, 1, 0, 1, 1, 0}, 2},
+      {{"r50 3x3 7x7x512", 0, 2, 1, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 0}, 1},
+      {{"r50 1x1 7x7 512>2048", 0, 2, 1, 512, 7, 7, 2048, 1, 1, 1, 0, 1, 1, 0}, 2},
+      {{"r50 1x1 7x7 512>2048", 0, 2, 1, 512, 7, 7, 2048, 1, 1, 1, 0, 1, 1, 0}, 0},
+      {{"mnv3 dw3 112x112x16", 0, 2, 1, 16, 112, 112, 16, 3, 3, 1, 1, 1, 16, 0}, 1},
+      {{"mnv3 dw3 s2 112x112x64", 0, 2, 1, 64, 112, 112, 64, 3, 3, 2, 1, 1, 64, 0}, 1},
+      {{"mnv3 dw5 s2 56x56x72", 0, 2, 1, 72, 56, 56, 72, 5, 5, 2, 2, 1, 72, 0}, 1},
+      {{"mnv3 dw5 28x28x120", 0, 2, 1, 120, 28, 28, 120, 5, 5, 1, 2, 1, 120, 0}, 1},
+      {{"mnv3 dw3 14x14x480", 0, 2, 1, 480, 14, 14, 480, 3, 3, 1, 1, 1, 480, 0}, 0},
+      {{"mnv3 dw5 7x7x960", 0, 2, 1, 960, 7, 7, 960, 5, 5, 1, 2, 1, 960, 0}, 0},
+  };
+  double total = 0.0, legacy_total = 0.0;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int mobile = strncmp(cases[i].s.name, "mnv3", 4) == 0;
+    for (int batch = 1; batch <= (mobile ? 32 : 1); batch += 31) {
+      conv_shape cs = cases[i].s;
+      conv_direct r;
+      char text[400];
+      cs.n = batch;
+      conv_direct_run(&cs, KILN_F16, 1, cases[i].epilogue, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, 0,
+                      KCU_GRAPH_COMPILE_BUDGET_MS, 0, 1, &r);
+      conv_choice_text(&r, text, sizeof text);
+      printf("bench-conv %-24s b%-2d %-13s %8.1f us  legacy %8.1f us (algo %d)  %s  choose %.0f ms%s\n",
+             cs.name, batch, conv_epilogues[cases[i].epilogue], r.us, r.legacy_us, r.legacy_algo, text,
+             r.choose_ms, r.ok ? "" : "  FAILED");
+      CHECK(r.ok && r.us > 0.0);
+      if (batch == 1 && !mobile && r.us > 0) total += r.us;
+      if (batch == 1 && !mobile && r.legacy_us > 0) legacy_total += r.legacy_us;
+    }
+  }
+  printf("bench-conv the r50 cases above, summed: %.1f us (legacy convolutions alone %.1f us)\n",
+         total, legacy_total);
+  return check_report("test_cuda_ops --bench-conv");
 }
 
 /* A ResNet block on the engine: conv (bias, ReLU), conv (bias, + identity, ReLU), NHWC f16;
@@ -2162,6 +2540,7 @@ int main(int argc, char **argv) {
   }
   if (argc > 1 && strcmp(argv[1], "--fault") == 0) return fault_check();
   if (argc > 1 && strcmp(argv[1], "--time-sdpa") == 0) return time_sdpa();
+  if (argc > 1 && strcmp(argv[1], "--bench-conv") == 0) return bench_conv();
   if (argc > 1 && strcmp(argv[1], "--matmul-attention") == 0) {
     /* The matmul and attention cases alone: quick to run against a changed kernel. */
     test_gemm();
@@ -2186,6 +2565,7 @@ int main(int argc, char **argv) {
   test_packed_attention();
   test_grouped_attention();
   test_conv();
+  test_conv_graph();
   test_state_write();
   if (only_filter) return check_report("test_cuda_ops --only");
   test_conv_noalloc();
