@@ -149,3 +149,67 @@ def test_the_cpp_runner_generates_the_same_tokens(exported, tmp_path):
     lines = dict(line.split(":", 1) for line in result.stdout.splitlines() if ":" in line)
     assert [int(t) for t in lines["tokens"].split()] == _eager(exported[0], prompt, NEW_TOKENS)
     assert "tokens/s" in lines["prefill"] and "tokens/s" in lines["decode"]
+
+
+# ---------------------------------------------------------------- one program, any prompt length
+
+@pytest.fixture(scope="module")
+def exported_dynamic(tmp_path_factory):
+    """The same decoder exported with a dynamic sequence dim (1 to the cache length): one program
+    prefills a whole prompt in one call, then decodes one token per call."""
+    model = decoders.llama()
+    path = str(tmp_path_factory.mktemp("dynamic_generation") / "llama_dynamic.pte")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.export(decoders.greedy_step(model), decoders.prefill_inputs(), path, strict=True,
+                              dynamic_shapes=decoders.DYNAMIC_SHAPES, require_whole=True)
+    return model, path, program
+
+
+def test_the_dynamic_decoder_is_one_whole_blob_with_the_sequence_symbol(exported_dynamic):
+    from test_dynamic_shapes import KILN_CLI
+    import subprocess
+
+    program = exported_dynamic[2]
+    assert len(kiln.blobs(program)) == 1 and program.kiln_report.whole, program.kiln_report
+    out = subprocess.run([KILN_CLI, "inspect", exported_dynamic[1]], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f": 1..{decoders.CACHE} (dims shown at the upper bound)" in out.stdout
+
+
+@pytest.mark.parametrize("length", [1, 7, decoders.CACHE - 16])
+def test_prefill_of_the_whole_prompt_then_decode_equals_eager(exported_dynamic, length, monkeypatch):
+    import kiln_runtime  # noqa: F401  (registers KilnBackend)
+    from executorch.runtime import Runtime
+
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    model, path, _ = exported_dynamic
+    program = Runtime.get().load_program(path)
+    method = program.load_method("forward")
+    prompt = decoders.prompt_of(length)
+    expected = _eager(model, prompt, 16)
+    assert decoders.prefill_generate(_step(method), prompt, 16) == expected
+    # the same loaded program again from a fresh cache: a prompt of the whole cache length
+    with pytest.raises(RuntimeError):  # past the bound: refused by the engine, nothing written
+        method.execute([torch.zeros(1, decoders.CACHE + 1, dtype=torch.long), torch.arange(decoders.CACHE + 1)])
+
+
+def test_the_dynamic_engine_prefills_the_whole_cache_and_refuses_one_more(exported_dynamic):
+    model, _, program = exported_dynamic
+    engine = _lib.Engine(kiln.blobs(program)[0], device="cpu")
+    names = [name for name, kind, _, _ in engine.bindings() if kind == _lib.IO_INPUT]
+
+    def step(ids, position):
+        feeds = {"input_ids": ids, "cache_position": position}
+        out = torch.zeros(1, dtype=torch.long)
+        engine.execute([next(t for key, t in feeds.items() if key in name) for name in names], [out])
+        return out
+
+    prompt = decoders.prompt_of(decoders.CACHE)
+    assert decoders.prefill_generate(step, prompt, 1) == _eager(model, prompt, 1)
+    engine.reset_state()
+    with pytest.raises(_lib.KilnError) as refused:
+        step(torch.zeros(1, decoders.CACHE + 1, dtype=torch.long), torch.arange(decoders.CACHE + 1))
+    assert f"is {decoders.CACHE + 1}, above its bound {decoders.CACHE}" in refused.value.message
+    short = decoders.prompt_of(7)
+    assert decoders.prefill_generate(step, short, 8) == _eager(model, short, 8)
