@@ -171,7 +171,11 @@ def test_the_dynamic_decoder_is_one_whole_blob_with_the_sequence_symbol(exported
     import subprocess
 
     program = exported_dynamic[2]
-    assert len(kiln.blobs(program)) == 1 and program.kiln_report.whole, program.kiln_report
+    report = program.kiln_report
+    assert len(kiln.blobs(program)) == 1 and report.whole and report.ops_outside == 0, report
+    with _lib.Engine(kiln.blobs(program)[0], device="cpu") as engine:  # the cache writes' positions too
+        inputs = sorted(name for name, kind, _, _ in engine.bindings() if kind == _lib.IO_INPUT)
+    assert len(inputs) == 2 and "cache_position" in inputs[0] and "input_ids" in inputs[1], inputs
     out = subprocess.run([KILN_CLI, "inspect", exported_dynamic[1]], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert f": 1..{decoders.CACHE} (dims shown at the upper bound)" in out.stdout
@@ -189,8 +193,7 @@ def test_prefill_of_the_whole_prompt_then_decode_equals_eager(exported_dynamic, 
     prompt = decoders.prompt_of(length)
     expected = _eager(model, prompt, 16)
     assert decoders.prefill_generate(_step(method), prompt, 16) == expected
-    # the same loaded program again from a fresh cache: a prompt of the whole cache length
-    with pytest.raises(RuntimeError):  # past the bound: refused by the engine, nothing written
+    with pytest.raises(RuntimeError):  # past the bound: ExecuTorch refuses it before Kiln sees it
         method.execute([torch.zeros(1, decoders.CACHE + 1, dtype=torch.long), torch.arange(decoders.CACHE + 1)])
 
 
