@@ -2041,7 +2041,6 @@ static void test_dynamic_plan(void) {
     kiln_cuda_stats before, after;
     kiln_cuda_engine_stats(gpu, &before, &err);
     {
-      float *hx = calloc((size_t)K, es), *hy = calloc(32, es), *hz = calloc(16, es);
       kiln_tensor_view in, out[2];
       memset(&in, 0, sizeof in);
       memset(out, 0, sizeof out);
@@ -2053,11 +2052,11 @@ static void test_dynamic_plan(void) {
         out[o].sizes[1] = c, out[o].strides[0] = c, out[o].strides[1] = 1;
         out[o].nbytes = (uint64_t)c * es;
       }
-      noalloc &= kiln_engine_execute(gpu, &in, 1, out, 2, &err) == KILN_OK; /* the slot is warm */
+      for (int w = 0; w < 2; w++) /* seen, then captured (or replayed): the slot is warm */
+        noalloc &= kiln_engine_execute(gpu, &in, 1, out, 2, &err) == KILN_OK;
       counting = 1;
       for (int r = 0; r < 8; r++) noalloc &= kiln_engine_execute(gpu, &in, 1, out, 2, &err) == KILN_OK;
       counting = 0;
-      free(hx), free(hy), free(hz);
     }
     kiln_cuda_engine_stats(gpu, &after, &err);
     cudaMemGetInfo(&free1, &total);
