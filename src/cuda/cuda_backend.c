@@ -718,7 +718,8 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     attn_gemm |= kcu_attn_gemm_planned(s, p, i);
   }
   if (s->dynamic && e->shaped.tensors) {
-    /* Every op also at the lower bounds, where a size of 1 could break what the bounds allow;
+    /* Every op also at the lower bounds, where a size of 1 could break what the bounds allow
+     * (before any call, so the front end holds no shapes of its own in `shaped` yet);
      * other sizes are checked again as a call first meets them (kcu_prepare_shape). */
     static const kiln_op_site site = {"plan", 0, KILN_ERR_INVALID_PROGRAM, "; re-export the program"};
     int64_t lo[KILN_MAX_SYMBOLS], hi[KILN_MAX_SYMBOLS];
