@@ -216,3 +216,24 @@ def test_the_dynamic_engine_prefills_the_whole_cache_and_refuses_one_more(export
     assert f"is {decoders.CACHE + 1}, above its bound {decoders.CACHE}" in refused.value.message
     short = decoders.prompt_of(7)
     assert decoders.prefill_generate(step, short, 8) == _eager(model, short, 8)
+
+
+def test_the_cpp_runner_prefills_the_whole_prompt_in_one_call(exported_dynamic, tmp_path):
+    from test_executorch_e2e import PACKAGE_DIR, ROOT, configure_and_build, run
+
+    build = str(tmp_path / "generate")
+    configure_and_build(os.path.join(ROOT, "examples", "generate"), build, os.path.join(PACKAGE_DIR, "cmake"))
+    prompt = decoders.prompt_of(7)
+    result = run([os.path.join(build, "generate"), exported_dynamic[1], "--prompt", ",".join(map(str, prompt)),
+                  "--tokens", "16", "--device", "cpu", "--prefill", "whole"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = dict(line.split(":", 1) for line in result.stdout.splitlines() if ":" in line)
+    assert [int(t) for t in lines["tokens"].split()] == _eager(exported_dynamic[0], prompt, 16)
+    # the static program cannot take the prompt in one call: refused, not a wrong answer
+    static = str(tmp_path / "static.pte")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kiln.export(decoders.greedy_step(exported_dynamic[0]), decoders.example_inputs(), static, strict=True)
+    refused = run([os.path.join(build, "generate"), static, "--prompt", ",".join(map(str, prompt)),
+                   "--tokens", "4", "--device", "cpu", "--prefill", "whole"])
+    assert refused.returncode == 3 and "in one call failed" in refused.stderr, refused.stderr[-2000:]
