@@ -1987,7 +1987,7 @@ static long graph_launch_baseline(void *dev) {
  * allocates nothing (allocation failure injected; no malloc on a replay); a size past the
  * bound is refused with the front end's message and the program stays usable. */
 static void test_dynamic_plan(void) {
-  static const int64_t sizes[] = {1, 7, 24, 7, 1, 1, 2, 3, 4, 5, 6, 8, 24, 2, 3, 4, 5, 6, 8, 1, 7, 13};
+  static const int64_t sizes[] = {1, 7, 24, 7, 1, 1, 2, 3, 4, 5, 6, 8, 24, 2, 3, 4, 5, 6, 8, 1, 7, 13, 64, 64};
   const int n_sizes = (int)(sizeof sizes / sizeof sizes[0]);
   for (int cfg = 0; cfg < 4; cfg++) {
     kiln_dtype dt = cfg < 3 ? float_types[cfg] : KILN_F32;
