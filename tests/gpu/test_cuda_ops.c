@@ -3,7 +3,8 @@
  * engine's handling of caller memory, devices, out of memory and allocation failure.
  * Run on a GPU machine by scripts/gpu_test.sh; `--fault` runs the device-fault check, which
  * leaves the process's CUDA context unusable and so runs in a process of its own;
- * `--matmul-attention` runs only the matmul and attention cases, `--only SUBSTRING` only the
+ * `--matmul-attention` runs only the matmul and attention cases, `--dynamic` only the dynamic-shape
+ * cases, `--only SUBSTRING` only the
  * compared cases whose name contains SUBSTRING (`--only conv` the cuDNN convolutions), and
  * `--time-sdpa` times the attention paths on
  * the benchmark's shapes, `--bench-conv` the convolution plans on ResNet-50 and MobileNetV3 shapes. */
@@ -19,6 +20,8 @@
 
 #include <cuda.h>
 #include <time.h>
+
+#include "counting_malloc.h"
 
 static int cuda_ok(cudaError_t rc, const char *what) {
   if (rc == cudaSuccess) return 1;
@@ -2308,34 +2311,305 @@ static void test_refusals(void) {
   p_free(p);
 }
 
-/* A plan with a bounded dynamic dim runs on the CPU engine; the CUDA engine refuses it at load,
- * naming the symbol, and never falls back to the CPU. */
-static void test_dynamic_plan_refused(void) {
+/* A dynamic MLP x[s,K] -> linear+GELU -> softmax -> linear -> matmul, s in 1..max. */
+static void *dynamic_mlp(kiln_dtype dt, int64_t K, int64_t max, size_t *size) {
   kiln_builder *b = kiln_builder_create();
   kiln_error err = {KILN_OK, ""};
   kiln_sym_size s = {1, 1, 0};
+  void *blob = NULL;
+  int64_t H = 96, O = 32, Z = 16;
+  size_t es = kiln_dtype_size(dt);
+  void *w1 = malloc((size_t)(H * K) * es), *b1 = malloc((size_t)H * es);
+  void *w2 = malloc((size_t)(O * H) * es), *w3 = malloc((size_t)(O * Z) * es);
+  fill(w1, dt, (uint64_t)(H * K), -0.2, 0.2);
+  fill(b1, dt, (uint64_t)H, -0.5, 0.5);
+  fill(w2, dt, (uint64_t)(O * H), -1, 1);
+  fill(w3, dt, (uint64_t)(O * Z), -1, 1);
+  CHECK(kiln_builder_add_symbol(b, "batch", 1, max, &err) == 1);
+  int32_t x = kiln_builder_add_input_sym(b, "x", dt, 2, DIMS(max, K),
+                                         (kiln_sym_size[]){s, {0, 0, 0}}, &err);
+  int32_t W1 = kiln_builder_add_constant(b, dt, 2, DIMS(H, K), w1, (size_t)(H * K) * es, &err);
+  int32_t B1 = kiln_builder_add_constant(b, dt, 1, DIMS(H), b1, (size_t)H * es, &err);
+  int32_t W2 = kiln_builder_add_constant(b, dt, 2, DIMS(O, H), w2, (size_t)(O * H) * es, &err);
+  int32_t W3 = kiln_builder_add_constant(b, dt, 2, DIMS(O, Z), w3, (size_t)(O * Z) * es, &err);
+  int32_t h = kiln_builder_add_op(b, KILN_OP_LINEAR, (int32_t[]){x, W1, B1}, 3,
+                                  ATTR(KILN_ACT_GELU_TANH), 1, NULL, 0, &err);
+  int32_t sm = kiln_builder_add_op(b, KILN_OP_SOFTMAX, &h, 1, ATTR(1), 1, NULL, 0, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_LINEAR, (int32_t[]){sm, W2}, 2, ATTR(0), 1, NULL, 0, &err);
+  int32_t z = kiln_builder_add_op(b, KILN_OP_MATMUL, (int32_t[]){y, W3}, 2, NULL, 0, NULL, 0, &err);
+  CHECK(z >= 0);
+  if (z < 0) fprintf(stderr, "dynamic mlp: %s\n", err.message);
+  CHECK(kiln_builder_mark_output(b, y, "y", &err) == KILN_OK);
+  CHECK(kiln_builder_mark_output(b, z, "z", &err) == KILN_OK);
+  kiln_build_options opts;
+  kiln_build_options_default(&opts);
+  opts.fuse = 1;
+  if (kiln_builder_build(b, &opts, &blob, size, &err) != KILN_OK) {
+    fprintf(stderr, "dynamic mlp build: %s\n", err.message);
+    blob = NULL;
+  }
+  kiln_builder_destroy(b);
+  free(w1), free(b1), free(w2), free(w3);
+  return blob;
+}
+
+static kiln_engine *load_on(const void *blob, size_t size, kiln_device_kind kind) {
   kiln_engine_options opts;
+  kiln_error err = {KILN_OK, ""};
   kiln_engine *e = NULL;
+  kiln_engine_options_default(&opts);
+  opts.device = kind;
+  if (kiln_engine_load(blob, size, &opts, &e, &err) != KILN_OK)
+    fprintf(stderr, "dynamic plan load on %s: %s\n", kind == KILN_DEVICE_CPU ? "cpu" : "cuda",
+            err.message);
+  return e;
+}
+
+/* One call at batch n on cpu and gpu (gpu buffers host or device), outputs compared; 1 if ok. */
+static int dynamic_call(kiln_engine *cpu, kiln_engine *gpu, kiln_dtype dt, int64_t K, int64_t max,
+                        int64_t n, int bound, void *dev[3], const char *name) {
+  kiln_error err = {KILN_OK, ""};
+  size_t es = kiln_dtype_size(dt);
+  int64_t cols[2] = {32, 16};
+  void *hin = malloc((size_t)(max * K) * es), *cpu_out[2], *gpu_out[2];
+  fill(hin, dt, (uint64_t)(n * K), -1, 1);
+  kiln_tensor_view in, outs_cpu[2], outs_gpu[2];
+  memset(&in, 0, sizeof in);
+  in.data = bound ? dev[0] : hin;
+  in.dtype = dt;
+  in.rank = 2;
+  in.sizes[0] = n, in.sizes[1] = K;
+  in.strides[0] = K, in.strides[1] = 1;
+  in.nbytes = (uint64_t)(n * K) * es;
+  if (bound) cudaMemcpy(dev[0], hin, (size_t)in.nbytes, cudaMemcpyHostToDevice);
+  for (int o = 0; o < 2; o++) {
+    size_t bytes = (size_t)(max * cols[o]) * es;
+    cpu_out[o] = malloc(bytes);
+    gpu_out[o] = malloc(bytes);
+    memset(gpu_out[o], 0xff, bytes);
+    if (bound) cudaMemset(dev[1 + o], 0xff, bytes);
+    kiln_tensor_view v;
+    memset(&v, 0, sizeof v);
+    v.dtype = dt;
+    v.rank = 2;
+    v.sizes[0] = max, v.sizes[1] = cols[o]; /* given at the bound: the call writes n rows */
+    v.strides[0] = cols[o], v.strides[1] = 1;
+    v.nbytes = bytes;
+    v.data = cpu_out[o];
+    outs_cpu[o] = v;
+    v.data = bound ? dev[1 + o] : gpu_out[o];
+    outs_gpu[o] = v;
+  }
+  kiln_tensor_view in_cpu = in;
+  in_cpu.data = hin;
+  int ok = kiln_engine_execute(cpu, &in_cpu, 1, outs_cpu, 2, &err) == KILN_OK;
+  if (!ok) fprintf(stderr, "%s: cpu run at %lld: %s\n", name, (long long)n, err.message);
+  kiln_status st = kiln_engine_execute(gpu, &in, 1, outs_gpu, 2, &err);
+  if (st != KILN_OK) fprintf(stderr, "%s: cuda run at %lld: %s\n", name, (long long)n, err.message);
+  ok &= st == KILN_OK;
+  for (int o = 0; ok && o < 2; o++) {
+    int32_t rank = 0;
+    int64_t dims[KILN_MAX_RANK];
+    ok &= kiln_engine_output_shape(gpu, (uint32_t)o, &rank, dims, &err) == KILN_OK && rank == 2 &&
+          dims[0] == n && dims[1] == cols[o];
+    if (bound) cudaMemcpy(gpu_out[o], dev[1 + o], (size_t)(max * cols[o]) * es, cudaMemcpyDeviceToHost);
+    double e = rel_error(gpu_out[o], cpu_out[o], dt, (uint64_t)(n * cols[o]));
+    last_error = fmax(last_error, e);
+    ok &= e <= dtype_tolerance(dt);
+    /* the rows past this call's size are not written */
+    if (n < max) ok &= ((uint8_t *)gpu_out[o])[(size_t)(n * cols[o]) * es] == 0xff;
+  }
+  free(hin);
+  for (int o = 0; o < 2; o++) free(cpu_out[o]), free(gpu_out[o]);
+  return ok;
+}
+
+/* Allocations of raw CUDA calls like those a replay makes: if CUDA itself allocates, a count of
+ * zero cannot be asked of execute. */
+static long graph_launch_baseline(void *dev) {
+  cudaStream_t st;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  struct cudaPointerAttributes a;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+  cudaMemsetAsync(dev, 0, 64, st);
+  cudaStreamEndCapture(st, &graph);
+  cudaGraphInstantiate(&exec, graph, 0);
+  counting = 1;
+  allocations = 0;
+  for (int i = 0; i < 8; i++) {
+    cudaPointerGetAttributes(&a, dev);
+    cudaGraphLaunch(exec, st);
+    cudaStreamSynchronize(st);
+  }
+  counting = 0;
+  long n = allocations;
+  allocations = 0;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  return n;
+}
+
+/* A plan with a bounded dynamic dim on the CUDA engine: every size within bounds equals the CPU
+ * engine (host-staged and device-bound), outputs take the call's shape, graph slots are filled
+ * on a shape's second call, replayed, and evicted when more shapes come than slots; execute
+ * allocates nothing (allocation failure injected; no malloc on a replay); a size past the
+ * bound is refused with the front end's message and the program stays usable. */
+static void test_dynamic_plan(void) {
+  static const int64_t sizes[] = {1, 7, 24, 7, 1, 1, 2, 3, 4, 5, 6, 8, 24, 2, 3, 4, 5, 6, 8, 1, 7, 13, 64, 64};
+  const int n_sizes = (int)(sizeof sizes / sizeof sizes[0]);
+  for (int cfg = 0; cfg < 4; cfg++) {
+    kiln_dtype dt = cfg < 3 ? float_types[cfg] : KILN_F32;
+    int64_t K = cfg < 3 ? 64 : 4096, max = cfg < 3 ? 24 : 64; /* the last: chunked host I/O */
+    char name[64];
+    snprintf(name, sizeof name, "dynamic mlp %s K=%lld", kiln_dtype_name(dt), (long long)K);
+    size_t size = 0;
+    void *blob = dynamic_mlp(dt, K, max, &size);
+    kiln_engine *cpu = blob ? load_on(blob, size, KILN_DEVICE_CPU) : NULL;
+    kiln_engine *gpu = blob ? load_on(blob, size, KILN_DEVICE_CUDA) : NULL;
+    CHECK(cpu && gpu);
+    if (!cpu || !gpu) {
+      kiln_engine_destroy(cpu);
+      kiln_engine_destroy(gpu);
+      kiln_free(blob);
+      continue;
+    }
+    void *dev[3];
+    size_t es = kiln_dtype_size(dt);
+    cudaMalloc(&dev[0], (size_t)(max * K) * es);
+    cudaMalloc(&dev[1], (size_t)(max * 32) * es);
+    cudaMalloc(&dev[2], (size_t)(max * 16) * es);
+    last_error = 0;
+    int ok = 1;
+    for (int pass = 0; pass < 2; pass++)
+      for (int i = 0; i < n_sizes; i++) {
+        int64_t n = sizes[i] > max ? max : sizes[i];
+        ok &= dynamic_call(cpu, gpu, dt, K, max, n, pass, dev, name);
+      }
+    kiln_cuda_stats st;
+    kiln_error err = {KILN_OK, ""};
+    kiln_cuda_engine_stats(gpu, &st, &err);
+    printf("%-34s %d sizes staged and bound: rel err %.2e (tol %.0e) %s; %llu eager, %llu "
+           "captures, %llu evictions, %llu replays\n",
+           name, n_sizes, last_error, dtype_tolerance(dt), ok ? "ok" : "FAIL",
+           (unsigned long long)st.direct_runs, (unsigned long long)st.shape_captures,
+           (unsigned long long)st.shape_evictions, (unsigned long long)st.graph_replays);
+    CHECK(ok);
+    CHECK(st.direct_runs > 0 && st.shape_captures > 0 && st.shape_evictions > 0 &&
+          st.graph_replays > 0);
+    /* No allocation at execute: every size again, eager, captured and evicted, with every
+     * allocation of the engine failing; then a decode-like loop at size 1, which replays,
+     * calling malloc not once. */
+    size_t free0 = 0, free1 = 0, total = 0;
+    cudaMemGetInfo(&free0, &total);
+    kiln_cuda_fail_allocations_after(0);
+    int noalloc = 1;
+    for (int i = 0; i < n_sizes; i++)
+      noalloc &= dynamic_call(cpu, gpu, dt, K, max, sizes[i] > max ? max : sizes[i], i % 2, dev, name);
+    kiln_cuda_fail_allocations_after(-1);
+    kiln_cuda_stats before, after;
+    kiln_cuda_engine_stats(gpu, &before, &err);
+    {
+      kiln_tensor_view in, out[2];
+      memset(&in, 0, sizeof in);
+      memset(out, 0, sizeof out);
+      in.data = dev[0], in.dtype = dt, in.rank = 2, in.sizes[0] = 1, in.sizes[1] = K;
+      in.strides[0] = K, in.strides[1] = 1, in.nbytes = (uint64_t)K * es;
+      for (int o = 0; o < 2; o++) {
+        int64_t c = o ? 16 : 32;
+        out[o].data = dev[1 + o], out[o].dtype = dt, out[o].rank = 2, out[o].sizes[0] = 1;
+        out[o].sizes[1] = c, out[o].strides[0] = c, out[o].strides[1] = 1;
+        out[o].nbytes = (uint64_t)c * es;
+      }
+      for (int w = 0; w < 2; w++) /* seen, then captured (or replayed): the slot is warm */
+        noalloc &= kiln_engine_execute(gpu, &in, 1, out, 2, &err) == KILN_OK;
+      counting = 1;
+      for (int r = 0; r < 8; r++) noalloc &= kiln_engine_execute(gpu, &in, 1, out, 2, &err) == KILN_OK;
+      counting = 0;
+    }
+    kiln_cuda_engine_stats(gpu, &after, &err);
+    cudaMemGetInfo(&free1, &total);
+    long during = allocations, base = graph_launch_baseline(dev[1]);
+    printf("%-34s allocation failure injected over %d sizes, then 8 replays at 1: %s, %ld "
+           "mallocs (raw graph launches alike: %ld), %llu replays, init allocations %llu then "
+           "%llu; device free memory %s\n",
+           name, n_sizes, noalloc ? "all ok" : "FAILED", during, base,
+           (unsigned long long)(after.graph_replays - before.graph_replays),
+           (unsigned long long)st.init_allocs, (unsigned long long)after.init_allocs,
+           free0 == free1 ? "unchanged" : "CHANGED");
+    CHECK(noalloc && after.graph_replays - before.graph_replays >= 8);
+    CHECK(during == 0 || base > 0);
+    CHECK(after.init_allocs == st.init_allocs);
+    allocations = 0;
+    /* Past the bound: the front end's refusal, nothing run; then the program still runs. */
+    {
+      kiln_tensor_view in, out[2];
+      int64_t n = max + 1;
+      void *big = malloc((size_t)(n * K) * es), *o0 = malloc((size_t)(n * 32) * es),
+           *o1 = malloc((size_t)(n * 16) * es);
+      memset(&in, 0, sizeof in);
+      memset(out, 0, sizeof out);
+      in.data = big, in.dtype = dt, in.rank = 2, in.sizes[0] = n, in.sizes[1] = K;
+      in.strides[0] = K, in.strides[1] = 1, in.nbytes = (uint64_t)(n * K) * es;
+      for (int o = 0; o < 2; o++) {
+        int64_t c = o ? 16 : 32;
+        out[o].data = o ? o1 : o0, out[o].dtype = dt, out[o].rank = 2, out[o].sizes[0] = n;
+        out[o].sizes[1] = c, out[o].strides[0] = c, out[o].strides[1] = 1;
+        out[o].nbytes = (uint64_t)(n * c) * es;
+      }
+      kiln_status rs = kiln_engine_execute(gpu, &in, 1, out, 2, &err);
+      char want[96];
+      snprintf(want, sizeof want, "input 0 (\"x\") dim 0 is %lld, above its bound %lld", (long long)n,
+               (long long)max);
+      printf("%-34s batch %lld: %s: %s\n", name, (long long)n, kiln_status_name(rs), err.message);
+      CHECK(rs == KILN_ERR_INVALID_ARGUMENT && strstr(err.message, want) &&
+            strstr(err.message, "pass at most that or re-export with a larger max"));
+      CHECK(dynamic_call(cpu, gpu, dt, K, max, 5, 0, dev, name));
+      free(big), free(o0), free(o1);
+    }
+    cudaFree(dev[0]), cudaFree(dev[1]), cudaFree(dev[2]);
+    kiln_engine_destroy(cpu);
+    kiln_engine_destroy(gpu);
+    kiln_free(blob);
+  }
+}
+
+/* A dynamic convolution is refused at load, naming the op; the CPU engine runs the plan. */
+static void test_dynamic_conv_refused(void) {
+  kiln_builder *b = kiln_builder_create();
+  kiln_error err = {KILN_OK, ""};
+  kiln_sym_size s = {1, 1, 0}, none = {0, 0, 0};
   void *blob = NULL;
   size_t size = 0;
-  CHECK(kiln_builder_add_symbol(b, "seq", 1, 8, &err) == 1);
-  int32_t x = kiln_builder_add_input_sym(b, "x", KILN_F32, 2, DIMS(8, 4),
-                                         (kiln_sym_size[]){s, {0, 0, 0}}, &err);
-  int32_t y = kiln_builder_add_op(b, KILN_OP_RELU, &x, 1, NULL, 0, NULL, 0, &err);
-  CHECK(kiln_builder_mark_output(b, y, "y", &err) == KILN_OK);
-  CHECK(kiln_builder_build(b, NULL, &blob, &size, &err) == KILN_OK);
+  float w[4 * 3 * 3 * 3];
+  for (int i = 0; i < 108; i++) w[i] = (float)rnd();
+  CHECK(kiln_builder_add_symbol(b, "batch", 1, 4, &err) == 1);
+  int32_t x = kiln_builder_add_input_sym(b, "x", KILN_F32, 4, DIMS(4, 3, 8, 8),
+                                         (kiln_sym_size[]){s, none, none, none}, &err);
+  int32_t wt = kiln_builder_add_constant(b, KILN_F32, 4, DIMS(4, 3, 3, 3), w, sizeof w, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_CONV, (int32_t[]){x, wt}, 2,
+                                  ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 0), 5,
+                                  NULL, 0, &err);
+  if (y < 0) fprintf(stderr, "dynamic conv: %s\n", err.message);
+  CHECK(y >= 0 && kiln_builder_mark_output(b, y, "y", &err) == KILN_OK);
+  kiln_build_options bo;
+  kiln_build_options_default(&bo);
+  bo.fuse = 0; /* the convolution as it was added */
+  CHECK(kiln_builder_build(b, &bo, &blob, &size, &err) == KILN_OK);
+  kiln_engine *cpu = blob ? load_on(blob, size, KILN_DEVICE_CPU) : NULL;
+  CHECK(cpu != NULL);
+  kiln_engine_options opts;
+  kiln_engine *e = NULL;
   kiln_engine_options_default(&opts);
-  opts.device = KILN_DEVICE_CPU;
-  CHECK(kiln_engine_load(blob, size, &opts, &e, &err) == KILN_OK);
-  kiln_engine_destroy(e);
-  e = NULL;
   opts.device = KILN_DEVICE_CUDA;
-  kiln_status st = kiln_engine_load(blob, size, &opts, &e, &err);
-  printf("dynamic plan on CUDA: %s: %s\n", kiln_status_name(st), err.message);
-  CHECK(st == KILN_ERR_UNSUPPORTED && e == NULL &&
-        strcmp(err.message, "the CUDA engine cannot run a plan with dynamic sizes yet (symbol seq, "
-                            "1..8); load it with device cpu or export with static shapes") == 0);
+  kiln_status st = blob ? kiln_engine_load(blob, size, &opts, &e, &err) : KILN_ERR_INTERNAL;
+  printf("dynamic convolution on CUDA: %s: %s\n", kiln_status_name(st), err.message);
+  CHECK(st == KILN_ERR_UNSUPPORTED && e == NULL && strstr(err.message, "(conv): the CUDA engine") &&
+        strstr(err.message, "export it with static shapes"));
   kiln_engine_destroy(e);
+  kiln_engine_destroy(cpu);
   kiln_free(blob);
   kiln_builder_destroy(b);
 }
@@ -2550,6 +2824,12 @@ int main(int argc, char **argv) {
     test_grouped_attention();
     return check_report("test_cuda_ops --matmul-attention");
   }
+  if (argc > 1 && strcmp(argv[1], "--dynamic") == 0) {
+    /* The dynamic-shape cases alone. */
+    test_dynamic_plan();
+    test_dynamic_conv_refused();
+    return check_report("test_cuda_ops --dynamic");
+  }
   if (argc > 2 && strcmp(argv[1], "--only") == 0) only_filter = argv[2];
   test_gemm();
   test_pointwise();
@@ -2573,7 +2853,8 @@ int main(int argc, char **argv) {
   test_residency();
   test_chunked_staging();
   test_refusals();
-  test_dynamic_plan_refused();
+  test_dynamic_plan();
+  test_dynamic_conv_refused();
   test_init_failures();
   return check_report("test_cuda_ops");
 }
