@@ -1,9 +1,12 @@
 // generate: greedy generation with ExecuTorch's Module API from a decoder program whose forward
 // takes input_ids [1,1] and cache_position [1] and returns the next token's id [1] (the KV cache
 // lives in the Kiln blob). Feeds the prompt one token per call (prefill), then N decode steps;
-// prints the tokens and tokens per second of each phase.
+// prints the tokens and tokens per second of each phase. With --prefill whole the prompt goes in
+// one call, for a program exported with a dynamic sequence dim (input_ids [1,seq],
+// cache_position [seq]).
 //
 // usage: generate MODEL.pte [--prompt ID,ID,...] [--tokens N] [--device cpu|cuda|auto]
+//                           [--prefill tokens|whole]
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
 #include <executorch/runtime/backend/backend_options_map.h>
@@ -46,12 +49,14 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: generate MODEL.pte [--prompt ID,ID,...] [--tokens N] [--device cpu|cuda|auto]\n");
+    std::fprintf(stderr, "usage: generate MODEL.pte [--prompt ID,ID,...] [--tokens N] [--device cpu|cuda|auto] "
+                         "[--prefill tokens|whole]\n");
     return 1;
   }
   std::vector<int64_t> prompt;
   int tokens = 32;
   std::string device;
+  bool whole_prompt = false;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--prompt" && parse_ids(value, &prompt)) continue;
@@ -61,6 +66,10 @@ int main(int argc, char **argv) {
     }
     if (flag == "--device") {
       device = value;
+      continue;
+    }
+    if (flag == "--prefill" && (value == "tokens" || value == "whole")) {
+      whole_prompt = value == "whole";
       continue;
     }
     std::fprintf(stderr, "bad argument %s %s\n", flag.c_str(), value.c_str());
@@ -99,9 +108,22 @@ int main(int argc, char **argv) {
   };
 
   std::vector<int64_t> generated;
+  std::vector<int64_t> positions(prompt.size());
+  for (size_t i = 0; i < prompt.size(); i++) positions[i] = static_cast<int64_t>(i);
+  const auto length = static_cast<executorch::aten::SizesType>(prompt.size());
+  auto prompt_ids = from_blob(prompt.data(), {1, length}, executorch::aten::ScalarType::Long);
+  auto prompt_pos = from_blob(positions.data(), {length}, executorch::aten::ScalarType::Long);
   auto start = std::chrono::steady_clock::now();
-  for (int64_t fed : prompt) {
-    if (!step(fed)) {
+  if (whole_prompt) {  // one call: the program resizes to this prompt's length
+    if (!module.execute("forward", {EValue(*prompt_ids), EValue(*prompt_pos)}).ok()) {
+      std::fprintf(stderr, "prefill of %zu tokens in one call failed (a static program, or longer than its bound?)\n",
+                   prompt.size());
+      return 3;
+    }
+    position = static_cast<int64_t>(prompt.size());
+  }
+  for (size_t i = 0; !whole_prompt && i < prompt.size(); i++) {
+    if (!step(prompt[i])) {
       std::fprintf(stderr, "prefill failed at position %lld\n", static_cast<long long>(position));
       return 3;
     }

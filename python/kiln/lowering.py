@@ -805,14 +805,61 @@ def _filled(value_of):
     return lower
 
 
+def _affine(value):
+    """Whether a SymInt (or a node of one) is a*s+b of one symbol s with integers a >= 1 and b,
+    the only dynamic sizes a Kiln plan holds."""
+    if isinstance(value, torch.fx.Node):
+        value = value.meta.get("val")
+    if not isinstance(value, torch.SymInt):
+        return not isinstance(value, torch.fx.Node)
+    expr = sympy.expand(value.node.expr)
+    if expr.is_Integer:
+        return True
+    if len(expr.free_symbols) != 1:
+        return False
+    try:
+        poly = sympy.Poly(expr, *expr.free_symbols)
+    except sympy.PolynomialError:
+        return False
+    coeffs = poly.all_coeffs()
+    return poly.degree() == 1 and all(c.is_Integer for c in coeffs) and coeffs[0] >= 1
+
+
+def _check_arange(node):
+    """A symbolic end is fine when start and step are static and the length follows one symbol
+    (a slice of the arange at the bound); a symbolic start or step is not."""
+    reason = _static_scalars("start", "step")(node)
+    if reason is None and not _affine(_val(node).shape[0]):
+        reason = (f"{_op_name(node)} of length {_val(node).shape[0]}, not a*s+b of one dynamic size "
+                  "(Kiln plans hold only those)")
+    return reason
+
+
 def _lower_arange(ctx, node):
     args = node_args(node)
     start, step = args.get("start", 0), args.get("step", 1)
-    return ctx.builder.add_constant(torch.arange(start, args["end"], step, dtype=_val(node).dtype))
+    length = _val(node).shape[0]
+    if not isinstance(args["end"], torch.fx.Node) and not isinstance(length, torch.SymInt):
+        return ctx.builder.add_constant(torch.arange(start, args["end"], step, dtype=_val(node).dtype))
+    # A dynamic end: the arange at the bound, of which each call reads its first `length` values.
+    longest = ctx.size(length)[0]
+    full = ctx.builder.add_constant(torch.arange(longest, dtype=_val(node).dtype) * step + start)
+    return ctx.op("slice", [full], [0, 0, length, 1])
+
+
+def _check_scalar_tensor(node):
+    if _affine(node_args(node)["s"]):
+        return None
+    return f"{_op_name(node)} of {node_args(node)['s']}, not a*s+b of one dynamic size (Kiln plans hold only those)"
 
 
 def _lower_scalar_tensor(ctx, node):
-    return ctx.builder.add_constant(torch.tensor(node_args(node)["s"], dtype=_val(node).dtype))
+    value, dtype = node_args(node)["s"], _val(node).dtype
+    if not _sym_scalar(value):
+        return ctx.builder.add_constant(torch.tensor(value, dtype=dtype))
+    # A dynamic size as a value: the element at that index of 0, 1, ... up to its bound.
+    return ctx.op("select", [ctx.builder.add_constant(torch.arange(ctx.size(value)[0] + 1, dtype=dtype))],
+                  [0, value])
 
 
 def _ops(*names):
@@ -912,9 +959,9 @@ def _table():
         Lowering(fill_value, _static_scalars("fill_value"), compute=False))
     add(["aten::zeros.default", "aten::zeros_like.default"], Lowering(_filled(lambda node: 0), compute=False))
     add(["aten::ones.default", "aten::ones_like.default"], Lowering(_filled(lambda node: 1), compute=False))
-    add(["aten::scalar_tensor.default"], Lowering(_lower_scalar_tensor, _static_scalars("s"), compute=False))
+    add(["aten::scalar_tensor.default"], Lowering(_lower_scalar_tensor, _check_scalar_tensor, compute=False))
     add(["aten::arange.default", "aten::arange.start", "aten::arange.start_step"],
-        Lowering(_lower_arange, _static_scalars("start", "end", "step"), compute=False))
+        Lowering(_lower_arange, _check_arange, compute=False))
     table[operator.getitem] = Lowering(_lower_getitem, compute=False)
     # Size arithmetic on dynamic dims: no builder op; the ops reading it take it as an attribute.
     for target in _SIZE_TARGETS:

@@ -219,10 +219,16 @@ static kiln_status check_views(kiln_engine *e, const kiln_tensor_view *inputs,
     for (uint32_t i = 0; i < e->metadata.n_bindings; i++)
       if (e->metadata.bindings[i].kind == KILN_IO_INPUT) names[n[0]++] = e->metadata.bindings[i].name;
     n[0] = 0;
-    if ((s = kiln_plan_bind_symbols(&e->plan, names, inputs, e->sym_values, err)) ||
-        (s = kiln_plan_shapes_at(&e->plan, e->sym_values, 1, &call_site, e->shaped.tensors,
-                                 e->shaped.ops, err)))
-      return s;
+    if ((s = kiln_plan_bind_symbols(&e->plan, names, inputs, e->sym_values, err))) return s;
+    if (!e->shaped_valid ||
+        memcmp(e->shaped_values, e->sym_values, sizeof *e->sym_values * plan->n_symbols) != 0) {
+      e->shaped_valid = 0; /* a refusal below leaves the shapes half written */
+      if ((s = kiln_plan_shapes_at(&e->plan, e->sym_values, 1, &call_site, e->shaped.tensors,
+                                   e->shaped.ops, err)))
+        return s;
+      memcpy(e->shaped_values, e->sym_values, sizeof *e->sym_values * plan->n_symbols);
+      e->shaped_valid = 1;
+    }
   }
   for (uint32_t i = 0; i < e->metadata.n_bindings; i++) {
     const kiln_binding *b = &e->metadata.bindings[i];

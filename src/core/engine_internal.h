@@ -31,6 +31,9 @@ struct kiln_engine {
   const kiln_plan *current;
   kiln_plan shaped;
   int64_t sym_values[KILN_MAX_SYMBOLS];
+  /* `shaped` holds the sizes at shaped_values (a call at the same values skips shape inference) */
+  int shaped_valid;
+  int64_t shaped_values[KILN_MAX_SYMBOLS];
   uint8_t *weights; /* host copy, KILN_WEIGHTS_ALIGN-aligned; a backend may free it in init */
   uint64_t weights_size;
   int32_t device_id;

@@ -22,21 +22,23 @@ typedef struct kcu_dec_args {
   float *part;
 } kcu_dec_args;
 
-__global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
-    kcu_attention_decode_kernel(kcu_dec_args a, const void *q, const void *k, const void *v,
-                                const void *mask, void *out) {
-  __shared__ float qs[KCU_ATTN_MAX_HEAD];
-  __shared__ float wm[KCU_DEC_WARPS], wl[KCU_DEC_WARPS];
-  __shared__ float wacc[KCU_DEC_WARPS][KCU_ATTN_MAX_HEAD];
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, E = (int)a.E, Ev = (int)a.Ev;
-  int64_t split = blockIdx.x % a.n_splits, row = blockIdx.x / a.n_splits;
-  int64_t b = row / a.L, i = row % a.L, qo, ko, vo, mo, oo;
-  kcu_attn_offsets(&a.g, b, &qo, &ko, &vo, &mo, &oo);
+/* The block's work for k and v of dtypes dk and dv. Called with constants for the common
+ * cases, so every load's dtype branch folds away and the loads of a loop issue together (a
+ * branch between a load and its use makes each one a round trip of its own). */
+static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int dk, int dv,
+                                                     const void *q, const void *k, const void *v,
+                                                     const void *mask, void *out, float *qs,
+                                                     float *wm, float *wl,
+                                                     float (*wacc)[KCU_ATTN_MAX_HEAD]) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, E = (int)a->E, Ev = (int)a->Ev;
+  int64_t split = blockIdx.x % a->n_splits, row = blockIdx.x / a->n_splits;
+  int64_t b = row / a->L, i = row % a->L, qo, ko, vo, mo, oo;
+  kcu_attn_offsets(&a->g, b, &qo, &ko, &vo, &mo, &oo);
   for (int e = threadIdx.x; e < E; e += blockDim.x)
-    qs[e] = kcu_ld(q, a.dq, qo + i * a.g.q_row + e) * a.scale;
+    qs[e] = kcu_ld(q, a->dq, qo + i * a->g.q_row + e) * a->scale;
   __syncthreads();
-  int64_t k0 = split * a.split_len, k1 = k0 + a.split_len < a.S ? k0 + a.split_len : a.S;
-  if (a.causal && i + 1 < k1) k1 = i + 1; /* keys after the row's own position are masked */
+  int64_t k0 = split * a->split_len, k1 = k0 + a->split_len < a->S ? k0 + a->split_len : a->S;
+  if (a->causal && i + 1 < k1) k1 = i + 1; /* keys after the row's own position are masked */
   float m = -INFINITY, l = 0.0f, acc[KCU_DEC_MAXC];
 #pragma unroll
   for (int c = 0; c < KCU_DEC_MAXC; c++) acc[c] = 0.0f;
@@ -44,32 +46,32 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
     int64_t key = c0 + threadIdx.x;
     float sc = -INFINITY;
     if (key < k1) {
-      int64_t kr = ko + key * a.g.k_row;
+      int64_t kr = ko + key * a->g.k_row;
       float dot = 0.0f;
-      if (a.kvec == 8) { /* constant trip counts keep f in registers and the loads in flight */
+      if (a->kvec == 8) { /* constant trip counts keep f in registers and the loads in flight */
 #pragma unroll 4
         for (int e = 0; e < E; e += 8) {
           float f[8];
-          kcu_ld16(k, a.dk, (kr + e) / 8, f);
+          kcu_ld16(k, dk, (kr + e) / 8, f);
 #pragma unroll
           for (int t = 0; t < 8; t++) dot += qs[e + t] * f[t];
         }
-      } else if (a.kvec == 4) {
+      } else if (a->kvec == 4) {
 #pragma unroll 4
         for (int e = 0; e < E; e += 4) {
           float f[8];
-          kcu_ld16(k, a.dk, (kr + e) / 4, f);
+          kcu_ld16(k, dk, (kr + e) / 4, f);
 #pragma unroll
           for (int t = 0; t < 4; t++) dot += qs[e + t] * f[t];
         }
       } else {
-        for (int e = 0; e < E; e++) dot += qs[e] * kcu_ld(k, a.dk, kr + e);
+        for (int e = 0; e < E; e++) dot += qs[e] * kcu_ld(k, dk, kr + e);
       }
       sc = dot;
-      if (a.g.mask_kind) {
-        int64_t mi = mo + i * a.g.m_row + key * a.g.m_col;
-        if (a.g.mask_kind == 1) sc = ((const unsigned char *)mask)[mi] ? sc : -INFINITY;
-        else sc += kcu_ld(mask, a.g.dm, mi);
+      if (a->g.mask_kind) {
+        int64_t mi = mo + i * a->g.m_row + key * a->g.m_col;
+        if (a->g.mask_kind == 1) sc = ((const unsigned char *)mask)[mi] ? sc : -INFINITY;
+        else sc += kcu_ld(mask, a->g.dm, mi);
       }
     }
     float m_new = fmaxf(m, kcu_warp_max(sc)); /* the same in every lane: no divergence below */
@@ -84,11 +86,11 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
 #pragma unroll 8
     for (int j = 0; j < n; j++) {
       float pj = __shfl_sync(0xffffffffu, p, j);
-      int64_t vr = vo + (first + j) * a.g.v_row;
+      int64_t vr = vo + (first + j) * a->g.v_row;
 #pragma unroll
       for (int c = 0; c < KCU_DEC_MAXC; c++) {
         int d = lane + 32 * c;
-        if (d < Ev) acc[c] += pj * kcu_ld(v, a.dv, vr + d);
+        if (d < Ev) acc[c] += pj * kcu_ld(v, dv, vr + d);
       }
     }
   }
@@ -101,18 +103,34 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
   for (int w = 0; w < KCU_DEC_WARPS; w++) most = fmaxf(most, wm[w]);
   for (int w = 0; w < KCU_DEC_WARPS; w++)
     if (wm[w] != -INFINITY) sum += __expf(wm[w] - most) * wl[w];
-  float *pr = a.part + (row * a.n_splits + split) * (a.Ev + 2);
+  float *pr = a->part + (row * a->n_splits + split) * (a->Ev + 2);
   for (int d = threadIdx.x; d < Ev; d += blockDim.x) {
     float num = 0.0f;
     for (int w = 0; w < KCU_DEC_WARPS; w++)
       if (wm[w] != -INFINITY) num += __expf(wm[w] - most) * wacc[w][d];
-    if (a.n_splits > 1) {
+    if (a->n_splits > 1) {
       pr[2 + d] = num;
       if (d == 0) pr[0] = most, pr[1] = sum;
     } else {
-      kcu_st(out, a.dout, oo + i * a.g.o_row + d, sum > 0.0f ? num / sum : 0.0f); /* masked: 0 */
+      kcu_st(out, a->dout, oo + i * a->g.o_row + d, sum > 0.0f ? num / sum : 0.0f); /* masked: 0 */
     }
   }
+}
+
+__global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
+    kcu_attention_decode_kernel(kcu_dec_args a, const void *q, const void *k, const void *v,
+                                const void *mask, void *out) {
+  __shared__ float qs[KCU_ATTN_MAX_HEAD];
+  __shared__ float wm[KCU_DEC_WARPS], wl[KCU_DEC_WARPS];
+  __shared__ float wacc[KCU_DEC_WARPS][KCU_ATTN_MAX_HEAD];
+  if (a.dk == KILN_F16 && a.dv == KILN_F16)
+    kcu_dec_block(&a, KILN_F16, KILN_F16, q, k, v, mask, out, qs, wm, wl, wacc);
+  else if (a.dk == KILN_BF16 && a.dv == KILN_BF16)
+    kcu_dec_block(&a, KILN_BF16, KILN_BF16, q, k, v, mask, out, qs, wm, wl, wacc);
+  else if (a.dk == KILN_F32 && a.dv == KILN_F32)
+    kcu_dec_block(&a, KILN_F32, KILN_F32, q, k, v, mask, out, qs, wm, wl, wacc);
+  else
+    kcu_dec_block(&a, a.dk, a.dv, q, k, v, mask, out, qs, wm, wl, wacc);
 }
 
 /* One block per query row: the splits' sums rescaled to the largest of their maxima. */

@@ -10,11 +10,15 @@
  * graph_dev holds the same ops without host copies; when a caller passes device buffers,
  * which are bound in place, their addresses differ from the ones captured, so the op sequence
  * is re-captured and applied to graph_dev with cudaGraphExecUpdate (the driver keeps the
- * recording; no engine buffer is allocated), and reused for as long as the addresses repeat. */
+ * recording; no engine buffer is allocated), and reused for as long as the addresses repeat.
+ *
+ * A dynamic plan runs each call at its own sizes (the front end's per-call tensors and ops) on
+ * memory sized at init for the bounds, through per-shape graph slots: see kcu_run_shape. */
 #include "cuda_backend.h"
 
 #include "core/engine_internal.h"
 #include "cuda_attention_gemm.h"
+#include "core/symbolic.h"
 #include "core/view.h"
 #include "core/vision_shape.h"
 #include "cuda_check.h"
@@ -42,6 +46,10 @@
 #define KCU_FAULT_GATHER 0
 #define KCU_FAULT_WRITE 1
 #define KCU_FAULT_WHERE 2 /* in ints: bytes 8..23 */
+/* A dynamic plan's graphs: this many captured shapes, and this many shapes remembered as seen
+ * once without a graph. */
+#define KCU_SHAPE_GRAPHS 6
+#define KCU_SHAPES_SEEN 8
 
 /* HOST: pageable, through the ring; BOUND: used in place (device memory, and pinned host memory
  * the device can address); DEVSTAGE (an unaligned buffer the device can address): one
@@ -55,6 +63,20 @@ typedef struct kcu_io {
   size_t ring_off; /* where it lies in the pinned ring when graph_host holds the copies */
   const char *name;
 } kcu_io;
+
+/* One call shape of a dynamic plan: its symbol values, and whether its host copies ride inside
+ * the graph (host-staged small I/O) or it runs on the addresses in place. */
+typedef struct kcu_shape_key {
+  int64_t values[KILN_MAX_SYMBOLS];
+  int whole;
+} kcu_shape_key;
+
+typedef struct kcu_shape_slot {
+  kcu_shape_key key;
+  cudaGraphExec_t exec; /* NULL: free (a graph slot) */
+  void **in, **out;     /* the caller addresses the graph was recorded with */
+  uint64_t used;        /* when last run, for least-recently-used eviction; 0: empty */
+} kcu_shape_slot;
 
 typedef CUresult (*kcu_ptr_attr_fn)(void *data, CUpointer_attribute attr, CUdeviceptr ptr);
 
@@ -86,6 +108,10 @@ typedef struct kcu_state {
   void **run_in, **run_out;   /* addresses of the run in progress */
   kcu_mode *in_mode, *out_mode;
   kcu_ptr_attr_fn ptr_attr;   /* the driver's cuPointerGetAttribute, when available */
+  int dynamic;                /* the plan has symbols: per-shape graphs, no graph_host/dev */
+  kcu_shape_slot graphs[KCU_SHAPE_GRAPHS], seen[KCU_SHAPES_SEEN];
+  void **slot_addr;           /* every graph slot's in and out address arrays, one block */
+  uint64_t clock;             /* ticks once per dynamic run */
   kiln_cuda_stats stats;
 } kcu_state;
 
@@ -275,7 +301,9 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
     return kcu_advanced_index(st, &in[0], &in[1], &out, &lay, s->fault_dev);
   }
   default: {
-    uint64_t at; /* a view the memory plan placed on its input's bytes: nothing to move */
+    /* A view the memory plan placed on its input's bytes: nothing to move (in a dynamic plan
+     * its offset is the same at every size, see kcu_check_dynamic_op). */
+    uint64_t at;
     if (kiln_op_is_view(op, &p->tensors[op->inputs[0]], &at) &&
         (const char *)out.data == (const char *)in[0].data + at)
       return cudaSuccess;
@@ -290,14 +318,16 @@ static cudaError_t kcu_enqueue(kcu_state *s, const kiln_plan *p, void *const *in
                                void *const *out_addr, int host_copies) {
   cudaError_t rc = cudaMemsetAsync(s->fault_dev, 0, KCU_FAULT_BYTES, s->stream);
   for (uint32_t i = 0; rc == cudaSuccess && host_copies && i < s->n_in; i++)
-    if (s->in[i].nbytes)
-      rc = cudaMemcpyAsync(s->in[i].dev, (char *)s->ring + s->in[i].ring_off, s->in[i].nbytes,
-                           cudaMemcpyHostToDevice, s->stream);
+    if (p->tensors[s->in[i].tensor].nbytes)
+      rc = cudaMemcpyAsync(s->in[i].dev, (char *)s->ring + s->in[i].ring_off,
+                           (size_t)p->tensors[s->in[i].tensor].nbytes, cudaMemcpyHostToDevice,
+                           s->stream);
   for (uint32_t i = 0; rc == cudaSuccess && i < p->n_ops; i++) rc = kcu_run_op(s, p, i, in_addr, out_addr);
   for (uint32_t i = 0; rc == cudaSuccess && host_copies && i < s->n_out; i++)
-    if (s->out[i].nbytes)
-      rc = cudaMemcpyAsync((char *)s->ring + s->out[i].ring_off, s->out[i].dev, s->out[i].nbytes,
-                           cudaMemcpyDeviceToHost, s->stream);
+    if (p->tensors[s->out[i].tensor].nbytes)
+      rc = cudaMemcpyAsync((char *)s->ring + s->out[i].ring_off, s->out[i].dev,
+                           (size_t)p->tensors[s->out[i].tensor].nbytes, cudaMemcpyDeviceToHost,
+                           s->stream);
   if (rc == cudaSuccess)
     rc = cudaMemcpyAsync(s->fault_host, s->fault_dev, KCU_FAULT_BYTES, cudaMemcpyDeviceToHost,
                          s->stream);
@@ -319,6 +349,147 @@ static cudaError_t kcu_capture(kcu_state *s, const kiln_plan *p, void *const *in
   return rc;
 }
 
+/* ---------------------------------------------------------------- per-shape runs (dynamic plans) */
+
+/* Sets the ops whose CUDA setup follows the sizes to this call's (p: the call's tensors and
+ * ops): each op checked again at these sizes (cheap, host only), each GEMM's layouts and
+ * algorithm. Runs before an eager run or a capture, never for a replay. */
+static kiln_status kcu_prepare_shape(kcu_state *s, const kiln_plan *p, kiln_error *err) {
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    kiln_op_kind k = p->ops[i].kind;
+    kiln_status st = kcu_check_op(p, i, err);
+    if (st != KILN_OK) return st;
+    if (k != KILN_OP_LINEAR && k != KILN_OP_MATMUL) continue;
+    if (kcu_gemm_reshape(&s->gemm[i], s->lt, p, i) != cudaSuccess)
+      return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                       "op %u (%.16s): cuBLASLt has no algorithm for this call's sizes "
+                       "(%lldx%lldx%lld); pass other sizes or run on the CPU reference engine",
+                       i, kiln_op_name(k), (long long)s->gemm[i].M, (long long)s->gemm[i].N,
+                       (long long)s->gemm[i].K);
+  }
+  return KILN_OK;
+}
+
+static int kcu_key_same(const kcu_shape_key *a, const kcu_shape_key *b, uint32_t n_symbols) {
+  if (a->whole != b->whole) return 0;
+  for (uint32_t k = 0; k < n_symbols; k++)
+    if (a->values[k] != b->values[k]) return 0;
+  return 1;
+}
+
+/* The slot of `table` holding key, or NULL. */
+static kcu_shape_slot *kcu_find_shape(kcu_shape_slot *table, int n, const kcu_shape_key *key,
+                                      uint32_t n_symbols) {
+  for (int i = 0; i < n; i++)
+    if (table[i].used && kcu_key_same(&table[i].key, key, n_symbols)) return &table[i];
+  return NULL;
+}
+
+/* An empty slot of table, else the least recently used. */
+static kcu_shape_slot *kcu_victim(kcu_shape_slot *table, int n) {
+  kcu_shape_slot *v = &table[0];
+  for (int i = 0; i < n; i++) {
+    if (!table[i].used) return &table[i];
+    if (table[i].used < v->used) v = &table[i];
+  }
+  return v;
+}
+
+static int kcu_slot_addresses_same(const kcu_state *s, const kcu_shape_slot *g) {
+  for (uint32_t i = 0; i < s->n_in; i++)
+    if (g->in[i] != s->run_in[i]) return 0;
+  for (uint32_t i = 0; i < s->n_out; i++)
+    if (g->out[i] != s->run_out[i]) return 0;
+  return 1;
+}
+
+/* Records the ops at the run's addresses into slot g: onto its graph with cudaGraphExecUpdate
+ * where the recording fits (no new executable), else into a new one. 0 when neither worked. */
+static int kcu_record_slot(kcu_state *s, const kiln_plan *p, kcu_shape_slot *g, int whole) {
+  cudaGraph_t graph;
+  if (kcu_capture(s, p, s->run_in, s->run_out, whole, &graph) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  int ok = 0;
+  if (g->exec) {
+    cudaGraphExecUpdateResultInfo info;
+    ok = cudaGraphExecUpdate(g->exec, graph, &info) == cudaSuccess;
+    if (!ok) {
+      cudaGraphExecDestroy(g->exec);
+      g->exec = NULL;
+    }
+  }
+  if (!ok) ok = cudaGraphInstantiate(&g->exec, graph, 0) == cudaSuccess;
+  if (!ok) g->exec = NULL;
+  cudaGraphDestroy(graph);
+  cudaGetLastError();
+  if (ok) {
+    memcpy(g->in, s->run_in, s->n_in * sizeof(void *));
+    memcpy(g->out, s->run_out, s->n_out * sizeof(void *));
+  }
+  return ok;
+}
+
+/* Runs a dynamic plan's ops at this call's sizes (p) on the addresses in run_in/run_out, with
+ * the host copies inside when whole. Graph slots, keyed by the symbol values and whole:
+ * - a key a slot holds replays its graph (re-recorded onto it if bound addresses moved);
+ * - a key seen once before (the small `seen` table) is captured into an empty slot or the least
+ *   recently used one, whose executable is updated in place where the recording fits;
+ * - any other key runs eagerly, op by op on the stream (kernel launches only), and is noted as
+ *   seen. So a decode loop at one size replays a graph from its second step, and a one-off
+ *   prefill length costs no capture. Nothing of the engine's is allocated here: GEMM setup is
+ *   redone in g's own storage, graphs reuse the slots made at init. */
+static kiln_status kcu_run_shape(kcu_state *s, const kiln_engine *e, const kiln_plan *p,
+                                 int whole, cudaError_t *rc, kiln_error *err) {
+  kcu_shape_key key;
+  memset(&key, 0, sizeof key);
+  key.whole = whole;
+  for (uint32_t k = 0; k < e->plan.n_symbols; k++) key.values[k] = e->sym_values[k];
+  s->clock++;
+  kcu_shape_slot *g = kcu_find_shape(s->graphs, KCU_SHAPE_GRAPHS, &key, e->plan.n_symbols);
+  kiln_status st;
+  if (g && g->exec) {
+    g->used = s->clock;
+    if (!kcu_slot_addresses_same(s, g)) {
+      if ((st = kcu_prepare_shape(s, p, err)) != KILN_OK) return st;
+      if (!kcu_record_slot(s, p, g, whole)) {
+        g->used = 0; /* the slot is free again; this call runs eagerly */
+        s->stats.direct_runs++;
+        *rc = kcu_enqueue(s, p, s->run_in, s->run_out, whole);
+        return KILN_OK;
+      }
+      s->stats.graph_updates++;
+    }
+    s->stats.graph_replays++;
+    *rc = cudaGraphLaunch(g->exec, s->stream);
+    return KILN_OK;
+  }
+  if ((st = kcu_prepare_shape(s, p, err)) != KILN_OK) return st;
+  kcu_shape_slot *seen = kcu_find_shape(s->seen, KCU_SHAPES_SEEN, &key, e->plan.n_symbols);
+  if (seen) {
+    g = kcu_victim(s->graphs, KCU_SHAPE_GRAPHS);
+    if (g->used) s->stats.shape_evictions++;
+    g->key = key;
+    g->used = s->clock;
+    seen->used = 0;
+    if (kcu_record_slot(s, p, g, whole)) {
+      s->stats.shape_captures++;
+      s->stats.graph_replays++;
+      *rc = cudaGraphLaunch(g->exec, s->stream);
+      return KILN_OK;
+    }
+    g->used = 0;
+  } else {
+    seen = kcu_victim(s->seen, KCU_SHAPES_SEEN);
+    seen->key = key;
+    seen->used = s->clock;
+  }
+  s->stats.direct_runs++;
+  *rc = kcu_enqueue(s, p, s->run_in, s->run_out, whole);
+  return KILN_OK;
+}
+
 /* ---------------------------------------------------------------- destroy and init */
 
 static void kcu_destroy(kiln_engine *e) {
@@ -328,6 +499,9 @@ static void kcu_destroy(kiln_engine *e) {
   if (s->stream) cudaStreamSynchronize(s->stream);
   if (s->graph_host) cudaGraphExecDestroy(s->graph_host);
   if (s->graph_dev) cudaGraphExecDestroy(s->graph_dev);
+  for (int i = 0; i < KCU_SHAPE_GRAPHS; i++)
+    if (s->graphs[i].exec) cudaGraphExecDestroy(s->graphs[i].exec);
+  free(s->slot_addr);
   for (uint32_t i = 0; s->gemm && i < e->plan.n_ops; i++) kcu_gemm_release(&s->gemm[i]);
   for (uint32_t i = 0; s->attn && i < e->plan.n_ops; i++) kcu_attn_gemm_release(&s->attn[i]);
   for (uint32_t i = 0; s->conv && i < e->plan.n_ops; i++) kcu_conv_release(&s->conv[i]);
@@ -509,17 +683,56 @@ static int kcu_sdpa_scoreless(const kiln_plan *p, uint32_t i) {
   return kcu_flash_fits(&q, &k, &v, mask, &o) || q.dims[q.rank - 2] <= KCU_ATTN_SPLIT_ROWS;
 }
 
+/* Whether SDPA op i runs on cuBLASLt matmuls around a score buffer. Not in a dynamic plan:
+ * there it takes the flash kernel where a call's shape allows, else the fused kernel (split
+ * keys for a few query rows), all of which read their sizes at run time, so no matmul setup
+ * has to follow the sizes. */
+static int kcu_attn_gemm_planned(const kcu_state *s, const kiln_plan *p, uint32_t i) {
+  return p->ops[i].kind == KILN_OP_SDPA && !s->dynamic && !kcu_sdpa_packed(&p->ops[i]) &&
+         !kcu_sdpa_scoreless(p, i);
+}
+
+/* What a dynamic plan may not hold on this engine: a convolution whose tensors follow a
+ * symbol (cuDNN's plans and workspace are chosen at init for one shape). Views placed on their
+ * input's bytes need no check here: the plan reader proved their offset equal at both bounds,
+ * and as every size is a nondecreasing a*s+b, an offset equal there is equal between. */
+static kiln_status kcu_check_dynamic_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
+  const kiln_op *op = &p->ops[i];
+  if (!kiln_is_conv_op(op->kind)) return KILN_OK;
+  int dynamic = kiln_tensor_is_dynamic(&p->tensors[op->output]);
+  for (uint32_t k = 0; k < op->n_inputs; k++) dynamic |= kiln_tensor_is_dynamic(&p->tensors[op->inputs[k]]);
+  if (!dynamic) return KILN_OK;
+  return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                   "op %u (%.14s): the CUDA engine plans a convolution for one shape, and this "
+                   "one's follow a dynamic size; export it with static shapes or load the "
+                   "program with device cpu",
+                   i, kiln_op_name(op->kind));
+}
+
 static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error *err) {
   const kiln_plan *p = &e->plan;
   int gemms = 0, attention = 0, attn_gemm = 0, convs = 0;
   for (uint32_t i = 0; i < p->n_ops; i++) {
     kiln_status st = kcu_check_op(p, i, err);
     if (st != KILN_OK) return st;
+    if (s->dynamic && (st = kcu_check_dynamic_op(p, i, err)) != KILN_OK) return st;
     gemms |= p->ops[i].kind == KILN_OP_LINEAR || p->ops[i].kind == KILN_OP_MATMUL;
     attention |= p->ops[i].kind == KILN_OP_SDPA;
     convs |= kiln_is_conv_op(p->ops[i].kind);
-    attn_gemm |= p->ops[i].kind == KILN_OP_SDPA && !kcu_sdpa_packed(&p->ops[i]) &&
-                 !kcu_sdpa_scoreless(p, i);
+    attn_gemm |= kcu_attn_gemm_planned(s, p, i);
+  }
+  if (s->dynamic && e->shaped.tensors) {
+    /* Every op also at the lower bounds, where a size of 1 could break what the bounds allow
+     * (before any call, so the front end holds no shapes of its own in `shaped` yet);
+     * other sizes are checked again as a call first meets them (kcu_prepare_shape). */
+    static const kiln_op_site site = {"plan", 0, KILN_ERR_INVALID_PROGRAM, "; re-export the program"};
+    int64_t lo[KILN_MAX_SYMBOLS], hi[KILN_MAX_SYMBOLS];
+    kiln_status st = KILN_OK;
+    for (uint32_t k = 0; k < p->n_symbols; k++) lo[k] = p->symbols[k].min, hi[k] = p->symbols[k].max;
+    st = kiln_plan_shapes_at(p, lo, 1, &site, e->shaped.tensors, e->shaped.ops, err);
+    for (uint32_t i = 0; st == KILN_OK && i < p->n_ops; i++) st = kcu_check_op(&e->shaped, i, err);
+    kiln_status back = kiln_plan_shapes_at(p, hi, 1, &site, e->shaped.tensors, e->shaped.ops, err);
+    if (st != KILN_OK || back != KILN_OK) return st != KILN_OK ? st : back;
   }
   s->gemm = (kcu_gemm *)kcu_calloc(s, p->n_ops, sizeof(kcu_gemm));
   s->attn = (kcu_attn_gemm *)kcu_calloc(s, p->n_ops, sizeof(kcu_attn_gemm));
@@ -560,9 +773,9 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     sms = 0, cudaGetLastError();
   for (uint32_t i = 0; i < p->n_ops; i++) {
     if (p->ops[i].kind != KILN_OP_SDPA) continue;
-    /* no score buffer, no matmuls: the flash kernel, or the fused kernel for packed heads and
-     * for a few query rows (split keys, their partial rows in the scratch) */
-    if (kcu_sdpa_packed(&p->ops[i]) || kcu_sdpa_scoreless(p, i)) {
+    /* no score buffer, no matmuls: the flash kernel, or the fused kernel for packed heads, for a
+     * few query rows (split keys, their partial rows in the scratch) and in a dynamic plan */
+    if (!kcu_attn_gemm_planned(s, p, i)) {
       const kiln_tensor_desc *o = &p->tensors[p->ops[i].output];
       if (sms > 0 && kcu_attention_part_bytes(o->dims[o->rank - 1], sms) > scratch)
         scratch = kcu_attention_part_bytes(o->dims[o->rank - 1], sms);
@@ -609,6 +822,7 @@ static kiln_status kcu_instantiate(kcu_state *s, const kiln_plan *p, int host_co
  * just what the chosen ones need. Runs once the arena and I/O buffers exist. */
 static kiln_status kcu_choose_convs(kcu_state *s, const kiln_plan *p, kiln_error *err) {
   size_t need = 0, free_b = 0, total_b = 0, trial = KCU_CONV_FIND_WORKSPACE;
+  double compile_left = KCU_GRAPH_COMPILE_BUDGET_MS; /* bounds the load time of a large CNN */
   kiln_status st;
   if (!s->dnn) return KILN_OK;
   /* Measuring must not take the memory other programs on the device need. */
@@ -622,8 +836,14 @@ static kiln_status kcu_choose_convs(kcu_state *s, const kiln_plan *p, kiln_error
     kcu_tensor in[KILN_MAX_OP_INPUTS];
     for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = kcu_resolve(s, p, op->inputs[k], s->dev_in, s->dev_out);
     kcu_tensor out = kcu_resolve(s, p, op->output, s->dev_in, s->dev_out);
-    st = kcu_conv_choose(&s->conv[i], s->dnn, s->stream, p, i, in, &out, s->conv_ws, trial, err);
+    st = kcu_conv_choose(&s->conv[i], s->dnn, s->stream, p, i, in, &out, s->conv_ws, trial,
+                         s->conv, i, &compile_left, err);
     if (st != KILN_OK) return st;
+    const kcu_conv_graph *g = &s->conv[i].graph;
+    if (!s->conv[i].transposed && !g->shared) {
+      if (g->reused) s->stats.choices_reused++;
+      else s->stats.choices_measured++;
+    }
     if (s->conv[i].workspace > need) need = s->conv[i].workspace;
   }
   cudaFree(s->conv_ws);
@@ -715,25 +935,33 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
       case KCU_CHOICE_REUSED: s->stats.choices_reused++; break;
       default: break;
       }
+    if (!attn) kcu_gemm_keep_tuned(&s->gemm[i]);
   }
   if ((st = kcu_choose_convs(s, &e->plan, err)) != KILN_OK) return st;
-  if ((st = kcu_instantiate(s, &e->plan, s->whole_io, &s->graph_host, err)) != KILN_OK) return st;
-  if ((st = kcu_instantiate(s, &e->plan, 0, &s->graph_dev, err)) != KILN_OK) return st;
-  /* One replay loads every kernel now, so the first execute costs what the others do. */
-  cudaError_t rc = cudaGraphLaunch(s->graph_host, s->stream);
+  cudaError_t rc;
+  if (s->dynamic) {
+    /* Graph slots are filled by calls; their address tables exist now. One eager run at the
+     * bounds loads every kernel. */
+    uint32_t per = s->n_in + s->n_out;
+    if (!(s->slot_addr = (void **)kcu_calloc(s, (size_t)KCU_SHAPE_GRAPHS * per, sizeof(void *))))
+      return kcu_oom(s, (size_t)KCU_SHAPE_GRAPHS * per * sizeof(void *), "graph slot tables", err);
+    for (int g = 0; g < KCU_SHAPE_GRAPHS; g++) {
+      s->graphs[g].in = s->slot_addr + (size_t)g * per;
+      s->graphs[g].out = s->graphs[g].in + s->n_in;
+    }
+    rc = kcu_enqueue(s, &e->plan, s->dev_in, s->dev_out, s->whole_io);
+  } else {
+    if ((st = kcu_instantiate(s, &e->plan, s->whole_io, &s->graph_host, err)) != KILN_OK) return st;
+    if ((st = kcu_instantiate(s, &e->plan, 0, &s->graph_dev, err)) != KILN_OK) return st;
+    /* One replay loads every kernel now, so the first execute costs what the others do. */
+    rc = cudaGraphLaunch(s->graph_host, s->stream);
+  }
   if (rc == cudaSuccess) rc = cudaStreamSynchronize(s->stream);
-  if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "first graph replay", err);
+  if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "first run", err);
   return kcu_reset_state(e, err); /* that replay wrote the state with whatever the inputs held */
 }
 
 static kiln_status kcu_init(kiln_engine *e, kiln_error *err) {
-  /* Launch sizes, GEMM descriptors and graphs are all fixed at init here: no per-call shapes. */
-  if (e->plan.n_symbols)
-    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
-                     "the CUDA engine cannot run a plan with dynamic sizes yet (symbol %.15s, "
-                     "%lld..%lld); load it with device cpu or export with static shapes",
-                     e->plan.symbols[0].name, (long long)e->plan.symbols[0].min,
-                     (long long)e->plan.symbols[0].max);
   kcu_state *s = (kcu_state *)calloc(1, sizeof *s);
   if (!s || kcu_injected()) {
     free(s);
@@ -741,6 +969,7 @@ static kiln_status kcu_init(kiln_engine *e, kiln_error *err) {
                      "out of host memory for the CUDA engine's state; free memory and load again");
   }
   s->device = e->device_id;
+  s->dynamic = e->plan.n_symbols > 0;
   e->impl = s;
   kiln_status st = kcu_init_state(e, s, err);
   if (st != KILN_OK) {
@@ -833,9 +1062,16 @@ static cudaError_t kcu_run_bound(kcu_state *s, const kiln_plan *p) {
   return cudaGraphLaunch(s->graph_dev, s->stream);
 }
 
-/* Moves caller input i into the engine's buffer unless it is bound in place. */
-static cudaError_t kcu_stage_in(kcu_state *s, uint32_t i, const void *data) {
-  size_t n = s->in[i].nbytes;
+/* This call's bytes of input i and output i (a dynamic plan's are at most the bound's). */
+static size_t kcu_in_bytes(const kcu_state *s, const kiln_plan *p, uint32_t i) {
+  return (size_t)p->tensors[s->in[i].tensor].nbytes;
+}
+static size_t kcu_out_bytes(const kcu_state *s, const kiln_plan *p, uint32_t i) {
+  return (size_t)p->tensors[s->out[i].tensor].nbytes;
+}
+
+/* Moves caller input i (n bytes) into the engine's buffer unless it is bound in place. */
+static cudaError_t kcu_stage_in(kcu_state *s, uint32_t i, const void *data, size_t n) {
   if (s->in_mode[i] == KCU_BOUND) {
     s->stats.bound++;
     return cudaSuccess;
@@ -847,20 +1083,20 @@ static cudaError_t kcu_stage_in(kcu_state *s, uint32_t i, const void *data) {
 }
 
 /* Enqueues the copy of a device output that is not bound; host outputs wait for kcu_stage_out. */
-static cudaError_t kcu_copy_device_out(kcu_state *s, uint32_t i, void *data) {
+static cudaError_t kcu_copy_device_out(kcu_state *s, uint32_t i, void *data, size_t n) {
   if (s->out_mode[i] == KCU_BOUND) {
     s->stats.bound++;
     return cudaSuccess;
   }
   s->stats.staged++;
-  if (s->out_mode[i] == KCU_HOST || s->out[i].nbytes == 0) return cudaSuccess;
-  return cudaMemcpyAsync(data, s->out[i].dev, s->out[i].nbytes, cudaMemcpyDefault, s->stream);
+  if (s->out_mode[i] == KCU_HOST || n == 0) return cudaSuccess;
+  return cudaMemcpyAsync(data, s->out[i].dev, n, cudaMemcpyDefault, s->stream);
 }
 
 static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
                                const kiln_tensor_view *outputs, kiln_error *err) {
   kcu_state *s = (kcu_state *)e->impl;
-  const kiln_plan *p = &e->plan;
+  const kiln_plan *p = kiln_engine_current(e); /* this call's sizes when the plan is dynamic */
   cudaError_t rc = cudaSetDevice(s->device);
   if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "cudaSetDevice", err);
   int all_host = 1, any_bound = 0;
@@ -877,37 +1113,55 @@ static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
     any_bound |= s->out_mode[i] == KCU_BOUND;
   }
   int whole = all_host && s->whole_io;
+  kiln_status shape_st = KILN_OK;
   if (whole) {
-    /* Small host I/O: through the ring in one piece, the copies inside graph_host. */
+    /* Small host I/O: through the ring in one piece, the copies inside the graph. */
     for (uint32_t i = 0; i < s->n_in; i++)
-      kcu_stage_copy(&s->staging, (char *)s->ring + s->in[i].ring_off, inputs[i].data, s->in[i].nbytes);
+      kcu_stage_copy(&s->staging, (char *)s->ring + s->in[i].ring_off, inputs[i].data,
+                     kcu_in_bytes(s, p, i));
     s->stats.staged += s->n_in + s->n_out;
-    s->stats.graph_replays++;
-    rc = cudaGraphLaunch(s->graph_host, s->stream);
+    if (s->dynamic) {
+      shape_st = kcu_run_shape(s, e, p, 1, &rc, err);
+    } else {
+      s->stats.graph_replays++;
+      rc = cudaGraphLaunch(s->graph_host, s->stream);
+    }
   } else {
-    for (uint32_t i = 0; rc == cudaSuccess && i < s->n_in; i++) rc = kcu_stage_in(s, i, inputs[i].data);
-    if (rc == cudaSuccess && !any_bound && !s->whole_io) {
+    for (uint32_t i = 0; rc == cudaSuccess && i < s->n_in; i++)
+      rc = kcu_stage_in(s, i, inputs[i].data, kcu_in_bytes(s, p, i));
+    if (rc == cudaSuccess && s->dynamic) {
+      shape_st = kcu_run_shape(s, e, p, 0, &rc, err);
+    } else if (rc == cudaSuccess && !any_bound && !s->whole_io) {
       s->stats.graph_replays++; /* every address is the engine's own: graph_host has just the ops */
       rc = cudaGraphLaunch(s->graph_host, s->stream);
     } else if (rc == cudaSuccess) {
       rc = kcu_run_bound(s, p);
     }
-    for (uint32_t i = 0; rc == cudaSuccess && i < s->n_out; i++) rc = kcu_copy_device_out(s, i, outputs[i].data);
+    for (uint32_t i = 0; rc == cudaSuccess && shape_st == KILN_OK && i < s->n_out; i++)
+      rc = kcu_copy_device_out(s, i, outputs[i].data, kcu_out_bytes(s, p, i));
+  }
+  if (shape_st != KILN_OK) {
+    /* refused before anything ran: wait for the staged copies already on the stream */
+    cudaStreamSynchronize(s->stream);
+    kcu_staging_idle(&s->staging);
+    cudaGetLastError();
+    return shape_st;
   }
   /* In-place outputs (a KV cache) go back into their input's buffer, wherever it lives. */
   for (uint32_t a = 0; rc == cudaSuccess && a < e->metadata.n_aliases; a++) {
     const kiln_alias *al = &e->metadata.aliases[a];
     void *dst = inputs[al->input].data;
     const void *src = s->run_out[al->output];
-    if (dst != src && s->out[al->output].nbytes)
-      rc = cudaMemcpyAsync(dst, src, s->out[al->output].nbytes, cudaMemcpyDefault, s->stream);
+    if (dst != src && kcu_out_bytes(s, p, al->output))
+      rc = cudaMemcpyAsync(dst, src, kcu_out_bytes(s, p, al->output), cudaMemcpyDefault, s->stream);
   }
   for (uint32_t i = 0; i < s->n_out; i++)
-    if (s->out_mode[i] == KCU_HOST) s->stats.host_out_bytes += s->out[i].nbytes;
+    if (s->out_mode[i] == KCU_HOST) s->stats.host_out_bytes += kcu_out_bytes(s, p, i);
   /* Host outputs leave in chunks, each copied out while the next one is still on the link. */
   for (uint32_t i = 0; rc == cudaSuccess && !whole && i < s->n_out; i++)
     if (s->out_mode[i] == KCU_HOST)
-      rc = kcu_stage_download(&s->staging, s->stream, outputs[i].data, s->out[i].dev, s->out[i].nbytes);
+      rc = kcu_stage_download(&s->staging, s->stream, outputs[i].data, s->out[i].dev,
+                              kcu_out_bytes(s, p, i));
   cudaError_t sync = cudaStreamSynchronize(s->stream);
   kcu_staging_idle(&s->staging);
   s->stats.stage_chunks = s->staging.ring.chunks;
@@ -922,7 +1176,8 @@ static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
   }
   if (whole)
     for (uint32_t i = 0; i < s->n_out; i++)
-      kcu_stage_copy(&s->staging, outputs[i].data, (char *)s->ring + s->out[i].ring_off, s->out[i].nbytes);
+      kcu_stage_copy(&s->staging, outputs[i].data, (char *)s->ring + s->out[i].ring_off,
+                     kcu_out_bytes(s, p, i));
   if (s->fault_host[KCU_FAULT_WRITE]) {
     const long long *where = (const long long *)(const void *)(s->fault_host + KCU_FAULT_WHERE);
     return kiln_fail(err, KILN_ERR_INVALID_ARGUMENT,
@@ -994,6 +1249,10 @@ kiln_status kiln_cuda_profile_ops(kiln_engine *e, int reps, double *ms, kiln_err
   for (uint32_t i = 0; i < s->n_in; i++) in_addr[i] = s->in[i].dev;
   for (uint32_t i = 0; i < s->n_out; i++) out_addr[i] = s->out[i].dev;
   cudaError_t rc = cudaSetDevice(s->device);
+  if (s->dynamic) { /* GEMMs may hold a call's sizes: profile every op at the bounds */
+    kiln_status st = kcu_prepare_shape(s, p, err);
+    if (st != KILN_OK) return st;
+  }
   if (rc == cudaSuccess) rc = cudaEventCreate(&start);
   if (rc == cudaSuccess) rc = cudaEventCreate(&stop);
   for (uint32_t i = 0; rc == cudaSuccess && i < p->n_ops; i++) {

@@ -61,12 +61,12 @@ kiln_status kcu_check_conv(const kiln_plan *p, const kiln_op *op, uint32_t i, ki
     return kiln_fail(err, KILN_ERR_UNSUPPORTED,
                      "op %u (%.14s): cuDNN convolutions take f32, f16 or bf16, not %.8s; cast "
                      "the input before export", (unsigned)i, name, kiln_dtype_name(x->dtype));
-  /* cuDNN's legacy descriptors take int dims and index elements with 32 bits. */
+  /* cuDNN's convolutions take int dims and index elements with 32 bits. */
   if (most / (int64_t)kiln_dtype_size(x->dtype) > INT_MAX ||
       (int64_t)p->tensors[op->inputs[1]].nbytes / (int64_t)kiln_dtype_size(x->dtype) > INT_MAX)
     return kiln_fail(err, KILN_ERR_UNSUPPORTED,
-                     "op %u (%.14s): a tensor of over 2^31-1 elements exceeds cuDNN's legacy "
-                     "convolution; export with a smaller batch", (unsigned)i, name);
+                     "op %u (%.14s): a tensor of over 2^31-1 elements exceeds the 32-bit indexing "
+                     "of cuDNN convolutions; export with a smaller batch", (unsigned)i, name);
   kcu_conv_geo_of(p, op, &g);
   if (op->kind == KILN_OP_CONV_TRANSPOSE &&
       (g.win.out_padding.h >= g.win.stride.h || g.win.out_padding.w >= g.win.stride.w))
@@ -100,12 +100,75 @@ kiln_status kcu_conv_handle(cudnnHandle_t *h, cudaStream_t stream, int device, k
   return KILN_OK;
 }
 
+/* The legacy descriptors of a transposed op: its backward-data pass takes them. */
+static kiln_status kcu_conv_legacy_init(kcu_conv *c, const kiln_op *op, uint32_t op_index,
+                                        const kcu_conv_geo *g, kiln_error *err) {
+  cudnnTensorFormat_t fmt = c->channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  int n, ch, h, w;
+  KCU_DNN(cudnnCreateTensorDescriptor(&c->x), "tensor descriptor");
+  KCU_DNN(cudnnCreateTensorDescriptor(&c->y), "tensor descriptor");
+  KCU_DNN(cudnnCreateFilterDescriptor(&c->w), "filter descriptor");
+  KCU_DNN(cudnnCreateConvolutionDescriptor(&c->conv), "convolution descriptor");
+  KCU_DNN(cudnnSetTensor4dDescriptor(c->x, fmt, c->dtype, g->n, g->c, g->h, g->w), "input shape");
+  KCU_DNN(cudnnSetTensor4dDescriptor(c->y, fmt, c->dtype, g->n, g->o, g->oh, g->ow), "output shape");
+  KCU_DNN(cudnnSetFilter4dDescriptor(c->w, c->dtype, fmt, g->wk, g->wc, (int)g->win.kernel.h,
+                                     (int)g->win.kernel.w),
+          "filter shape");
+  KCU_DNN(cudnnSetConvolution2dDescriptor(c->conv, (int)g->win.padding.h, (int)g->win.padding.w,
+                                          (int)g->win.stride.h, (int)g->win.stride.w,
+                                          (int)g->win.dilation.h, (int)g->win.dilation.w,
+                                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+          "convolution geometry");
+  KCU_DNN(cudnnSetConvolutionGroupCount(c->conv, (int)g->win.groups), "group count");
+  /* f32 stays on FMA units unless the blob allows TF32; halves take tensor cores. */
+  KCU_DNN(cudnnSetConvolutionMathType(c->conv, c->dtype != CUDNN_DATA_FLOAT ? CUDNN_TENSOR_OP_MATH
+                                               : c->allow_tf32 ? CUDNN_DEFAULT_MATH
+                                                               : CUDNN_FMA_MATH),
+          "math type");
+  /* The forward convolution of the output side must give the input side exactly. */
+  KCU_DNN(cudnnGetConvolution2dForwardOutputDim(c->conv, c->y, c->w, &n, &ch, &h, &w),
+          "output shape check");
+  if (n != g->n || ch != g->c || h != g->h || w != g->w)
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "op %u (%.14s): cuDNN computes a [%d,%d,%d,%d] side where the plan has "
+                     "another; run the program with KILN_DEVICE=cpu",
+                     (unsigned)op_index, kiln_op_name(op->kind), n, ch, h, w);
+  return KILN_OK;
+}
+
+/* The forward op's graph shape, its output side checked against cuDNN's arithmetic. */
+static kiln_status kcu_conv_shape_init(kcu_conv *c, const kiln_op *op, uint32_t op_index,
+                                       const kcu_conv_geo *g, kiln_error *err) {
+  kcu_conv_shape *sh = &c->shape;
+  const kiln_pair *pad = &g->win.padding, *st = &g->win.stride, *dil = &g->win.dilation;
+  int64_t oh = (g->h + 2 * pad->h - dil->h * (g->win.kernel.h - 1) - 1) / st->h + 1;
+  int64_t ow = (g->w + 2 * pad->w - dil->w * (g->win.kernel.w - 1) - 1) / st->w + 1;
+  if (oh != g->oh || ow != g->ow)
+    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                     "op %u (%.14s): cuDNN computes a [%d,%d,%lld,%lld] side where the plan has "
+                     "another; run the program with KILN_DEVICE=cpu",
+                     (unsigned)op_index, kiln_op_name(op->kind), g->n, g->o, (long long)oh,
+                     (long long)ow);
+  sh->x[0] = g->n, sh->x[1] = g->c, sh->x[2] = g->h, sh->x[3] = g->w;
+  sh->w[0] = g->wk, sh->w[1] = g->wc, sh->w[2] = g->win.kernel.h, sh->w[3] = g->win.kernel.w;
+  sh->y[0] = g->n, sh->y[1] = g->o, sh->y[2] = g->oh, sh->y[3] = g->ow;
+  sh->pad[0] = pad->h, sh->pad[1] = pad->w;
+  sh->stride[0] = st->h, sh->stride[1] = st->w;
+  sh->dilation[0] = dil->h, sh->dilation[1] = dil->w;
+  sh->channels_last = c->channels_last;
+  sh->has_bias = c->has_bias;
+  sh->residual = c->residual;
+  sh->relu = c->relu;
+  sh->dtype = c->dtype;
+  sh->allow_tf32 = c->allow_tf32;
+  c->graph.graphs = KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN;
+  return KILN_OK;
+}
+
 kiln_status kcu_conv_init(kcu_conv *c, const kiln_plan *p, uint32_t op_index, int allow_tf32,
                           kiln_error *err) {
   const kiln_op *op = &p->ops[op_index];
   kcu_conv_geo g;
-  cudnnTensorFormat_t fmt;
-  int n, ch, h, w;
   memset(c, 0, sizeof *c);
   c->active = 1;
   kcu_conv_geo_of(p, op, &g);
@@ -118,49 +181,11 @@ kiln_status kcu_conv_init(kcu_conv *c, const kiln_plan *p, uint32_t op_index, in
   c->dtype = kcu_dnn_type(p->tensors[op->inputs[0]].dtype);
   c->channels = g.o;
   c->inner = c->channels_last ? 1 : (int64_t)g.oh * g.ow;
-  fmt = c->channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
-  KCU_DNN(cudnnCreateTensorDescriptor(&c->x), "tensor descriptor");
-  KCU_DNN(cudnnCreateTensorDescriptor(&c->y), "tensor descriptor");
-  KCU_DNN(cudnnCreateTensorDescriptor(&c->bias), "tensor descriptor");
-  KCU_DNN(cudnnCreateFilterDescriptor(&c->w), "filter descriptor");
-  KCU_DNN(cudnnCreateConvolutionDescriptor(&c->conv), "convolution descriptor");
-  KCU_DNN(cudnnCreateActivationDescriptor(&c->act), "activation descriptor");
-  KCU_DNN(cudnnSetTensor4dDescriptor(c->x, fmt, c->dtype, g.n, g.c, g.h, g.w), "input shape");
-  KCU_DNN(cudnnSetTensor4dDescriptor(c->y, fmt, c->dtype, g.n, g.o, g.oh, g.ow), "output shape");
-  KCU_DNN(cudnnSetTensor4dDescriptor(c->bias, fmt, c->dtype, 1, g.o, 1, 1),
-          "bias shape");
-  KCU_DNN(cudnnSetFilter4dDescriptor(c->w, c->dtype, fmt, g.wk, g.wc, (int)g.win.kernel.h,
-                                     (int)g.win.kernel.w),
-          "filter shape");
-  KCU_DNN(cudnnSetConvolution2dDescriptor(c->conv, (int)g.win.padding.h, (int)g.win.padding.w,
-                                          (int)g.win.stride.h, (int)g.win.stride.w,
-                                          (int)g.win.dilation.h, (int)g.win.dilation.w,
-                                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
-          "convolution geometry");
-  KCU_DNN(cudnnSetConvolutionGroupCount(c->conv, (int)g.win.groups), "group count");
-  /* f32 stays on FMA units unless the blob allows TF32; halves take tensor cores. */
-  KCU_DNN(cudnnSetConvolutionMathType(c->conv, c->dtype != CUDNN_DATA_FLOAT ? CUDNN_TENSOR_OP_MATH
-                                               : allow_tf32 ? CUDNN_DEFAULT_MATH
-                                                            : CUDNN_FMA_MATH),
-          "math type");
-  KCU_DNN(cudnnSetActivationDescriptor(c->act, c->relu ? CUDNN_ACTIVATION_RELU
-                                                       : CUDNN_ACTIVATION_IDENTITY,
-                                       CUDNN_PROPAGATE_NAN, 0.0),
-          "activation");
-  /* The forward convolution of the larger side must give the smaller one exactly. */
-  KCU_DNN(cudnnGetConvolution2dForwardOutputDim(c->conv, c->transposed ? c->y : c->x, c->w, &n,
-                                                &ch, &h, &w),
-          "output shape check");
-  if (n != g.n || ch != (c->transposed ? g.c : g.o) || h != (c->transposed ? g.h : g.oh) ||
-      w != (c->transposed ? g.w : g.ow))
-    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
-                     "op %u (%.14s): cuDNN computes a [%d,%d,%d,%d] side where the plan has "
-                     "another; run the program with KILN_DEVICE=cpu",
-                     (unsigned)op_index, kiln_op_name(op->kind), n, ch, h, w);
-  return KILN_OK;
+  return c->transposed ? kcu_conv_legacy_init(c, op, op_index, &g, err)
+                       : kcu_conv_shape_init(c, op, op_index, &g, err);
 }
 
-/* One measured or suggested algorithm, of either direction. */
+/* One measured or suggested backward-data algorithm. */
 typedef struct kcu_algo {
   int algo;
   cudnnStatus_t status;
@@ -178,37 +203,23 @@ static int kcu_algo_usable(const kcu_conv *c, const kcu_algo *a, size_t ws_size)
          (a->math != CUDNN_TENSOR_OP_MATH && a->math != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
 }
 
-/* The algorithms ranked fastest first, *found of them: measured with Find on the buffers, or
- * cuDNN's heuristic when Find cannot run. */
+/* The backward-data algorithms ranked fastest first, *found of them: measured with Find on the
+ * buffers, or cuDNN's heuristic when Find cannot run. */
 static kiln_status kcu_rank_algos(kcu_conv *c, cudnnHandle_t h, const kiln_op *op,
                                   uint32_t op_index, const kcu_tensor *in, const kcu_tensor *out,
                                   void *ws, size_t ws_size, kcu_algo *algos, int *found_out,
                                   kiln_error *err) {
   int found = 0;
-  cudnnStatus_t st;
-  if (!c->transposed) {
-    cudnnConvolutionFwdAlgoPerf_t perf[KCU_MAX_ALGOS];
-    st = cudnnFindConvolutionForwardAlgorithmEx(h, c->x, in[0].data, c->w, in[1].data, c->conv,
-                                                c->y, out->data, KCU_MAX_ALGOS, &found, perf, ws,
-                                                ws_size);
-    if (st != CUDNN_STATUS_SUCCESS)
-      st = cudnnGetConvolutionForwardAlgorithm_v7(h, c->x, c->w, c->conv, c->y, KCU_MAX_ALGOS,
-                                                  &found, perf);
-    for (int k = 0; st == CUDNN_STATUS_SUCCESS && k < found; k++)
-      algos[k] = (kcu_algo){(int)perf[k].algo, perf[k].status, perf[k].time, perf[k].memory,
-                            perf[k].mathType};
-  } else {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[KCU_MAX_ALGOS];
-    st = cudnnFindConvolutionBackwardDataAlgorithmEx(h, c->w, in[1].data, c->x, in[0].data,
-                                                     c->conv, c->y, out->data, KCU_MAX_ALGOS,
-                                                     &found, perf, ws, ws_size);
-    if (st != CUDNN_STATUS_SUCCESS)
-      st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c->w, c->x, c->conv, c->y,
-                                                       KCU_MAX_ALGOS, &found, perf);
-    for (int k = 0; st == CUDNN_STATUS_SUCCESS && k < found; k++)
-      algos[k] = (kcu_algo){(int)perf[k].algo, perf[k].status, perf[k].time, perf[k].memory,
-                            perf[k].mathType};
-  }
+  cudnnConvolutionBwdDataAlgoPerf_t perf[KCU_MAX_ALGOS];
+  cudnnStatus_t st = cudnnFindConvolutionBackwardDataAlgorithmEx(
+      h, c->w, in[1].data, c->x, in[0].data, c->conv, c->y, out->data, KCU_MAX_ALGOS, &found,
+      perf, ws, ws_size);
+  if (st != CUDNN_STATUS_SUCCESS)
+    st = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c->w, c->x, c->conv, c->y, KCU_MAX_ALGOS,
+                                                     &found, perf);
+  for (int k = 0; st == CUDNN_STATUS_SUCCESS && k < found; k++)
+    algos[k] = (kcu_algo){(int)perf[k].algo, perf[k].status, perf[k].time, perf[k].memory,
+                          perf[k].mathType};
   if (st != CUDNN_STATUS_SUCCESS) return kcu_dnn_fail(op_index, op, st, "algorithm search", err);
   *found_out = found < KCU_MAX_ALGOS ? found : KCU_MAX_ALGOS;
   return KILN_OK;
@@ -220,101 +231,100 @@ static cudnnStatus_t kcu_conv_keep(kcu_conv *c, cudnnHandle_t h, const kcu_algo 
   /* f32 without TF32 stays on FMA math whatever Find ran it with (default math admits TF32). */
   int fma_only = c->dtype == CUDNN_DATA_FLOAT && !c->allow_tf32;
   cudnnStatus_t st = cudnnSetConvolutionMathType(c->conv, fma_only ? CUDNN_FMA_MATH : a->math);
-  c->fwd = (cudnnConvolutionFwdAlgo_t)a->algo;
   c->bwd = (cudnnConvolutionBwdDataAlgo_t)a->algo;
   if (st == CUDNN_STATUS_SUCCESS)
-    st = c->transposed
-             ? cudnnGetConvolutionBackwardDataWorkspaceSize(h, c->w, c->x, c->conv, c->y, c->bwd, &bytes)
-             : cudnnGetConvolutionForwardWorkspaceSize(h, c->x, c->w, c->conv, c->y, c->fwd, &bytes);
+    st = cudnnGetConvolutionBackwardDataWorkspaceSize(h, c->w, c->x, c->conv, c->y, c->bwd, &bytes);
   c->workspace = bytes > a->memory ? bytes : a->memory;
   return st;
 }
 
+static kiln_status kcu_no_algorithm(const kcu_conv *c, const kiln_op *op, uint32_t op_index,
+                                    size_t ws_size, kiln_error *err) {
+  return kiln_fail(err, KILN_ERR_UNSUPPORTED,
+                   "op %u (%.14s): cuDNN has no algorithm for this %.4s %.5s convolution within "
+                   "%llu MiB of workspace; use channels-last f16/bf16 or KILN_DEVICE=cpu",
+                   (unsigned)op_index, kiln_op_name(op->kind),
+                   c->dtype == CUDNN_DATA_FLOAT ? "f32" : c->dtype == CUDNN_DATA_HALF ? "f16" : "bf16",
+                   c->channels_last ? "NHWC" : "NCHW", (unsigned long long)(ws_size >> 20));
+}
+
+static kcu_conv_io kcu_io_of(const kcu_conv *c, const kcu_tensor *in, uint32_t n_in,
+                             const kcu_tensor *out) {
+  kcu_conv_io io;
+  io.x = in[0].data;
+  io.w = in[1].data;
+  io.y = out->data;
+  io.bias = c->has_bias ? in[2].data : NULL;
+  io.residual = c->residual ? in[n_in - 1].data : NULL;
+  return io;
+}
+
 kiln_status kcu_conv_choose(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kiln_plan *p,
                             uint32_t op_index, const kcu_tensor *in, const kcu_tensor *out,
-                            void *ws, size_t ws_size, kiln_error *err) {
+                            void *ws, size_t ws_size, const kcu_conv *earlier,
+                            uint32_t n_earlier, double *compile_left, kiln_error *err) {
   const kiln_op *op = &p->ops[op_index];
-  kcu_algo algos[KCU_MAX_ALGOS];
-  const kcu_algo *best = NULL, *precomp = NULL;
-  int found = 0;
-  kiln_status ks = kcu_rank_algos(c, h, op, op_index, in, out, ws, ws_size, algos, &found, err);
-  if (ks != KILN_OK) return ks;
-  for (int k = 0; k < found; k++) {
-    if (!kcu_algo_usable(c, &algos[k], ws_size)) continue;
-    if (!best) best = &algos[k];
-    if (!c->transposed && !precomp &&
-        algos[k].algo == (int)CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
-      precomp = &algos[k];
-  }
-  if (!best)
-    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
-                     "op %u (%.14s): cuDNN has no algorithm for this %.4s %.5s convolution within "
-                     "%llu MiB of workspace; use channels-last f16/bf16 or KILN_DEVICE=cpu",
-                     (unsigned)op_index, kiln_op_name(op->kind),
-                     c->dtype == CUDNN_DATA_FLOAT ? "f32" : c->dtype == CUDNN_DATA_HALF ? "f16" : "bf16",
-                     c->channels_last ? "NHWC" : "NCHW", (unsigned long long)(ws_size >> 20));
-  /* The fused call takes the identity activation only with IMPLICIT_PRECOMP_GEMM: use that one
-   * when it is within a tenth of the fastest, the epilogue kernel costing about as much. */
-  const kcu_algo *pick = best;
-  int fusable = !c->transposed && c->has_bias;
-  if (fusable && !c->relu) {
-    fusable = precomp && (precomp == best || precomp->time <= best->time * 1.1f);
-    if (fusable) pick = precomp;
-  }
-  KCU_DNN(kcu_conv_keep(c, h, pick), "workspace query");
-  if (fusable) {
-    /* cuDNN says at the call whether it fuses this dtype and layout: try it once, here. */
-    const void *z = c->residual ? in[op->n_inputs - 1].data : out->data;
-    float alpha2 = c->residual ? 1.0f : 0.0f;
-    cudnnStatus_t st = cudnnConvolutionBiasActivationForward(
-        h, &kcu_one, c->x, in[0].data, c->w, in[1].data, c->conv, c->fwd, ws, ws_size, &alpha2,
-        c->y, z, c->bias, in[2].data, c->act, c->y, out->data);
-    c->fused = st == CUDNN_STATUS_SUCCESS;
-    if (!c->fused && pick != best) /* unfused: back to the fastest */
-      KCU_DNN(kcu_conv_keep(c, h, best), "workspace query");
+  if (!c->transposed) {
+    kcu_conv_io io = kcu_io_of(c, in, op->n_inputs, out);
+    int shared = 0;
+    /* ResNet's repeated blocks: one plan per shape, chosen once */
+    for (uint32_t j = 0; j < n_earlier && !shared; j++)
+      shared = earlier[j].active && !earlier[j].transposed && !earlier[j].graph.shared &&
+               memcmp(&earlier[j].shape, &c->shape, sizeof c->shape) == 0 &&
+               kcu_conv_graph_share(&c->graph, &earlier[j].graph, &io);
+    cudnnStatus_t st = shared ? CUDNN_STATUS_SUCCESS
+                              : kcu_conv_graph_choose(&c->graph, h, s, &c->shape, &io, out,
+                                                      c->channels, c->inner, ws, ws_size,
+                                                      compile_left);
+    if (st == CUDNN_STATUS_NOT_SUPPORTED) return kcu_no_algorithm(c, op, op_index, ws_size, err);
+    KCU_DNN(st, "execution plan");
+    c->workspace = c->graph.workspace;
+  } else {
+    kcu_algo algos[KCU_MAX_ALGOS];
+    const kcu_algo *best = NULL;
+    int found = 0;
+    kiln_status ks = kcu_rank_algos(c, h, op, op_index, in, out, ws, ws_size, algos, &found, err);
+    if (ks != KILN_OK) return ks;
+    for (int k = 0; k < found && !best; k++)
+      if (kcu_algo_usable(c, &algos[k], ws_size)) best = &algos[k];
+    if (!best) return kcu_no_algorithm(c, op, op_index, ws_size, err);
+    KCU_DNN(kcu_conv_keep(c, h, best), "workspace query");
   }
   cudaError_t rc = kcu_conv_run(c, h, s, in, op->n_inputs, out, ws, ws_size);
   if (rc == cudaSuccess) rc = cudaStreamSynchronize(s);
   if (rc != cudaSuccess)
     return kiln_fail(err, KILN_ERR_INTERNAL,
-                     "op %u (%.14s): the first run of the chosen cuDNN algorithm %d failed "
+                     "op %u (%.14s): the first run of the chosen cuDNN %.9s %lld failed "
                      "(%.48s); run the program with KILN_DEVICE=cpu and report it",
-                     (unsigned)op_index, kiln_op_name(op->kind), (int)c->fwd,
+                     (unsigned)op_index, kiln_op_name(op->kind),
+                     c->transposed ? "algorithm" : "engine",
+                     c->transposed ? (long long)c->bwd : (long long)c->graph.engine,
                      cudaGetErrorString(rc));
   return KILN_OK;
 }
 
-cudaError_t kcu_conv_run(const kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kcu_tensor *in,
+cudaError_t kcu_conv_run(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kcu_tensor *in,
                          uint32_t n_in, const kcu_tensor *out, void *ws, size_t ws_size) {
-  const void *bias = c->has_bias ? in[2].data : NULL;
-  const void *residual = c->residual ? in[n_in - 1].data : NULL;
+  kcu_conv_io io = kcu_io_of(c, in, n_in, out);
   cudnnStatus_t st;
-  if (c->fused) {
-    float alpha2 = residual ? 1.0f : 0.0f;
-    st = cudnnConvolutionBiasActivationForward(h, &kcu_one, c->x, in[0].data, c->w, in[1].data,
-                                               c->conv, c->fwd, ws, ws_size, &alpha2, c->y,
-                                               residual ? residual : out->data, c->bias, bias,
-                                               c->act, c->y, out->data);
-    return st == CUDNN_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
-  }
-  if (c->transposed)
+  if (!c->transposed) {
+    st = kcu_conv_graph_run(&c->graph, h, &io, ws);
+    if (c->graph.fused) return st == CUDNN_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+  } else {
     st = cudnnConvolutionBackwardData(h, &kcu_one, c->w, in[1].data, c->x, in[0].data, c->conv,
                                       c->bwd, ws, ws_size, &kcu_zero, c->y, out->data);
-  else
-    st = cudnnConvolutionForward(h, &kcu_one, c->x, in[0].data, c->w, in[1].data, c->conv, c->fwd,
-                                 ws, ws_size, &kcu_zero, c->y, out->data);
+  }
   if (st != CUDNN_STATUS_SUCCESS) return cudaErrorUnknown;
-  if (!bias && !residual && !c->relu) return cudaSuccess;
-  return kcu_conv_epilogue(s, out, bias, residual, c->channels, c->inner, c->relu);
+  if (!io.bias && !io.residual && !c->relu) return cudaSuccess;
+  return kcu_conv_epilogue(s, out, io.bias, io.residual, c->channels, c->inner, c->relu);
 }
 
 void kcu_conv_release(kcu_conv *c) {
   if (!c->active) return;
+  kcu_conv_graph_release(&c->graph);
   if (c->x) cudnnDestroyTensorDescriptor(c->x);
   if (c->y) cudnnDestroyTensorDescriptor(c->y);
-  if (c->bias) cudnnDestroyTensorDescriptor(c->bias);
   if (c->w) cudnnDestroyFilterDescriptor(c->w);
   if (c->conv) cudnnDestroyConvolutionDescriptor(c->conv);
-  if (c->act) cudnnDestroyActivationDescriptor(c->act);
   memset(c, 0, sizeof *c);
 }

@@ -1,10 +1,13 @@
-/* CONV and CONV_TRANSPOSE through cuDNN's convolution API: descriptors at init, the algorithm
- * measured at init on the engine's own buffers, one shared workspace sized then; a launch
- * enqueues the convolution (backward data for a transposed one) and, where cuDNN did not fuse
- * it, the bias, residual and ReLU epilogue kernel. Nothing here allocates at execute. */
+/* CONV and CONV_TRANSPOSE through cuDNN: a forward convolution is an operation graph of the
+ * backend API (cuda_conv_graph.h) with its bias, residual and ReLU fused where an engine takes
+ * them; a transposed one is the legacy API's backward-data pass. Plans and algorithms are timed
+ * at init on the engine's own buffers, one shared workspace sized then; a launch enqueues the
+ * convolution and, where cuDNN did not fuse it, the epilogue kernel. Nothing here allocates at
+ * execute but a variant pack built while a run with new addresses is recorded. */
 #ifndef KILN_CUDA_CONV_H
 #define KILN_CUDA_CONV_H
 
+#include "cuda_conv_graph.h"
 #include "cuda_ops.h"
 
 #include <cudnn.h>
@@ -16,16 +19,16 @@
 typedef struct kcu_conv {
   int active;
   int transposed, channels_last, has_bias, residual, relu;
-  int fused; /* cudnnConvolutionBiasActivationForward computes bias, residual and ReLU */
   int allow_tf32; /* the blob lets f32 run on TF32 tensor cores */
   cudnnDataType_t dtype;
-  cudnnTensorDescriptor_t x, y, bias;
+  kcu_conv_shape shape; /* forward: the graph's shape */
+  kcu_conv_graph graph; /* forward: the chosen execution plan */
+  /* transposed: the legacy backward-data descriptors and the measured algorithm */
+  cudnnTensorDescriptor_t x, y;
   cudnnFilterDescriptor_t w;
   cudnnConvolutionDescriptor_t conv;
-  cudnnActivationDescriptor_t act;
-  cudnnConvolutionFwdAlgo_t fwd;
   cudnnConvolutionBwdDataAlgo_t bwd;
-  size_t workspace;          /* bytes the chosen algorithm needs */
+  size_t workspace;          /* bytes the chosen plan or algorithm needs */
   int64_t channels, inner;   /* output channels; elements between two channels of one pixel */
 } kcu_conv;
 
@@ -36,13 +39,16 @@ kiln_status kcu_conv_handle(cudnnHandle_t *h, cudaStream_t stream, int device, k
 /* Descriptors of plan op i; allow_tf32 lets f32 run on TF32 tensor cores. */
 kiln_status kcu_conv_init(kcu_conv *c, const kiln_plan *p, uint32_t i, int allow_tf32,
                           kiln_error *err);
-/* Measures the algorithms on the engine's buffers with up to ws_size bytes of workspace at ws,
- * keeps the fastest, and decides whether cuDNN fuses the epilogue. */
+/* Times the candidate plans (forward) or algorithms (transposed) on the engine's buffers with up
+ * to ws_size bytes of workspace at ws and keeps the fastest; a forward op of the same shape as one
+ * of the n_earlier ops at earlier (chosen already) takes that one's plan instead. Compiling plans
+ * at runtime spends from *compile_left, the engine's budget in ms. */
 kiln_status kcu_conv_choose(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kiln_plan *p,
                             uint32_t i, const kcu_tensor *in, const kcu_tensor *out, void *ws,
-                            size_t ws_size, kiln_error *err);
+                            size_t ws_size, const kcu_conv *earlier, uint32_t n_earlier,
+                            double *compile_left, kiln_error *err);
 /* Enqueues the op on s, the stream the handle was given. */
-cudaError_t kcu_conv_run(const kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kcu_tensor *in,
+cudaError_t kcu_conv_run(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kcu_tensor *in,
                          uint32_t n_in, const kcu_tensor *out, void *ws, size_t ws_size);
 void kcu_conv_release(kcu_conv *c);
 

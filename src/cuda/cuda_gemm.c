@@ -68,6 +68,30 @@ static kiln_status kcu_layout_create(cublasLtMatrixLayout_t *l, cudaDataType t, 
   return KILN_OK;
 }
 
+/* Asks the heuristic for sh's candidates into g (no allocation by the engine; host only). */
+static cublasStatus_t kcu_gemm_query(kcu_gemm *g, cublasLtHandle_t lt, const kcu_gemm_shape *sh,
+                                     size_t workspace_size) {
+  uint64_t ws = workspace_size;
+  uint32_t al_a = sh->align_w, al_b = sh->align_x, al_d = sh->align_d;
+  cublasLtMatmulHeuristicResult_t results[KCU_GEMM_CANDIDATES];
+  int found = 0;
+  g->n_candidates = 0;
+  cublasStatus_t ps = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
+  if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
+  if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d);
+  if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d);
+  if (ps == CUBLAS_STATUS_SUCCESS) {
+    memset(results, 0, sizeof results);
+    ps = cublasLtMatmulAlgoGetHeuristic(lt, g->desc, g->a, g->b, g->d, g->d, g->pref,
+                                        KCU_GEMM_CANDIDATES, results, &found);
+  }
+  for (int i = 0; ps == CUBLAS_STATUS_SUCCESS && i < found; i++)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) g->candidates[g->n_candidates++] = results[i].algo;
+  if (g->n_candidates > 0) g->algo = g->candidates[0];
+  return ps;
+}
+
 kiln_status kcu_gemm_init_shape(kcu_gemm *g, cublasLtHandle_t lt, const kcu_gemm_shape *sh,
                                 const kiln_plan *plan, uint32_t op_index, size_t workspace_size,
                                 kiln_error *err) {
@@ -94,37 +118,15 @@ kiln_status kcu_gemm_init_shape(kcu_gemm *g, cublasLtHandle_t lt, const kcu_gemm
     st = kcu_layout_create(&g->d, t_out, (uint64_t)N, (uint64_t)M, sh->ld_d, sh->batch, sh->d_stride, op, op_index, err);
   if (st != KILN_OK) return st;
 
-  cublasLtMatmulPreference_t pref;
-  KCU_LT(cublasLtMatmulPreferenceCreate(&pref));
-  uint64_t ws = workspace_size;
-  uint32_t al_a = sh->align_w, al_b = sh->align_x, al_d = sh->align_d;
-  cublasStatus_t ps = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
-  if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
-  if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d);
-  if (ps == CUBLAS_STATUS_SUCCESS) ps = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d);
-  cublasLtMatmulHeuristicResult_t results[KCU_GEMM_CANDIDATES];
-  int found = 0;
-  if (ps == CUBLAS_STATUS_SUCCESS) {
-    memset(results, 0, sizeof results);
-    ps = cublasLtMatmulAlgoGetHeuristic(lt, g->desc, g->a, g->b, g->d, g->d, pref,
-                                        KCU_GEMM_CANDIDATES, results, &found);
-  }
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (ps != CUBLAS_STATUS_SUCCESS || found < 1)
+  KCU_LT(cublasLtMatmulPreferenceCreate(&g->pref));
+  g->set = *sh;
+  cublasStatus_t ps = kcu_gemm_query(g, lt, sh, workspace_size);
+  if (ps != CUBLAS_STATUS_SUCCESS || g->n_candidates == 0)
     return kiln_fail(err, KILN_ERR_UNSUPPORTED,
-                     "op %u (%.16s): cuBLASLt has no algorithm for %.8s %lldx%lldx%lld "
+                     "op %u (%.16s): cuBLASLt has no usable algorithm for %.8s %lldx%lldx%lld "
                      "(status %d); run this program on the CPU reference engine",
                      op_index, kiln_op_name(op->kind), kiln_dtype_name(sh->in_dtype),
                      (long long)M, (long long)N, (long long)K, (int)ps);
-  for (int i = 0; i < found; i++)
-    if (results[i].state == CUBLAS_STATUS_SUCCESS) g->candidates[g->n_candidates++] = results[i].algo;
-  if (g->n_candidates == 0)
-    return kiln_fail(err, KILN_ERR_UNSUPPORTED,
-                     "op %u (%.16s): cuBLASLt offered no usable algorithm for %.8s %lldx%lldx%lld; "
-                     "run this program on the CPU reference engine",
-                     op_index, kiln_op_name(op->kind), kiln_dtype_name(sh->in_dtype),
-                     (long long)M, (long long)N, (long long)K);
   g->algo = g->candidates[0];
   const int64_t key[] = {'G', sh->in_dtype, sh->out_dtype, sh->w_trans, sh->allow_tf32,
                          sh->epilogue, sh->M, sh->N, sh->K, sh->batch, sh->ld_x, sh->ld_d,
@@ -135,28 +137,28 @@ kiln_status kcu_gemm_init_shape(kcu_gemm *g, cublasLtHandle_t lt, const kcu_gemm
   return KILN_OK;
 }
 
-kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *plan,
-                          uint32_t op_index, int allow_tf32, size_t workspace_size,
-                          kiln_error *err) {
+/* g's sizes, batch walk and epilogue flags for plan op `op_index` at the plan's dims, and the
+ * cuBLASLt shape sh they give; touches no descriptor. */
+static void kcu_gemm_geometry(kcu_gemm *g, const kiln_plan *plan, uint32_t op_index,
+                              int allow_tf32, kcu_gemm_shape *sh) {
   const kiln_op *op = &plan->ops[op_index];
   const kiln_tensor_desc *x = &plan->tensors[op->inputs[0]];
   const kiln_tensor_desc *w = &plan->tensors[op->inputs[1]];
   const kiln_tensor_desc *out = &plan->tensors[op->output];
-  memset(g, 0, sizeof *g);
   g->calls = 1;
+  g->nb = 0;
   size_t es = kiln_dtype_size(out->dtype);
-  kcu_gemm_shape sh;
-  memset(&sh, 0, sizeof sh);
-  sh.in_dtype = sh.out_dtype = out->dtype;
-  sh.allow_tf32 = allow_tf32;
-  sh.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  sh.batch = 1;
+  memset(sh, 0, sizeof *sh);
+  sh->in_dtype = sh->out_dtype = out->dtype;
+  sh->allow_tf32 = allow_tf32;
+  sh->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  sh->batch = 1;
   int64_t M, N, K;
   if (op->kind == KILN_OP_LINEAR) {
     K = x->dims[x->rank - 1];
     N = w->dims[0];
     M = kcu_numel(x, 0, x->rank - 1);
-    sh.w_trans = 1;
+    sh->w_trans = 1;
     kiln_activation act = (kiln_activation)(op->n_iattr > 0 ? op->iattr[0] : 0);
     g->has_bias = kiln_linear_has_bias(op);
     g->residual = kiln_linear_has_residual(op);
@@ -165,15 +167,13 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
     g->N = g->swiglu ? N / 2 : N;
     g->K = K;
     g->glu_bytes = g->swiglu ? (uint64_t)M * (uint64_t)N * es : 0;
-    if (!g->residual && kcu_gemv_fits(M, K) && kcu_gemm_align(x, 0) >= 16 &&
-        kcu_gemm_align(w, 0) >= 16) {
-      /* A few rows: reading the weight once is all the work; the GEMV kernel does it with the
-       * bias and every activation (erf GELU included) in its epilogue. cuBLASLt is set up
-       * too, and kcu_gemm_tune keeps whichever is faster on this GPU. */
-      g->gemv_ok = g->gemv = kcu_test_gemv_choice != 0;
-      g->act = act;
-    }
+    /* A few rows: reading the weight once is all the work; the GEMV kernel does it with the
+     * bias and every activation (erf GELU included) in its epilogue. */
+    g->gemv_ok = kcu_test_gemv_choice != 0 && !g->residual && kcu_gemv_fits(M, K) &&
+                 kcu_gemm_align(x, 0) >= 16 && kcu_gemm_align(w, 0) >= 16;
+    g->act = act;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    g->post = KILN_ACT_NONE;
     if (act == KILN_ACT_RELU) epi = CUBLASLT_EPILOGUE_RELU;
     else if (act == KILN_ACT_GELU_TANH) epi = CUBLASLT_EPILOGUE_GELU;
     else if (act == KILN_ACT_GELU_ERF) g->post = KILN_ACT_GELU_ERF;
@@ -181,7 +181,7 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
       epi = epi == CUBLASLT_EPILOGUE_RELU   ? CUBLASLT_EPILOGUE_RELU_BIAS
             : epi == CUBLASLT_EPILOGUE_GELU ? CUBLASLT_EPILOGUE_GELU_BIAS
                                             : CUBLASLT_EPILOGUE_BIAS;
-    sh.epilogue = epi;
+    sh->epilogue = epi;
   } else {
     int a1 = x->rank == 1, b1 = w->rank == 1;
     K = x->dims[x->rank - 1];
@@ -191,10 +191,10 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
     int64_t batch = kcu_numel(out, 0, out_batch_rank);
     int64_t xb = a1 ? 1 : kcu_numel(x, 0, x->rank - 2), wb = b1 ? 1 : kcu_numel(w, 0, w->rank - 2);
     if ((xb == 1 || xb == batch) && (wb == 1 || wb == batch)) {
-      sh.batch = batch;
-      sh.w_stride = wb == 1 ? 0 : K * N;
-      sh.x_stride = xb == 1 ? 0 : M * K;
-      sh.d_stride = M * N;
+      sh->batch = batch;
+      sh->w_stride = wb == 1 ? 0 : K * N;
+      sh->x_stride = xb == 1 ? 0 : M * K;
+      sh->d_stride = M * N;
     } else {
       /* Partial broadcast: one call per output batch, operand offsets by broadcast strides. */
       g->calls = batch;
@@ -210,18 +210,30 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
     g->b_mat = (int64_t)es * M * K;
     g->d_mat = (int64_t)es * M * N;
   }
-  sh.M = M;
-  sh.N = N;
-  sh.K = K;
-  sh.ld_x = K;
-  sh.ld_d = N;
-  sh.align_w = kcu_gemm_align(w, (uint64_t)(g->calls > 1 ? g->a_mat : sh.w_stride * (int64_t)es));
-  sh.align_x = kcu_gemm_align(x, (uint64_t)(g->calls > 1 ? g->b_mat : sh.x_stride * (int64_t)es));
-  sh.align_d = kcu_gemm_align(out, (uint64_t)(g->calls > 1 || sh.batch > 1 ? (int64_t)es * M * N : 0));
+  sh->M = M;
+  sh->N = N;
+  sh->K = K;
+  sh->ld_x = K;
+  sh->ld_d = N;
+  sh->align_w = kcu_gemm_align(w, (uint64_t)(g->calls > 1 ? g->a_mat : sh->w_stride * (int64_t)es));
+  sh->align_x = kcu_gemm_align(x, (uint64_t)(g->calls > 1 ? g->b_mat : sh->x_stride * (int64_t)es));
+  sh->align_d = kcu_gemm_align(out, (uint64_t)(g->calls > 1 || sh->batch > 1 ? (int64_t)es * M * N : 0));
   if (g->residual) { /* C, the residual, shares D's layout and alignment */
     uint32_t align_c = kcu_gemm_align(&plan->tensors[op->inputs[op->n_inputs - 1]], 0);
-    if (align_c < sh.align_d) sh.align_d = align_c;
+    if (align_c < sh->align_d) sh->align_d = align_c;
   }
+}
+
+kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *plan,
+                          uint32_t op_index, int allow_tf32, size_t workspace_size,
+                          kiln_error *err) {
+  kcu_gemm_shape sh;
+  memset(g, 0, sizeof *g);
+  kcu_gemm_geometry(g, plan, op_index, allow_tf32, &sh);
+  /* cuBLASLt is set up too, and kcu_gemm_tune keeps whichever is faster on this GPU. */
+  g->gemv = g->gemv_ok;
+  g->allow_tf32 = allow_tf32;
+  g->workspace_size = workspace_size;
   kiln_status st = kcu_gemm_init_shape(g, lt, &sh, plan, op_index, workspace_size, err);
   if (st != KILN_OK && g->gemv_ok && st != KILN_ERR_OUT_OF_MEMORY) {
     /* cuBLASLt cannot take the shape: the GEMV kernel alone. */
@@ -234,9 +246,77 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
     g->calls = 1;
     g->M = only.M, g->N = only.N, g->K = only.K;
     g->swiglu = only.swiglu; /* the GEMV combines gate and up itself: no scratch */
+    g->allow_tf32 = allow_tf32;
+    g->workspace_size = workspace_size;
     return KILN_OK;
   }
   return st;
+}
+
+/* Sets one existing layout to rows x cols with leading dim ld and batch count and stride. */
+static cublasStatus_t kcu_layout_set(cublasLtMatrixLayout_t l, uint64_t rows, uint64_t cols,
+                                     int64_t ld, int64_t batch, int64_t stride) {
+  int32_t count = (int32_t)batch;
+  cublasStatus_t st = cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &rows, sizeof rows);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_LD, &ld, sizeof ld);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride);
+  return st;
+}
+
+static int kcu_shape_same(const kcu_gemm_shape *a, const kcu_gemm_shape *b) {
+  return a->in_dtype == b->in_dtype && a->out_dtype == b->out_dtype && a->w_trans == b->w_trans &&
+         a->allow_tf32 == b->allow_tf32 && a->epilogue == b->epilogue && a->M == b->M &&
+         a->N == b->N && a->K == b->K && a->batch == b->batch && a->ld_x == b->ld_x &&
+         a->ld_d == b->ld_d && a->x_stride == b->x_stride && a->w_stride == b->w_stride &&
+         a->d_stride == b->d_stride && a->align_x == b->align_x && a->align_w == b->align_w &&
+         a->align_d == b->align_d;
+}
+
+void kcu_gemm_keep_tuned(kcu_gemm *g) {
+  g->tuned = g->set;
+  g->tuned_algo = g->algo;
+  g->tuned_gemv = g->gemv;
+  g->has_tuned = 1;
+}
+
+cudaError_t kcu_gemm_reshape(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *plan,
+                             uint32_t op_index) {
+  kcu_gemm_shape sh;
+  uint64_t glu_bytes = g->glu_bytes;
+  kcu_gemm_geometry(g, plan, op_index, g->allow_tf32, &sh);
+  g->glu_bytes = glu_bytes; /* the scratch was sized for the bounds */
+  if (!g->desc) { /* the GEMV kernel alone: it takes every row count up to the bound's */
+    g->gemv = 1;
+    g->calls = 1;
+    return kcu_gemv_fits(g->M, g->K) ? cudaSuccess : cudaErrorNotSupported;
+  }
+  int tuned = g->has_tuned && kcu_shape_same(&sh, &g->tuned);
+  /* Untimed sizes: the GEMV kernel wherever it may run (a few rows), else the heuristic's first. */
+  g->gemv = tuned ? g->tuned_gemv : g->gemv_ok;
+  if (kcu_shape_same(&sh, &g->set)) return cudaSuccess;
+  cublasStatus_t st;
+  if (sh.w_trans)
+    st = kcu_layout_set(g->a, (uint64_t)sh.K, (uint64_t)sh.N, sh.K, sh.batch, sh.w_stride);
+  else
+    st = kcu_layout_set(g->a, (uint64_t)sh.N, (uint64_t)sh.K, sh.N, sh.batch, sh.w_stride);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = kcu_layout_set(g->b, (uint64_t)sh.K, (uint64_t)sh.M, sh.ld_x, sh.batch, sh.x_stride);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = kcu_layout_set(g->d, (uint64_t)sh.N, (uint64_t)sh.M, sh.ld_d, sh.batch, sh.d_stride);
+  if (st == CUBLAS_STATUS_SUCCESS && tuned) {
+    g->algo = g->tuned_algo; /* the algorithm init timed at these very sizes */
+  } else if (st == CUBLAS_STATUS_SUCCESS) {
+    st = kcu_gemm_query(g, lt, &sh, g->workspace_size);
+    if (st == CUBLAS_STATUS_SUCCESS && g->n_candidates == 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    memset(&g->set, 0, sizeof g->set); /* the layouts are set again next time */
+    return g->gemv ? cudaSuccess : cudaErrorNotSupported;
+  }
+  g->set = sh;
+  return cudaSuccess;
 }
 
 static cudaError_t kcu_gemm_run_matmul(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
@@ -362,6 +442,7 @@ int kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_te
 }
 
 void kcu_gemm_release(kcu_gemm *g) {
+  if (g->pref) cublasLtMatmulPreferenceDestroy(g->pref);
   if (g->a) cublasLtMatrixLayoutDestroy(g->a);
   if (g->b) cublasLtMatrixLayoutDestroy(g->b);
   if (g->d) cublasLtMatrixLayoutDestroy(g->d);

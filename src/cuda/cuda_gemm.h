@@ -1,5 +1,5 @@
 /* GEMM-family ops (LINEAR, MATMUL) through cuBLASLt: descriptors and the algorithm are
- * chosen once at init; a launch only sets pointers and enqueues the matmul. A LINEAR of a few
+ * chosen at init (and for a dynamic plan set again per call size, kcu_gemm_reshape); a launch only sets pointers and enqueues the matmul. A LINEAR of a few
  * rows runs on the engine's own GEMV kernel instead (cuda_gemv.cu). */
 #ifndef KILN_CUDA_GEMM_H
 #define KILN_CUDA_GEMM_H
@@ -9,6 +9,20 @@
 #include <cublasLt.h>
 
 #define KCU_GEMM_CANDIDATES 8
+
+/* One strided-batched matmul in row-major terms: D[M,N] = X[M,K] W, W stored [N,K] (w_trans)
+ * or [K,N]. Leading dims and batch strides count elements of each operand (stride 0
+ * broadcasts); alignments are what cuBLASLt may assume of each operand's addresses. */
+typedef struct kcu_gemm_shape {
+  kiln_dtype in_dtype, out_dtype;
+  int w_trans;
+  int allow_tf32;
+  cublasLtEpilogue_t epilogue;
+  int64_t M, N, K, batch;
+  int64_t ld_x, ld_d;
+  int64_t x_stride, w_stride, d_stride;
+  uint32_t align_x, align_w, align_d;
+} kcu_gemm_shape;
 
 typedef struct kcu_gemm {
   cublasLtMatmulDesc_t desc;
@@ -32,21 +46,16 @@ typedef struct kcu_gemm {
   int64_t bdims[KILN_MAX_RANK], a_st[KILN_MAX_RANK], b_st[KILN_MAX_RANK];
   int64_t a_mat, b_mat, d_mat; /* bytes per matrix of each operand */
   int64_t key[28]; /* what decides the algorithm (kcu_gemm_tune's key in the choice cache) */
+  /* Sizes the descriptors hold now, and for a dynamic op the ones init timed (kept with their
+   * algorithm and GEMV choice). */
+  cublasLtMatmulPreference_t pref;
+  int allow_tf32;
+  size_t workspace_size;
+  struct kcu_gemm_shape set, tuned;
+  cublasLtMatmulAlgo_t tuned_algo;
+  int tuned_gemv, has_tuned;
 } kcu_gemm;
 
-/* One strided-batched matmul in row-major terms: D[M,N] = X[M,K] W, W stored [N,K] (w_trans)
- * or [K,N]. Leading dims and batch strides count elements of each operand (stride 0
- * broadcasts); alignments are what cuBLASLt may assume of each operand's addresses. */
-typedef struct kcu_gemm_shape {
-  kiln_dtype in_dtype, out_dtype;
-  int w_trans;
-  int allow_tf32;
-  cublasLtEpilogue_t epilogue;
-  int64_t M, N, K, batch;
-  int64_t ld_x, ld_d;
-  int64_t x_stride, w_stride, d_stride;
-  uint32_t align_x, align_w, align_d;
-} kcu_gemm_shape;
 
 /* Address alignment cuBLASLt may assume of tensor t (NULL: an engine buffer), given the byte
  * stride between its batch matrices (0 if none). */
@@ -69,6 +78,14 @@ cudaError_t kcu_gemm_run(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
 enum { KCU_CHOICE_NONE, KCU_CHOICE_MEASURED, KCU_CHOICE_REUSED };
 int kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_tensor *in,
                   uint32_t n_in, const kcu_tensor *out, void *workspace, size_t workspace_size);
+/* Remembers the sizes, algorithm and GEMV choice kcu_gemm_tune settled on (init). */
+void kcu_gemm_keep_tuned(kcu_gemm *g);
+/* A dynamic op at this call's sizes (plan: the call's tensors): its layouts set in place and,
+ * for sizes init did not time, the heuristic asked again into g's own candidate slots. Host
+ * only and allocating nothing of the engine's; run before an eager run or a capture, never
+ * between replays. cudaErrorNotSupported when cuBLASLt has no algorithm for the sizes. */
+cudaError_t kcu_gemm_reshape(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *plan,
+                             uint32_t op_index);
 void kcu_gemm_release(kcu_gemm *g);
 
 /* Tests set this to make the GEMV choice without timing: 0 never, 1 always where it may run;

@@ -3,20 +3,25 @@
  * engine's handling of caller memory, devices, out of memory and allocation failure.
  * Run on a GPU machine by scripts/gpu_test.sh; `--fault` runs the device-fault check, which
  * leaves the process's CUDA context unusable and so runs in a process of its own;
- * `--matmul-attention` runs only the matmul and attention cases, `--only SUBSTRING` only the
+ * `--matmul-attention` runs only the matmul and attention cases, `--dynamic` only the dynamic-shape
+ * cases, `--only SUBSTRING` only the
  * compared cases whose name contains SUBSTRING (`--only conv` the cuDNN convolutions), and
  * `--time-sdpa` times the attention paths on
- * the benchmark's shapes. */
+ * the benchmark's shapes, `--bench-conv` the convolution plans on ResNet-50 and MobileNetV3 shapes. */
 #include "fused_programs.h"
 #include "gpu_harness.h"
 
 #include "core/pointwise_steps.h"
 #include "core/vision_shape.h"
 #include "cuda/cuda_attention_gemm.h"
+#include "cuda/cuda_conv.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/cuda_staging.h"
 
 #include <cuda.h>
+#include <time.h>
+
+#include "counting_malloc.h"
 
 static int cuda_ok(cudaError_t rc, const char *what) {
   if (rc == cudaSuccess) return 1;
@@ -1006,11 +1011,11 @@ static uint32_t conv_tensor(prog *p, kiln_storage st, kiln_dtype dt, int spatial
   return p_tensor(p, st, dt, r, d);
 }
 
-/* One convolution in one dtype and layout with one epilogue: 0 bias, 1 bias + ReLU, 2 bias +
- * residual + ReLU (cuDNN's fused call where it takes it), 3 residual alone (the epilogue
- * kernel). */
-static void conv_case(const conv_shape *c, kiln_dtype dt, int nhwc, int epilogue) {
-  char name[128];
+static const char *const conv_epilogues[] = {"bias", "bias relu", "bias res relu", "res"};
+
+/* The one-op program of a convolution in one dtype and layout with one epilogue: 0 bias, 1 bias
+ * + ReLU, 2 bias + residual + ReLU, 3 residual alone. */
+static prog *conv_prog(const conv_shape *c, kiln_dtype dt, int nhwc, int epilogue) {
   int bias = epilogue < 3, relu = epilogue == 1 || epilogue == 2, residual = epilogue >= 2;
   int64_t oh = c->spatial == 2 ? conv_side(c, c->h, c->kh) : 1, ow = conv_side(c, c->w, c->kw);
   int64_t kh = c->spatial == 2 ? c->kh : 1;
@@ -1040,10 +1045,15 @@ static void conv_case(const conv_shape *c, kiln_dtype dt, int nhwc, int epilogue
   if (c->transposed) a[at++] = KILN_PAIR(c->spatial == 2 ? c->out_pad : 0, c->out_pad);
   a[at++] = nhwc, a[at++] = relu ? KILN_ACT_RELU : KILN_ACT_NONE, a[at++] = residual;
   p_op(p, c->transposed ? KILN_OP_CONV_TRANSPOSE : KILN_OP_CONV, n_in, ins, y, at, a, 0);
-  static const char *const epilogues[] = {"bias", "bias relu", "bias res relu", "res"};
+  return p;
+}
+
+/* One convolution through the engine (cuDNN's fused graph where an engine takes it). */
+static void conv_case(const conv_shape *c, kiln_dtype dt, int nhwc, int epilogue) {
+  char name[128];
   snprintf(name, sizeof name, "conv %s %s %s %s", c->name, kiln_dtype_name(dt), nhwc ? "nhwc" : "nchw",
-           epilogues[epilogue]);
-  compare(p, name, NULL);
+           conv_epilogues[epilogue]);
+  compare(conv_prog(c, dt, nhwc, epilogue), name, NULL);
 }
 
 static void test_conv(void) {
@@ -1065,6 +1075,377 @@ static void test_conv(void) {
     for (int t = 0; t < 3; t++)
       for (int nhwc = 0; nhwc < 2; nhwc++)
         for (int epi = 0; epi < 4; epi++) conv_case(&shapes[i], float_types[t], nhwc, epi);
+}
+
+/* ---------------------------------------------------------------- convolution plans, directly */
+
+/* One CONV op driven through kcu_conv on device buffers of its own: the plan cuDNN's heuristics
+ * and the timing chose, its output against the CPU engine's, optionally its time per run. */
+typedef struct conv_direct {
+  kcu_conv c;
+  kcu_conv_graph graph; /* what was chosen, kept after c is released (its descriptors are not) */
+  size_t workspace;
+  int ok;            /* init, choice and a run succeeded */
+  double rel_err;    /* against the CPU engine; -1 when not compared */
+  double us;         /* median per run of the chosen plan in a CUDA graph; -1 when not timed */
+  double legacy_us;  /* the legacy API's fastest forward algorithm (convolution alone); -1 none */
+  int legacy_algo;
+  double choose_ms;  /* init's choice: building, heuristics, timing every candidate */
+} conv_direct;
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The legacy API's Find over the same shape: the time of its fastest usable forward algorithm. */
+static double conv_legacy_us(const kcu_conv_shape *sh, cudnnHandle_t h, const kcu_tensor *in,
+                             const kcu_tensor *out, void *ws, size_t ws_size, int *algo) {
+  cudnnTensorDescriptor_t x = NULL, y = NULL;
+  cudnnFilterDescriptor_t w = NULL;
+  cudnnConvolutionDescriptor_t conv = NULL;
+  cudnnConvolutionFwdAlgoPerf_t perf[8];
+  cudnnTensorFormat_t fmt = sh->channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  int found = 0;
+  double best = -1.0;
+  cudnnStatus_t st = cudnnCreateTensorDescriptor(&x);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnCreateTensorDescriptor(&y);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnCreateFilterDescriptor(&w);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnCreateConvolutionDescriptor(&conv);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnSetTensor4dDescriptor(x, fmt, sh->dtype, (int)sh->x[0], (int)sh->x[1], (int)sh->x[2], (int)sh->x[3]);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnSetTensor4dDescriptor(y, fmt, sh->dtype, (int)sh->y[0], (int)sh->y[1], (int)sh->y[2], (int)sh->y[3]);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnSetFilter4dDescriptor(w, sh->dtype, fmt, (int)sh->w[0], (int)sh->w[1], (int)sh->w[2], (int)sh->w[3]);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnSetConvolution2dDescriptor(conv, (int)sh->pad[0], (int)sh->pad[1], (int)sh->stride[0],
+                                         (int)sh->stride[1], (int)sh->dilation[0], (int)sh->dilation[1],
+                                         CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetConvolutionGroupCount(conv, (int)(sh->x[1] / sh->w[1]));
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnSetConvolutionMathType(conv, sh->dtype != CUDNN_DATA_FLOAT ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cudnnFindConvolutionForwardAlgorithmEx(h, x, in[0].data, w, in[1].data, conv, y, out->data, 8,
+                                                &found, perf, ws, ws_size);
+  for (int k = 0; st == CUDNN_STATUS_SUCCESS && k < found; k++)
+    if (perf[k].status == CUDNN_STATUS_SUCCESS && (best < 0 || perf[k].time * 1e3 < best)) {
+      best = perf[k].time * 1e3;
+      *algo = (int)perf[k].algo;
+    }
+  if (x) cudnnDestroyTensorDescriptor(x);
+  if (y) cudnnDestroyTensorDescriptor(y);
+  if (w) cudnnDestroyFilterDescriptor(w);
+  if (conv) cudnnDestroyConvolutionDescriptor(conv);
+  return best;
+}
+
+/* Median microseconds per run of the chosen plan, 20 runs recorded as one CUDA graph. */
+static double conv_direct_time(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kcu_tensor *in,
+                               uint32_t n_in, const kcu_tensor *out, void *ws, size_t ws_size) {
+  enum { RUNS = 20, LAUNCHES = 9 };
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  cudaEvent_t a, b;
+  double t[LAUNCHES];
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaError_t rc = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  for (int r = 0; rc == cudaSuccess && r < RUNS; r++) rc = kcu_conv_run(c, h, s, in, n_in, out, ws, ws_size);
+  cudaError_t end = cudaStreamEndCapture(s, &graph);
+  if (rc == cudaSuccess) rc = end;
+  if (rc == cudaSuccess) rc = cudaGraphInstantiate(&exec, graph, 0);
+  if (rc == cudaSuccess) rc = cudaGraphLaunch(exec, s);
+  for (int l = 0; rc == cudaSuccess && l < LAUNCHES; l++) {
+    float ms = 0.0f;
+    cudaEventRecord(a, s);
+    rc = cudaGraphLaunch(exec, s);
+    cudaEventRecord(b, s);
+    if (rc == cudaSuccess) rc = cudaEventSynchronize(b);
+    cudaEventElapsedTime(&ms, a, b);
+    t[l] = ms * 1e3 / RUNS;
+  }
+  for (int i = 1; rc == cudaSuccess && i < LAUNCHES; i++) /* insertion sort for the median */
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+      double v = t[j];
+      t[j] = t[j - 1];
+      t[j - 1] = v;
+    }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  if (rc != cudaSuccess) fprintf(stderr, "conv timing: %s\n", cudaGetErrorString(rc));
+  return rc == cudaSuccess ? t[LAUNCHES / 2] : -1.0;
+}
+
+/* Runs conv_prog(cs, dt, nhwc, epilogue) through kcu_conv with only the graphs in `graphs`
+ * allowed and compile_ms of runtime compilation; compares with the CPU engine when compare_cpu,
+ * times when bench. */
+static void conv_direct_run(const conv_shape *cs, kiln_dtype dt, int nhwc, int epilogue, int graphs,
+                            int allow_tf32, double compile_ms, int compare_cpu, int bench,
+                            conv_direct *r) {
+  prog *p = conv_prog(cs, dt, nhwc, epilogue);
+  kiln_plan pl;
+  kiln_error err;
+  void *host_in[P_MAX_IO] = {0}, *dev_in[P_MAX_IO] = {0}, *dev_out = NULL, *dev_w = NULL, *ws = NULL;
+  void *cpu_out = NULL, *gpu_out = NULL;
+  size_t ws_size = KCU_CONV_FIND_WORKSPACE;
+  cudaStream_t s = NULL;
+  cudnnHandle_t h = NULL;
+  memset(r, 0, sizeof *r);
+  r->rel_err = r->us = r->legacy_us = -1.0;
+  memset(&pl, 0, sizeof pl);
+  pl.version = KILN_PLAN_VERSION;
+  pl.n_tensors = p->n_tensors;
+  pl.n_ops = p->n_ops;
+  pl.n_inputs = p->n_inputs;
+  pl.n_outputs = p->n_outputs;
+  pl.tensors = p->tensors;
+  pl.ops = p->ops;
+  pl.inputs = p->inputs;
+  pl.outputs = p->outputs;
+  const kiln_tensor_desc *yt = &p->tensors[p->outputs[0]];
+  for (uint32_t i = 0; i < p->n_inputs; i++) {
+    const kiln_tensor_desc *t = &p->tensors[p->inputs[i]];
+    host_in[i] = malloc(t->nbytes);
+    if (!host_in[i]) die("out of memory");
+    fill(host_in[i], dt, p_count(t), -1.0, 1.0);
+    if (!cuda_ok(cudaMalloc(&dev_in[i], t->nbytes), "cudaMalloc")) die("device");
+    cudaMemcpy(dev_in[i], host_in[i], t->nbytes, cudaMemcpyHostToDevice);
+  }
+  if (!cuda_ok(cudaMalloc(&dev_out, yt->nbytes), "cudaMalloc") ||
+      !cuda_ok(cudaMalloc(&dev_w, p->weights_size), "cudaMalloc") ||
+      !cuda_ok(cudaMalloc(&ws, ws_size), "cudaMalloc"))
+    die("device");
+  cudaMemcpy(dev_w, p->weights, p->weights_size, cudaMemcpyHostToDevice);
+  const kiln_op *op = &p->ops[0];
+  kcu_tensor in[KILN_MAX_OP_INPUTS], out;
+  for (uint32_t k = 0; k <= op->n_inputs; k++) {
+    const kiln_tensor_desc *t = &p->tensors[k < op->n_inputs ? op->inputs[k] : op->output];
+    kcu_tensor *kt = k < op->n_inputs ? &in[k] : &out;
+    memset(kt, 0, sizeof *kt);
+    kt->data = t->storage == KILN_STORE_INPUT ? dev_in[t->io_index]
+               : t->storage == KILN_STORE_WEIGHT ? (char *)dev_w + t->offset : dev_out;
+    kt->dtype = t->dtype;
+    kt->rank = t->rank;
+    kt->numel = (int64_t)p_count(t);
+    for (int d = 0; d < t->rank; d++) kt->dims[d] = t->dims[d];
+  }
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  kiln_status st = kcu_conv_handle(&h, s, 0, &err);
+  if (st == KILN_OK) st = kcu_conv_init(&r->c, &pl, 0, allow_tf32, &err);
+  if (st == KILN_OK) {
+    double t0 = now_ms();
+    r->c.graph.graphs = graphs;
+    double compile_left = compile_ms;
+    st = kcu_conv_choose(&r->c, h, s, &pl, 0, in, &out, ws, ws_size, NULL, 0, &compile_left, &err);
+    r->choose_ms = now_ms() - t0;
+  }
+  if (st != KILN_OK) fprintf(stderr, "%s: %s\n", cs->name, err.message);
+  r->ok = st == KILN_OK &&
+          cuda_ok(kcu_conv_run(&r->c, h, s, in, op->n_inputs, &out, ws, ws_size), "conv run") &&
+          cuda_ok(cudaStreamSynchronize(s), "conv run");
+  if (r->ok && compare_cpu) {
+    kiln_engine *cpu = p_load(p, &kiln_cpu_backend, 0, &err);
+    cpu_out = malloc(yt->nbytes);
+    gpu_out = malloc(yt->nbytes);
+    if (!cpu || !cpu_out || !gpu_out) die("cpu engine");
+    void *outs[1] = {cpu_out};
+    if (p_execute(cpu, p, host_in, outs, &err) != KILN_OK) die(err.message);
+    cudaMemcpy(gpu_out, dev_out, yt->nbytes, cudaMemcpyDeviceToHost);
+    r->rel_err = rel_error(gpu_out, cpu_out, dt, p_count(yt));
+    p_unload(cpu);
+  }
+  if (r->ok && bench) {
+    r->us = conv_direct_time(&r->c, h, s, in, op->n_inputs, &out, ws, ws_size);
+    r->legacy_us = conv_legacy_us(&r->c.shape, h, in, &out, ws, ws_size, &r->legacy_algo);
+  }
+  r->graph = r->c.graph;
+  r->workspace = r->c.workspace;
+  kcu_conv_release(&r->c);
+  if (h) cudnnDestroy(h);
+  cudaStreamDestroy(s);
+  for (uint32_t i = 0; i < P_MAX_IO; i++) {
+    free(host_in[i]);
+    cudaFree(dev_in[i]);
+  }
+  cudaFree(dev_out);
+  cudaFree(dev_w);
+  cudaFree(ws);
+  free(cpu_out);
+  free(gpu_out);
+  p_free(p);
+}
+
+/* "A3 eng 12 fused tc": where the chosen plan came from and what it is. */
+static void conv_choice_text(const conv_direct *r, char *buf, size_t n) {
+  const kcu_conv_graph *g = &r->graph;
+  snprintf(buf, n, "%s%-2d eng %-3lld %-5s%s%s%s%s ws %lluK timed %d refused %d",
+           g->from_fallback ? "F" : "A", g->heur_rank, (long long)g->engine, g->fused ? "fused" : "plain",
+           g->notes & (1u << CUDNN_NUMERICAL_NOTE_TENSOR_CORE) ? " tc" : "",
+           g->notes & (1u << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) ? " down" : "",
+           g->notes & (1u << CUDNN_NUMERICAL_NOTE_WINOGRAD) ? " wino" : "",
+           g->behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) ? " rtc" : "",
+           (unsigned long long)(r->workspace >> 10), g->timed, g->refused);
+  /* each graph's build, the configurations heuristics offered, the plans built from them */
+  size_t at = strlen(buf);
+  snprintf(buf + at, n - at, " [fused %s %d>%d, plain %s %d>%d, compiled %.0f ms]",
+           g->build_status[0] == CUDNN_STATUS_SUCCESS ? "ok" : cudnnGetErrorString(g->build_status[0]),
+           g->offered[0], g->built[0],
+           g->build_status[1] == CUDNN_STATUS_SUCCESS ? "ok" : cudnnGetErrorString(g->build_status[1]),
+           g->offered[1], g->built[1], (double)g->compile_ms);
+}
+
+/* The branches of the graph choice, each against the CPU engine: the fused graph alone must be
+ * accepted for f16 NHWC bias + residual + ReLU; the plain graph alone runs the epilogue kernel;
+ * f32 without TF32 keeps no engine noted for tensor cores or down-converted inputs; two ops of one
+ * shape share a plan. */
+static void test_conv_graph(void) {
+  static const conv_shape res3x3 = {"resnet 3x3", 0, 2, 2, 64, 14, 14, 64, 3, 3, 1, 1, 1, 1, 0};
+  const unsigned lowered = (1u << CUDNN_NUMERICAL_NOTE_TENSOR_CORE) |
+                           (1u << CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS);
+  conv_direct r;
+  char text[400];
+  if (selected("conv graph fused")) {
+    conv_direct_run(&res3x3, KILN_F16, 1, 2, KCU_GRAPH_FUSED, 0, KCU_GRAPH_COMPILE_BUDGET_MS, 1, 0, &r);
+    conv_choice_text(&r, text, sizeof text);
+    printf("conv graph fused only f16 nhwc bias res relu: %s, %s, rel err %.2e\n",
+           r.ok ? "ok" : "FAILED", text, r.rel_err);
+    CHECK(r.ok && r.graph.fused && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
+  }
+  if (selected("conv graph plain")) {
+    conv_direct_run(&res3x3, KILN_F16, 1, 2, KCU_GRAPH_PLAIN, 0, KCU_GRAPH_COMPILE_BUDGET_MS, 1, 0, &r);
+    conv_choice_text(&r, text, sizeof text);
+    printf("conv graph plain only f16 nhwc bias res relu: %s, %s, rel err %.2e\n",
+           r.ok ? "ok" : "FAILED", text, r.rel_err);
+    CHECK(r.ok && !r.graph.fused && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
+  }
+  /* Two convolutions of one shape in one engine: the second runs the first's plan with its own
+   * variant pack. */
+  for (int t = 0; t < 2; t++) {
+    kiln_dtype dt = t ? KILN_F32 : KILN_F16;
+    int nhwc = !t;
+    prog *p = p_new();
+    uint32_t x = conv_tensor(p, KILN_STORE_INPUT, dt, 2, nhwc, 2, 64, 14, 14);
+    uint32_t w1 = p_weight(p, dt, 4, nhwc ? DIMS(64, 3, 3, 64) : DIMS(64, 64, 3, 3), -0.05, 0.05);
+    uint32_t w2 = p_weight(p, dt, 4, nhwc ? DIMS(64, 3, 3, 64) : DIMS(64, 64, 3, 3), -0.05, 0.05);
+    uint32_t b1 = p_weight(p, dt, 1, DIMS(64), -0.5, 0.5), b2 = p_weight(p, dt, 1, DIMS(64), -0.5, 0.5);
+    uint32_t h = conv_tensor(p, KILN_STORE_ARENA, dt, 2, nhwc, 2, 64, 14, 14);
+    uint32_t y = conv_tensor(p, KILN_STORE_OUTPUT, dt, 2, nhwc, 2, 64, 14, 14);
+    p_op(p, KILN_OP_CONV, 3, OPS(x, w1, b1), h, 8,
+         ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 1, nhwc, KILN_ACT_RELU, 0), 0);
+    p_op(p, KILN_OP_CONV, 3, OPS(h, w2, b2), y, 8,
+         ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 1, nhwc, KILN_ACT_RELU, 0), 0);
+    compare(p, t ? "conv graph shared plan f32 nchw" : "conv graph shared plan f16 nhwc", NULL);
+  }
+  /* The engine's compile budget spent: only precompiled engines, on the 1x1 + residual shape
+   * where a runtime-compiled one wins when it may. */
+  if (selected("conv graph no compile budget")) {
+    static const conv_shape res1x1 = {"resnet 1x1", 0, 2, 1, 256, 14, 14, 1024, 1, 1, 1, 0, 1, 1, 0};
+    conv_direct_run(&res1x1, KILN_F16, 1, 2, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, 0, 0.0, 1, 0, &r);
+    conv_choice_text(&r, text, sizeof text);
+    printf("conv graph no compile budget f16 nhwc 1x1 bias res relu: %s, %s, rel err %.2e\n",
+           r.ok ? "ok" : "FAILED", text, r.rel_err);
+    CHECK(r.ok && !(r.graph.behavior & (1u << CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION)) &&
+          r.graph.compile_ms == 0.0f && r.rel_err >= 0 && r.rel_err <= dtype_tolerance(KILN_F16));
+  }
+  /* A convolution chosen at one load is taken untimed at the next load of its shape (a shape no
+   * other case of this program has), and both engines compute alike. */
+  if (selected("conv graph choice reused")) {
+    static const conv_shape odd = {"odd 3x3", 0, 2, 1, 40, 11, 11, 56, 3, 3, 1, 1, 1, 1, 0};
+    prog *p = conv_prog(&odd, KILN_F16, 1, 1);
+    kiln_error err;
+    kiln_engine *a = p_load(p, &kiln_cuda_backend, 0, &err);
+    kiln_engine *b = a ? p_load(p, &kiln_cuda_backend, 0, &err) : NULL;
+    if (!b) fprintf(stderr, "conv graph choice reused: cuda load: %s\n", err.message);
+    CHECK(a != NULL && b != NULL);
+    if (a && b) {
+      kiln_cuda_stats sa, sb;
+      const kiln_tensor_desc *xt = &p->tensors[p->inputs[0]], *yt = &p->tensors[p->outputs[0]];
+      void *hx = malloc(xt->nbytes), *ya = malloc(yt->nbytes), *yb = malloc(yt->nbytes);
+      if (!hx || !ya || !yb) die("out of memory");
+      fill(hx, KILN_F16, p_count(xt), -1, 1);
+      void *in[1] = {hx}, *oa[1] = {ya}, *ob[1] = {yb};
+      kiln_cuda_engine_stats(a, &sa, &err);
+      kiln_cuda_engine_stats(b, &sb, &err);
+      CHECK(p_execute(a, p, in, oa, &err) == KILN_OK && p_execute(b, p, in, ob, &err) == KILN_OK);
+      double e = rel_error(yb, ya, KILN_F16, p_count(yt));
+      printf("conv graph choice reused: first load measured %llu reused %llu, second measured %llu "
+             "reused %llu; outputs %s (rel err %.1e)\n",
+             (unsigned long long)sa.choices_measured, (unsigned long long)sa.choices_reused,
+             (unsigned long long)sb.choices_measured, (unsigned long long)sb.choices_reused,
+             memcmp(ya, yb, yt->nbytes) == 0 ? "identical" : "differ", e);
+      CHECK(sa.choices_measured == 1 && sa.choices_reused == 0);
+      CHECK(sb.choices_measured == 0 && sb.choices_reused == 1);
+      CHECK(e <= dtype_tolerance(KILN_F16));
+      free(hx);
+      free(ya);
+      free(yb);
+    }
+    p_unload(a);
+    p_unload(b);
+    p_free(p);
+  }
+  for (int tf32 = 0; tf32 < 2 && selected("conv graph f32"); tf32++) {
+    conv_direct_run(&res3x3, KILN_F32, 1, 0, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, tf32,
+                    KCU_GRAPH_COMPILE_BUDGET_MS, 1, 0, &r);
+    conv_choice_text(&r, text, sizeof text);
+    double tol = tf32 ? 5e-3 : dtype_tolerance(KILN_F32);
+    printf("conv graph f32 nhwc bias %s: %s, %s, rel err %.2e (tol %.0e)\n", tf32 ? "tf32 allowed" : "no tf32",
+           r.ok ? "ok" : "FAILED", text, r.rel_err, tol);
+    CHECK(r.ok && r.rel_err >= 0 && r.rel_err <= tol);
+    if (!tf32) CHECK((r.graph.notes & lowered) == 0);
+  }
+}
+
+/* --bench-conv: ResNet-50's batch-1 convolutions and MobileNetV3's depthwise ones at batch 1
+ * and 32, NHWC f16: the chosen plan, its median time per run, the legacy API's fastest. */
+static int bench_conv(void) {
+  static const struct {
+    conv_shape s;
+    int epilogue;
+  } cases[] = {
+      /* name                    T  sp  n    c    h    w     o  kh kw  s pad dil  g op */
+      {{"r50 stem 7x7 s2 224", 0, 2, 1, 3, 224, 224, 64, 7, 7, 2, 3, 1, 1, 0}, 1},
+      {{"r50 3x3 56x56x64", 0, 2, 1, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1, 0}, 1},
+      {{"r50 1x1 56x56 64>256", 0, 2, 1, 64, 56, 56, 256, 1, 1, 1, 0, 1, 1, 0}, 2},
+      {{"r50 3x3 28x28x128", 0, 2, 1, 128, 28, 28, 128, 3, 3, 1, 1, 1, 1, 0}, 1},
+      {{"r50 3x3 14x14x256", 0, 2, 1, 256, 14, 14, 256, 3, 3, 1, 1, 1, 1, 0}, 1},
+      {{"r50 1x1 14x14 256>1024", 0, 2, 1, 256, 14, 14, 1024, 1, 1, 1, 0, 1, 1, 0}, 2},
+      {{"r50 3x3 7x7x512", 0, 2, 1, 512, 7, 7, 512, 3, 3, 1, 1, 1, 1, 0}, 1},
+      {{"r50 1x1 7x7 512>2048", 0, 2, 1, 512, 7, 7, 2048, 1, 1, 1, 0, 1, 1, 0}, 2},
+      {{"r50 1x1 7x7 512>2048", 0, 2, 1, 512, 7, 7, 2048, 1, 1, 1, 0, 1, 1, 0}, 0},
+      {{"mnv3 dw3 112x112x16", 0, 2, 1, 16, 112, 112, 16, 3, 3, 1, 1, 1, 16, 0}, 1},
+      {{"mnv3 dw3 s2 112x112x64", 0, 2, 1, 64, 112, 112, 64, 3, 3, 2, 1, 1, 64, 0}, 1},
+      {{"mnv3 dw5 s2 56x56x72", 0, 2, 1, 72, 56, 56, 72, 5, 5, 2, 2, 1, 72, 0}, 1},
+      {{"mnv3 dw5 28x28x120", 0, 2, 1, 120, 28, 28, 120, 5, 5, 1, 2, 1, 120, 0}, 1},
+      {{"mnv3 dw3 14x14x480", 0, 2, 1, 480, 14, 14, 480, 3, 3, 1, 1, 1, 480, 0}, 0},
+      {{"mnv3 dw5 7x7x960", 0, 2, 1, 960, 7, 7, 960, 5, 5, 1, 2, 1, 960, 0}, 0},
+  };
+  double total = 0.0, legacy_total = 0.0;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int mobile = strncmp(cases[i].s.name, "mnv3", 4) == 0;
+    for (int batch = 1; batch <= (mobile ? 32 : 1); batch += 31) {
+      conv_shape cs = cases[i].s;
+      conv_direct r;
+      char text[400];
+      cs.n = batch;
+      conv_direct_run(&cs, KILN_F16, 1, cases[i].epilogue, KCU_GRAPH_FUSED | KCU_GRAPH_PLAIN, 0,
+                      KCU_GRAPH_COMPILE_BUDGET_MS, 0, 1, &r);
+      conv_choice_text(&r, text, sizeof text);
+      printf("bench-conv %-24s b%-2d %-13s %8.1f us  legacy %8.1f us (algo %d)  %s  choose %.0f ms%s\n",
+             cs.name, batch, conv_epilogues[cases[i].epilogue], r.us, r.legacy_us, r.legacy_algo, text,
+             r.choose_ms, r.ok ? "" : "  FAILED");
+      CHECK(r.ok && r.us > 0.0);
+      if (batch == 1 && !mobile && r.us > 0) total += r.us;
+      if (batch == 1 && !mobile && r.legacy_us > 0) legacy_total += r.legacy_us;
+    }
+  }
+  printf("bench-conv the r50 cases above, summed: %.1f us (legacy convolutions alone %.1f us)\n",
+         total, legacy_total);
+  return check_report("test_cuda_ops --bench-conv");
 }
 
 /* A ResNet block on the engine: conv (bias, ReLU), conv (bias, + identity, ReLU), NHWC f16;
@@ -1930,34 +2311,305 @@ static void test_refusals(void) {
   p_free(p);
 }
 
-/* A plan with a bounded dynamic dim runs on the CPU engine; the CUDA engine refuses it at load,
- * naming the symbol, and never falls back to the CPU. */
-static void test_dynamic_plan_refused(void) {
+/* A dynamic MLP x[s,K] -> linear+GELU -> softmax -> linear -> matmul, s in 1..max. */
+static void *dynamic_mlp(kiln_dtype dt, int64_t K, int64_t max, size_t *size) {
   kiln_builder *b = kiln_builder_create();
   kiln_error err = {KILN_OK, ""};
   kiln_sym_size s = {1, 1, 0};
+  void *blob = NULL;
+  int64_t H = 96, O = 32, Z = 16;
+  size_t es = kiln_dtype_size(dt);
+  void *w1 = malloc((size_t)(H * K) * es), *b1 = malloc((size_t)H * es);
+  void *w2 = malloc((size_t)(O * H) * es), *w3 = malloc((size_t)(O * Z) * es);
+  fill(w1, dt, (uint64_t)(H * K), -0.2, 0.2);
+  fill(b1, dt, (uint64_t)H, -0.5, 0.5);
+  fill(w2, dt, (uint64_t)(O * H), -1, 1);
+  fill(w3, dt, (uint64_t)(O * Z), -1, 1);
+  CHECK(kiln_builder_add_symbol(b, "batch", 1, max, &err) == 1);
+  int32_t x = kiln_builder_add_input_sym(b, "x", dt, 2, DIMS(max, K),
+                                         (kiln_sym_size[]){s, {0, 0, 0}}, &err);
+  int32_t W1 = kiln_builder_add_constant(b, dt, 2, DIMS(H, K), w1, (size_t)(H * K) * es, &err);
+  int32_t B1 = kiln_builder_add_constant(b, dt, 1, DIMS(H), b1, (size_t)H * es, &err);
+  int32_t W2 = kiln_builder_add_constant(b, dt, 2, DIMS(O, H), w2, (size_t)(O * H) * es, &err);
+  int32_t W3 = kiln_builder_add_constant(b, dt, 2, DIMS(O, Z), w3, (size_t)(O * Z) * es, &err);
+  int32_t h = kiln_builder_add_op(b, KILN_OP_LINEAR, (int32_t[]){x, W1, B1}, 3,
+                                  ATTR(KILN_ACT_GELU_TANH), 1, NULL, 0, &err);
+  int32_t sm = kiln_builder_add_op(b, KILN_OP_SOFTMAX, &h, 1, ATTR(1), 1, NULL, 0, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_LINEAR, (int32_t[]){sm, W2}, 2, ATTR(0), 1, NULL, 0, &err);
+  int32_t z = kiln_builder_add_op(b, KILN_OP_MATMUL, (int32_t[]){y, W3}, 2, NULL, 0, NULL, 0, &err);
+  CHECK(z >= 0);
+  if (z < 0) fprintf(stderr, "dynamic mlp: %s\n", err.message);
+  CHECK(kiln_builder_mark_output(b, y, "y", &err) == KILN_OK);
+  CHECK(kiln_builder_mark_output(b, z, "z", &err) == KILN_OK);
+  kiln_build_options opts;
+  kiln_build_options_default(&opts);
+  opts.fuse = 1;
+  if (kiln_builder_build(b, &opts, &blob, size, &err) != KILN_OK) {
+    fprintf(stderr, "dynamic mlp build: %s\n", err.message);
+    blob = NULL;
+  }
+  kiln_builder_destroy(b);
+  free(w1), free(b1), free(w2), free(w3);
+  return blob;
+}
+
+static kiln_engine *load_on(const void *blob, size_t size, kiln_device_kind kind) {
   kiln_engine_options opts;
+  kiln_error err = {KILN_OK, ""};
   kiln_engine *e = NULL;
+  kiln_engine_options_default(&opts);
+  opts.device = kind;
+  if (kiln_engine_load(blob, size, &opts, &e, &err) != KILN_OK)
+    fprintf(stderr, "dynamic plan load on %s: %s\n", kind == KILN_DEVICE_CPU ? "cpu" : "cuda",
+            err.message);
+  return e;
+}
+
+/* One call at batch n on cpu and gpu (gpu buffers host or device), outputs compared; 1 if ok. */
+static int dynamic_call(kiln_engine *cpu, kiln_engine *gpu, kiln_dtype dt, int64_t K, int64_t max,
+                        int64_t n, int bound, void *dev[3], const char *name) {
+  kiln_error err = {KILN_OK, ""};
+  size_t es = kiln_dtype_size(dt);
+  int64_t cols[2] = {32, 16};
+  void *hin = malloc((size_t)(max * K) * es), *cpu_out[2], *gpu_out[2];
+  fill(hin, dt, (uint64_t)(n * K), -1, 1);
+  kiln_tensor_view in, outs_cpu[2], outs_gpu[2];
+  memset(&in, 0, sizeof in);
+  in.data = bound ? dev[0] : hin;
+  in.dtype = dt;
+  in.rank = 2;
+  in.sizes[0] = n, in.sizes[1] = K;
+  in.strides[0] = K, in.strides[1] = 1;
+  in.nbytes = (uint64_t)(n * K) * es;
+  if (bound) cudaMemcpy(dev[0], hin, (size_t)in.nbytes, cudaMemcpyHostToDevice);
+  for (int o = 0; o < 2; o++) {
+    size_t bytes = (size_t)(max * cols[o]) * es;
+    cpu_out[o] = malloc(bytes);
+    gpu_out[o] = malloc(bytes);
+    memset(gpu_out[o], 0xff, bytes);
+    if (bound) cudaMemset(dev[1 + o], 0xff, bytes);
+    kiln_tensor_view v;
+    memset(&v, 0, sizeof v);
+    v.dtype = dt;
+    v.rank = 2;
+    v.sizes[0] = max, v.sizes[1] = cols[o]; /* given at the bound: the call writes n rows */
+    v.strides[0] = cols[o], v.strides[1] = 1;
+    v.nbytes = bytes;
+    v.data = cpu_out[o];
+    outs_cpu[o] = v;
+    v.data = bound ? dev[1 + o] : gpu_out[o];
+    outs_gpu[o] = v;
+  }
+  kiln_tensor_view in_cpu = in;
+  in_cpu.data = hin;
+  int ok = kiln_engine_execute(cpu, &in_cpu, 1, outs_cpu, 2, &err) == KILN_OK;
+  if (!ok) fprintf(stderr, "%s: cpu run at %lld: %s\n", name, (long long)n, err.message);
+  kiln_status st = kiln_engine_execute(gpu, &in, 1, outs_gpu, 2, &err);
+  if (st != KILN_OK) fprintf(stderr, "%s: cuda run at %lld: %s\n", name, (long long)n, err.message);
+  ok &= st == KILN_OK;
+  for (int o = 0; ok && o < 2; o++) {
+    int32_t rank = 0;
+    int64_t dims[KILN_MAX_RANK];
+    ok &= kiln_engine_output_shape(gpu, (uint32_t)o, &rank, dims, &err) == KILN_OK && rank == 2 &&
+          dims[0] == n && dims[1] == cols[o];
+    if (bound) cudaMemcpy(gpu_out[o], dev[1 + o], (size_t)(max * cols[o]) * es, cudaMemcpyDeviceToHost);
+    double e = rel_error(gpu_out[o], cpu_out[o], dt, (uint64_t)(n * cols[o]));
+    last_error = fmax(last_error, e);
+    ok &= e <= dtype_tolerance(dt);
+    /* the rows past this call's size are not written */
+    if (n < max) ok &= ((uint8_t *)gpu_out[o])[(size_t)(n * cols[o]) * es] == 0xff;
+  }
+  free(hin);
+  for (int o = 0; o < 2; o++) free(cpu_out[o]), free(gpu_out[o]);
+  return ok;
+}
+
+/* Allocations of raw CUDA calls like those a replay makes: if CUDA itself allocates, a count of
+ * zero cannot be asked of execute. */
+static long graph_launch_baseline(void *dev) {
+  cudaStream_t st;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  struct cudaPointerAttributes a;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+  cudaMemsetAsync(dev, 0, 64, st);
+  cudaStreamEndCapture(st, &graph);
+  cudaGraphInstantiate(&exec, graph, 0);
+  counting = 1;
+  allocations = 0;
+  for (int i = 0; i < 8; i++) {
+    cudaPointerGetAttributes(&a, dev);
+    cudaGraphLaunch(exec, st);
+    cudaStreamSynchronize(st);
+  }
+  counting = 0;
+  long n = allocations;
+  allocations = 0;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  return n;
+}
+
+/* A plan with a bounded dynamic dim on the CUDA engine: every size within bounds equals the CPU
+ * engine (host-staged and device-bound), outputs take the call's shape, graph slots are filled
+ * on a shape's second call, replayed, and evicted when more shapes come than slots; execute
+ * allocates nothing (allocation failure injected; no malloc on a replay); a size past the
+ * bound is refused with the front end's message and the program stays usable. */
+static void test_dynamic_plan(void) {
+  static const int64_t sizes[] = {1, 7, 24, 7, 1, 1, 2, 3, 4, 5, 6, 8, 24, 2, 3, 4, 5, 6, 8, 1, 7, 13, 64, 64};
+  const int n_sizes = (int)(sizeof sizes / sizeof sizes[0]);
+  for (int cfg = 0; cfg < 4; cfg++) {
+    kiln_dtype dt = cfg < 3 ? float_types[cfg] : KILN_F32;
+    int64_t K = cfg < 3 ? 64 : 4096, max = cfg < 3 ? 24 : 64; /* the last: chunked host I/O */
+    char name[64];
+    snprintf(name, sizeof name, "dynamic mlp %s K=%lld", kiln_dtype_name(dt), (long long)K);
+    size_t size = 0;
+    void *blob = dynamic_mlp(dt, K, max, &size);
+    kiln_engine *cpu = blob ? load_on(blob, size, KILN_DEVICE_CPU) : NULL;
+    kiln_engine *gpu = blob ? load_on(blob, size, KILN_DEVICE_CUDA) : NULL;
+    CHECK(cpu && gpu);
+    if (!cpu || !gpu) {
+      kiln_engine_destroy(cpu);
+      kiln_engine_destroy(gpu);
+      kiln_free(blob);
+      continue;
+    }
+    void *dev[3];
+    size_t es = kiln_dtype_size(dt);
+    cudaMalloc(&dev[0], (size_t)(max * K) * es);
+    cudaMalloc(&dev[1], (size_t)(max * 32) * es);
+    cudaMalloc(&dev[2], (size_t)(max * 16) * es);
+    last_error = 0;
+    int ok = 1;
+    for (int pass = 0; pass < 2; pass++)
+      for (int i = 0; i < n_sizes; i++) {
+        int64_t n = sizes[i] > max ? max : sizes[i];
+        ok &= dynamic_call(cpu, gpu, dt, K, max, n, pass, dev, name);
+      }
+    kiln_cuda_stats st;
+    kiln_error err = {KILN_OK, ""};
+    kiln_cuda_engine_stats(gpu, &st, &err);
+    printf("%-34s %d sizes staged and bound: rel err %.2e (tol %.0e) %s; %llu eager, %llu "
+           "captures, %llu evictions, %llu replays\n",
+           name, n_sizes, last_error, dtype_tolerance(dt), ok ? "ok" : "FAIL",
+           (unsigned long long)st.direct_runs, (unsigned long long)st.shape_captures,
+           (unsigned long long)st.shape_evictions, (unsigned long long)st.graph_replays);
+    CHECK(ok);
+    CHECK(st.direct_runs > 0 && st.shape_captures > 0 && st.shape_evictions > 0 &&
+          st.graph_replays > 0);
+    /* No allocation at execute: every size again, eager, captured and evicted, with every
+     * allocation of the engine failing; then a decode-like loop at size 1, which replays,
+     * calling malloc not once. */
+    size_t free0 = 0, free1 = 0, total = 0;
+    cudaMemGetInfo(&free0, &total);
+    kiln_cuda_fail_allocations_after(0);
+    int noalloc = 1;
+    for (int i = 0; i < n_sizes; i++)
+      noalloc &= dynamic_call(cpu, gpu, dt, K, max, sizes[i] > max ? max : sizes[i], i % 2, dev, name);
+    kiln_cuda_fail_allocations_after(-1);
+    kiln_cuda_stats before, after;
+    kiln_cuda_engine_stats(gpu, &before, &err);
+    {
+      kiln_tensor_view in, out[2];
+      memset(&in, 0, sizeof in);
+      memset(out, 0, sizeof out);
+      in.data = dev[0], in.dtype = dt, in.rank = 2, in.sizes[0] = 1, in.sizes[1] = K;
+      in.strides[0] = K, in.strides[1] = 1, in.nbytes = (uint64_t)K * es;
+      for (int o = 0; o < 2; o++) {
+        int64_t c = o ? 16 : 32;
+        out[o].data = dev[1 + o], out[o].dtype = dt, out[o].rank = 2, out[o].sizes[0] = 1;
+        out[o].sizes[1] = c, out[o].strides[0] = c, out[o].strides[1] = 1;
+        out[o].nbytes = (uint64_t)c * es;
+      }
+      for (int w = 0; w < 2; w++) /* seen, then captured (or replayed): the slot is warm */
+        noalloc &= kiln_engine_execute(gpu, &in, 1, out, 2, &err) == KILN_OK;
+      counting = 1;
+      for (int r = 0; r < 8; r++) noalloc &= kiln_engine_execute(gpu, &in, 1, out, 2, &err) == KILN_OK;
+      counting = 0;
+    }
+    kiln_cuda_engine_stats(gpu, &after, &err);
+    cudaMemGetInfo(&free1, &total);
+    long during = allocations, base = graph_launch_baseline(dev[1]);
+    printf("%-34s allocation failure injected over %d sizes, then 8 replays at 1: %s, %ld "
+           "mallocs (raw graph launches alike: %ld), %llu replays, init allocations %llu then "
+           "%llu; device free memory %s\n",
+           name, n_sizes, noalloc ? "all ok" : "FAILED", during, base,
+           (unsigned long long)(after.graph_replays - before.graph_replays),
+           (unsigned long long)st.init_allocs, (unsigned long long)after.init_allocs,
+           free0 == free1 ? "unchanged" : "CHANGED");
+    CHECK(noalloc && after.graph_replays - before.graph_replays >= 8);
+    CHECK(during == 0 || base > 0);
+    CHECK(after.init_allocs == st.init_allocs);
+    allocations = 0;
+    /* Past the bound: the front end's refusal, nothing run; then the program still runs. */
+    {
+      kiln_tensor_view in, out[2];
+      int64_t n = max + 1;
+      void *big = malloc((size_t)(n * K) * es), *o0 = malloc((size_t)(n * 32) * es),
+           *o1 = malloc((size_t)(n * 16) * es);
+      memset(&in, 0, sizeof in);
+      memset(out, 0, sizeof out);
+      in.data = big, in.dtype = dt, in.rank = 2, in.sizes[0] = n, in.sizes[1] = K;
+      in.strides[0] = K, in.strides[1] = 1, in.nbytes = (uint64_t)(n * K) * es;
+      for (int o = 0; o < 2; o++) {
+        int64_t c = o ? 16 : 32;
+        out[o].data = o ? o1 : o0, out[o].dtype = dt, out[o].rank = 2, out[o].sizes[0] = n;
+        out[o].sizes[1] = c, out[o].strides[0] = c, out[o].strides[1] = 1;
+        out[o].nbytes = (uint64_t)(n * c) * es;
+      }
+      kiln_status rs = kiln_engine_execute(gpu, &in, 1, out, 2, &err);
+      char want[96];
+      snprintf(want, sizeof want, "input 0 (\"x\") dim 0 is %lld, above its bound %lld", (long long)n,
+               (long long)max);
+      printf("%-34s batch %lld: %s: %s\n", name, (long long)n, kiln_status_name(rs), err.message);
+      CHECK(rs == KILN_ERR_INVALID_ARGUMENT && strstr(err.message, want) &&
+            strstr(err.message, "pass at most that or re-export with a larger max"));
+      CHECK(dynamic_call(cpu, gpu, dt, K, max, 5, 0, dev, name));
+      free(big), free(o0), free(o1);
+    }
+    cudaFree(dev[0]), cudaFree(dev[1]), cudaFree(dev[2]);
+    kiln_engine_destroy(cpu);
+    kiln_engine_destroy(gpu);
+    kiln_free(blob);
+  }
+}
+
+/* A dynamic convolution is refused at load, naming the op; the CPU engine runs the plan. */
+static void test_dynamic_conv_refused(void) {
+  kiln_builder *b = kiln_builder_create();
+  kiln_error err = {KILN_OK, ""};
+  kiln_sym_size s = {1, 1, 0}, none = {0, 0, 0};
   void *blob = NULL;
   size_t size = 0;
-  CHECK(kiln_builder_add_symbol(b, "seq", 1, 8, &err) == 1);
-  int32_t x = kiln_builder_add_input_sym(b, "x", KILN_F32, 2, DIMS(8, 4),
-                                         (kiln_sym_size[]){s, {0, 0, 0}}, &err);
-  int32_t y = kiln_builder_add_op(b, KILN_OP_RELU, &x, 1, NULL, 0, NULL, 0, &err);
-  CHECK(kiln_builder_mark_output(b, y, "y", &err) == KILN_OK);
-  CHECK(kiln_builder_build(b, NULL, &blob, &size, &err) == KILN_OK);
+  float w[4 * 3 * 3 * 3];
+  for (int i = 0; i < 108; i++) w[i] = (float)rnd();
+  CHECK(kiln_builder_add_symbol(b, "batch", 1, 4, &err) == 1);
+  int32_t x = kiln_builder_add_input_sym(b, "x", KILN_F32, 4, DIMS(4, 3, 8, 8),
+                                         (kiln_sym_size[]){s, none, none, none}, &err);
+  int32_t wt = kiln_builder_add_constant(b, KILN_F32, 4, DIMS(4, 3, 3, 3), w, sizeof w, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_CONV, (int32_t[]){x, wt}, 2,
+                                  ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 0), 5,
+                                  NULL, 0, &err);
+  if (y < 0) fprintf(stderr, "dynamic conv: %s\n", err.message);
+  CHECK(y >= 0 && kiln_builder_mark_output(b, y, "y", &err) == KILN_OK);
+  kiln_build_options bo;
+  kiln_build_options_default(&bo);
+  bo.fuse = 0; /* the convolution as it was added */
+  CHECK(kiln_builder_build(b, &bo, &blob, &size, &err) == KILN_OK);
+  kiln_engine *cpu = blob ? load_on(blob, size, KILN_DEVICE_CPU) : NULL;
+  CHECK(cpu != NULL);
+  kiln_engine_options opts;
+  kiln_engine *e = NULL;
   kiln_engine_options_default(&opts);
-  opts.device = KILN_DEVICE_CPU;
-  CHECK(kiln_engine_load(blob, size, &opts, &e, &err) == KILN_OK);
-  kiln_engine_destroy(e);
-  e = NULL;
   opts.device = KILN_DEVICE_CUDA;
-  kiln_status st = kiln_engine_load(blob, size, &opts, &e, &err);
-  printf("dynamic plan on CUDA: %s: %s\n", kiln_status_name(st), err.message);
-  CHECK(st == KILN_ERR_UNSUPPORTED && e == NULL &&
-        strcmp(err.message, "the CUDA engine cannot run a plan with dynamic sizes yet (symbol seq, "
-                            "1..8); load it with device cpu or export with static shapes") == 0);
+  kiln_status st = blob ? kiln_engine_load(blob, size, &opts, &e, &err) : KILN_ERR_INTERNAL;
+  printf("dynamic convolution on CUDA: %s: %s\n", kiln_status_name(st), err.message);
+  CHECK(st == KILN_ERR_UNSUPPORTED && e == NULL && strstr(err.message, "(conv): the CUDA engine") &&
+        strstr(err.message, "export it with static shapes"));
   kiln_engine_destroy(e);
+  kiln_engine_destroy(cpu);
   kiln_free(blob);
   kiln_builder_destroy(b);
 }
@@ -2162,6 +2814,7 @@ int main(int argc, char **argv) {
   }
   if (argc > 1 && strcmp(argv[1], "--fault") == 0) return fault_check();
   if (argc > 1 && strcmp(argv[1], "--time-sdpa") == 0) return time_sdpa();
+  if (argc > 1 && strcmp(argv[1], "--bench-conv") == 0) return bench_conv();
   if (argc > 1 && strcmp(argv[1], "--matmul-attention") == 0) {
     /* The matmul and attention cases alone: quick to run against a changed kernel. */
     test_gemm();
@@ -2170,6 +2823,12 @@ int main(int argc, char **argv) {
     test_packed_attention();
     test_grouped_attention();
     return check_report("test_cuda_ops --matmul-attention");
+  }
+  if (argc > 1 && strcmp(argv[1], "--dynamic") == 0) {
+    /* The dynamic-shape cases alone. */
+    test_dynamic_plan();
+    test_dynamic_conv_refused();
+    return check_report("test_cuda_ops --dynamic");
   }
   if (argc > 2 && strcmp(argv[1], "--only") == 0) only_filter = argv[2];
   test_gemm();
@@ -2186,6 +2845,7 @@ int main(int argc, char **argv) {
   test_packed_attention();
   test_grouped_attention();
   test_conv();
+  test_conv_graph();
   test_state_write();
   if (only_filter) return check_report("test_cuda_ops --only");
   test_conv_noalloc();
@@ -2193,7 +2853,8 @@ int main(int argc, char **argv) {
   test_residency();
   test_chunked_staging();
   test_refusals();
-  test_dynamic_plan_refused();
+  test_dynamic_plan();
+  test_dynamic_conv_refused();
   test_init_failures();
   return check_report("test_cuda_ops");
 }

@@ -3,7 +3,10 @@ fp16 and bf16 as one Kiln blob holding the cache, run on the CUDA engine through
 device tensors (ExecuTorch's Python runtime needs the PyTorch its bindings were built against,
 which a GPU machine may not have; the CPU suite runs the same program through it); the first 32
 tokens equal eager generation on the GPU, and the CUDA engine's tokens equal the CPU reference
-engine's for the same blob.
+engine's for the same blob. Exported with a dynamic sequence dim, one program prefills a whole
+prompt and then decodes one token per call on the CUDA engine, the tokens equal to the CPU
+engine's at prompt lengths from 1 to the cache length (repeated lengths replay graph slots, more
+lengths than slots evict them), and a prompt past the cache length is refused by the front end.
 
 Runs on a GPU machine only (scripts/gpu_test.sh); the CPU-only suite is tests/python."""
 
@@ -61,3 +64,49 @@ def test_generation_on_cuda_equals_eager(dtype):
     print(f"{dtype}: cuda {tokens['cuda'][:12]}..., eager {eager[:12]}..., first difference at {first_diff}")
     assert tokens["cuda"] == tokens["cpu"]
     assert tokens["cuda"] == eager
+
+
+# Prompt lengths for the dynamic program: 7 and 1 repeat (their second run captures a graph,
+# later ones replay it); ten lengths in all, more than the engine's graph slots; the cache length
+# is the bound.
+PROMPTS = (7, 1, 7, 7, 2, 3, 4, 5, 6, 9, 1, 11, decoders.CACHE - 8, 7, 1)
+
+
+def _dynamic_blob(model):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.to_executorch(decoders.greedy_step(model), decoders.prefill_inputs(),
+                                     dynamic_shapes=decoders.DYNAMIC_SHAPES, strict=True, require_whole=True)
+    (blob,) = kiln.blobs(program)
+    return blob
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+def test_dynamic_prefill_then_decode_on_cuda_equals_the_cpu_engine(dtype):
+    model = decoders.llama(dtype=dtype)
+    blob = _dynamic_blob(model)
+    tokens = {}
+    for device in ("cuda", "cpu"):
+        runs = []
+        with _lib.Engine(blob, device) as engine:
+            step = _stepper(engine, device)
+            for length in PROMPTS:
+                engine.reset_state()
+                runs.append(decoders.prefill_generate(step, decoders.prompt_of(length), 8, device))
+            engine.reset_state()
+            runs.append(decoders.prefill_generate(step, decoders.prompt_of(decoders.CACHE), 1, device))
+            with pytest.raises(_lib.KilnError) as refused:
+                step(torch.zeros(1, decoders.CACHE + 1, dtype=torch.long),
+                     torch.arange(decoders.CACHE + 1))
+            message = refused.value.message
+            assert f"is {decoders.CACHE + 1}, above its bound {decoders.CACHE}" in message, message
+            assert "pass at most that or re-export with a larger max" in message, message
+            engine.reset_state()
+            assert decoders.prefill_generate(step, decoders.prompt_of(7), 8, device) == runs[0]
+        tokens[device] = runs
+    print(f"{dtype}: prefill 7 then 8 steps: cuda {tokens['cuda'][0]}, cpu {tokens['cpu'][0]}")
+    for length, got, want in zip(PROMPTS + (decoders.CACHE,), tokens["cuda"], tokens["cpu"]):
+        assert got == want, f"prompt of {length}: cuda {got}, cpu {want}"
+    with torch.no_grad():  # eager's token-by-token generation, for the record
+        eager = decoders.generate(decoders.greedy_step(model.cuda(), "cuda"), decoders.prompt_of(7), 8, "cuda")
+    print(f"{dtype}: eager on the GPU, token by token: {eager}")

@@ -2,7 +2,9 @@
 
 The program takes input_ids [1, 1] and cache_position [1] and returns the argmax of the last
 logits [1], so only token ids cross to the host; the cache lives in the program. Prompts are fed
-one token per call (the decode step), then each generated token is fed back.
+one token per call (the decode step), then each generated token is fed back. Exported with
+DYNAMIC_SHAPES instead, one program takes input_ids [1, seq] and cache_position [seq] for any seq
+up to the cache length: the whole prompt in one call (prefill), then one token per call.
 """
 
 import torch
@@ -44,6 +46,26 @@ def greedy_step(model, device="cpu"):
 
 def example_inputs(device="cpu"):
     return (torch.tensor([[3]], device=device), torch.tensor([0], device=device))
+
+
+SEQ = torch.export.Dim("seq", min=1, max=CACHE)
+DYNAMIC_SHAPES = ({1: SEQ}, {0: SEQ})
+
+
+def prefill_inputs(length=5, device="cpu"):
+    """Example inputs of a prompt of `length` tokens from position 0, for export with DYNAMIC_SHAPES."""
+    return (torch.arange(3, 3 + length, device=device)[None], torch.arange(length, device=device))
+
+
+def prefill_generate(step, prompt, new_tokens, device="cpu"):
+    """Greedy generation through one dynamic step(input_ids, cache_position): the whole prompt in
+    one call from position 0, then each new token fed back alone; returns the new token ids."""
+    token = int(step(torch.tensor([prompt], device=device), torch.arange(len(prompt), device=device))[0])
+    out = [token]
+    for position in range(len(prompt), len(prompt) + new_tokens - 1):
+        token = int(step(torch.tensor([[token]], device=device), torch.tensor([position], device=device))[0])
+        out.append(token)
+    return out
 
 
 def generate(step, prompt, new_tokens, device="cpu"):

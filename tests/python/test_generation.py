@@ -149,3 +149,91 @@ def test_the_cpp_runner_generates_the_same_tokens(exported, tmp_path):
     lines = dict(line.split(":", 1) for line in result.stdout.splitlines() if ":" in line)
     assert [int(t) for t in lines["tokens"].split()] == _eager(exported[0], prompt, NEW_TOKENS)
     assert "tokens/s" in lines["prefill"] and "tokens/s" in lines["decode"]
+
+
+# ---------------------------------------------------------------- one program, any prompt length
+
+@pytest.fixture(scope="module")
+def exported_dynamic(tmp_path_factory):
+    """The same decoder exported with a dynamic sequence dim (1 to the cache length): one program
+    prefills a whole prompt in one call, then decodes one token per call."""
+    model = decoders.llama()
+    path = str(tmp_path_factory.mktemp("dynamic_generation") / "llama_dynamic.pte")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.export(decoders.greedy_step(model), decoders.prefill_inputs(), path, strict=True,
+                              dynamic_shapes=decoders.DYNAMIC_SHAPES, require_whole=True)
+    return model, path, program
+
+
+def test_the_dynamic_decoder_is_one_whole_blob_with_the_sequence_symbol(exported_dynamic):
+    from test_dynamic_shapes import KILN_CLI
+    import subprocess
+
+    program = exported_dynamic[2]
+    report = program.kiln_report
+    assert len(kiln.blobs(program)) == 1 and report.whole and report.ops_outside == 0, report
+    with _lib.Engine(kiln.blobs(program)[0], device="cpu") as engine:  # the cache writes' positions too
+        inputs = sorted(name for name, kind, _, _ in engine.bindings() if kind == _lib.IO_INPUT)
+    assert len(inputs) == 2 and "cache_position" in inputs[0] and "input_ids" in inputs[1], inputs
+    out = subprocess.run([KILN_CLI, "inspect", exported_dynamic[1]], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f": 1..{decoders.CACHE} (dims shown at the upper bound)" in out.stdout
+
+
+@pytest.mark.parametrize("length", [1, 7, decoders.CACHE - 16])
+def test_prefill_of_the_whole_prompt_then_decode_equals_eager(exported_dynamic, length, monkeypatch):
+    import kiln_runtime  # noqa: F401  (registers KilnBackend)
+    from executorch.runtime import Runtime
+
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    model, path, _ = exported_dynamic
+    program = Runtime.get().load_program(path)
+    method = program.load_method("forward")
+    prompt = decoders.prompt_of(length)
+    expected = _eager(model, prompt, 16)
+    assert decoders.prefill_generate(_step(method), prompt, 16) == expected
+    with pytest.raises(RuntimeError):  # past the bound: ExecuTorch refuses it before Kiln sees it
+        method.execute([torch.zeros(1, decoders.CACHE + 1, dtype=torch.long), torch.arange(decoders.CACHE + 1)])
+
+
+def test_the_dynamic_engine_prefills_the_whole_cache_and_refuses_one_more(exported_dynamic):
+    model, _, program = exported_dynamic
+    engine = _lib.Engine(kiln.blobs(program)[0], device="cpu")
+    names = [name for name, kind, _, _ in engine.bindings() if kind == _lib.IO_INPUT]
+
+    def step(ids, position):
+        feeds = {"input_ids": ids, "cache_position": position}
+        out = torch.zeros(1, dtype=torch.long)
+        engine.execute([next(t for key, t in feeds.items() if key in name) for name in names], [out])
+        return out
+
+    prompt = decoders.prompt_of(decoders.CACHE)
+    assert decoders.prefill_generate(step, prompt, 1) == _eager(model, prompt, 1)
+    engine.reset_state()
+    with pytest.raises(_lib.KilnError) as refused:
+        step(torch.zeros(1, decoders.CACHE + 1, dtype=torch.long), torch.arange(decoders.CACHE + 1))
+    assert f"is {decoders.CACHE + 1}, above its bound {decoders.CACHE}" in refused.value.message
+    short = decoders.prompt_of(7)
+    assert decoders.prefill_generate(step, short, 8) == _eager(model, short, 8)
+
+
+def test_the_cpp_runner_prefills_the_whole_prompt_in_one_call(exported_dynamic, tmp_path):
+    from test_executorch_e2e import PACKAGE_DIR, ROOT, configure_and_build, run
+
+    build = str(tmp_path / "generate")
+    configure_and_build(os.path.join(ROOT, "examples", "generate"), build, os.path.join(PACKAGE_DIR, "cmake"))
+    prompt = decoders.prompt_of(7)
+    result = run([os.path.join(build, "generate"), exported_dynamic[1], "--prompt", ",".join(map(str, prompt)),
+                  "--tokens", "16", "--device", "cpu", "--prefill", "whole"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = dict(line.split(":", 1) for line in result.stdout.splitlines() if ":" in line)
+    assert [int(t) for t in lines["tokens"].split()] == _eager(exported_dynamic[0], prompt, 16)
+    # the static program cannot take the prompt in one call: refused, not a wrong answer
+    static = str(tmp_path / "static.pte")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kiln.export(decoders.greedy_step(exported_dynamic[0]), decoders.example_inputs(), static, strict=True)
+    refused = run([os.path.join(build, "generate"), static, "--prompt", ",".join(map(str, prompt)),
+                   "--tokens", "4", "--device", "cpu", "--prefill", "whole"])
+    assert refused.returncode == 3 and "in one call failed" in refused.stderr, refused.stderr[-2000:]
