@@ -7,9 +7,9 @@ layers by default, a static KV cache of 1152 slots. It is exported once with kil
 (transformers' TorchExportableModuleWithStaticCache, greedy argmax inside the program, the cache
 the blob's own state) and run through ExecuTorch's Module by libkiln_bench.so (ctypes: ExecuTorch's
 Python runtime is not needed on the GPU machine). For prompts of 128 and 1024 tokens it times the
-prefill (today token by token: the program's sequence length is 1; --dynamic-prefill exports a
-bounded sequence dimension and prefills in calls of --prefill-chunk tokens once the CUDA engine
-runs such plans) and the decode steps after it, on host I/O (ids, positions and tokens in host
+prefill (token by token from a program of sequence length 1; --dynamic-prefill exports a bounded
+sequence dimension and prefills in calls of --prefill-chunk tokens, the whole prompt by default)
+and the decode steps after it, on host I/O (ids, positions and tokens in host
 memory, as a runner has them) and on device I/O (the same slots in GPU memory). The state is reset
 between runs by unloading and reloading forward (the delegate's handle owns the cache).
 
