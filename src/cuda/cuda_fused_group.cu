@@ -382,7 +382,8 @@ static int fx_mergeable(const kcu_fx *p, int a) {
     const kcu_fx_map *x = &p->maps[m];
     int empty = x->lo[a] == x->hi[a] || x->lo[a + 1] == x->hi[a + 1];
     int inner_full = x->lo[a + 1] == 0 && x->hi[a + 1] == nb;
-    if (na != 1 && nb != 1 && x->stride[a] != x->stride[a + 1] * nb) return 0;
+    if (na != 1 && nb != 1 && (__int128)x->stride[a] != (__int128)x->stride[a + 1] * nb)
+      return 0;
     if (!empty && !inner_full && x->hi[a] - x->lo[a] != 1) return 0;
   }
   return 1;

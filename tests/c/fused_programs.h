@@ -85,10 +85,11 @@ static inline void fx_map(int64_t *m, int32_t r, int64_t slot, int64_t offset,
 }
 
 /* Over out of rank r (<= 8) and dims, with inputs x [numel + 8] (flat), y [dims[r-1]] and
- * z [dims[0]] (six maps): x * rotate_half-style select of x shifted by +-h on boxes that split
- * the innermost dim, plus x read at the odd offset 1, minus half the sigmoid of a select on an
- * outer dim between y broadcast over every outer dim and z broadcast over the rest (boxed on
- * dim 0), rounded to bf16. Returns the instruction count. */
+ * z [dims[0]] (seven maps): x * rotate_half-style select of x shifted by +-h on boxes that
+ * split the innermost dim, plus x read at the odd offset 1, minus half the sigmoid of a select
+ * on an outer dim between z broadcast over every dim but 0 (boxed on dim 0) and y broadcast
+ * over every outer dim, plus x boxed off the innermost dim's ends, rounded to bf16. Returns
+ * the instruction count. */
 static inline uint32_t fx_runs(int64_t *maps, int64_t *code, int32_t r, const int64_t *dims) {
   int64_t st[8], zero[8], all[8], lo[8], hi[8], bias[8], row[8], n = dims[r - 1], h = n / 2;
   int32_t w = 2 + 3 * r, sel = r >= 3 ? 1 : 0;
@@ -107,6 +108,9 @@ static inline uint32_t fx_runs(int64_t *maps, int64_t *code, int32_t r, const in
   fx_map(maps + 4 * w, r, 1, 0, bias, zero, all);
   for (int32_t d = 0; d < r; d++) lo[d] = d == 0 && dims[0] > 1 ? 1 : 0;
   fx_map(maps + 5 * w, r, 2, 0, row, lo, all);
+  for (int32_t d = 0; d < r; d++) lo[d] = 0, hi[d] = dims[d];
+  lo[r - 1] = n > 2, hi[r - 1] = n > 2 ? n - 1 : n;
+  fx_map(maps + 6 * w, r, 0, 0, st, lo, hi); /* zero on the innermost dim's first and last */
 #define FXR(op, dst, a, b, arg, imm) (code[2 * c] = KILN_FX_INSTR(op, dst, a, b, arg), code[2 * c++ + 1] = (imm))
   FXR(KILN_FX_LOAD, 0, 0, 0, 0, 0);
   FXR(KILN_FX_LOAD, 1, 0, 0, 2, 0);
@@ -117,9 +121,11 @@ static inline uint32_t fx_runs(int64_t *maps, int64_t *code, int32_t r, const in
   FXR(KILN_FX_BINARY, 0, 0, 2, KILN_OP_ADD, fx_double(1.0));
   FXR(KILN_FX_LOAD, 3, 0, 0, 4, 0);
   FXR(KILN_FX_LOAD, 4, 0, 0, 5, 0);
-  FXR(KILN_FX_SELECT, 3, 3, 4, (uint32_t)sel, dims[sel] / 2);
+  FXR(KILN_FX_SELECT, 3, 4, 3, (uint32_t)sel, dims[sel] / 2);
   FXR(KILN_FX_UNARY, 3, 3, 0, KILN_OP_SIGMOID, 0);
   FXR(KILN_FX_BINARY, 0, 0, 3, KILN_OP_SUB, fx_double(0.5));
+  FXR(KILN_FX_LOAD, 2, 0, 0, 6, 0);
+  FXR(KILN_FX_BINARY, 0, 0, 2, KILN_OP_ADD, fx_double(1.0));
   FXR(KILN_FX_ROUND, 0, 0, 0, KILN_BF16, 0);
   FXR(KILN_FX_STORE, 0, 0, 0, 0, 0);
   return c;

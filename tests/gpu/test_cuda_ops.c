@@ -540,7 +540,7 @@ static void test_fused_runs(void) {
                 {3, {3, 5, 7}},   {3, {2, 3, 16}},    {4, {2, 3, 5, 8}},  {4, {2, 3, 4, 36}},
                 {5, {2, 2, 3, 3, 10}}, {6, {2, 1, 3, 2, 2, 32}}, {6, {1, 2, 1, 3, 1, 7}}};
   char name[128];
-  int64_t maps[6 * 20], code[2 * KILN_FX_MAX_INSTRS];
+  int64_t maps[7 * 20], code[2 * KILN_FX_MAX_INSTRS];
   for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
     int32_t r = shapes[k].rank;
     const int64_t *dims = shapes[k].dims;
@@ -558,7 +558,7 @@ static void test_fused_runs(void) {
       prog *p = p_new();
       uint32_t x = IN(p, it, 1, numel + 8), y = IN(p, it, 1, dims[r - 1]), z = IN(p, it, 1, dims[0]);
       uint32_t n = fx_runs(maps, code, r, dims);
-      p_fused(p, 3, OPS(x, y, z), p_tensor(p, KILN_STORE_OUTPUT, dt, r, dims), r, 6, maps, n, code);
+      p_fused(p, 3, OPS(x, y, z), p_tensor(p, KILN_STORE_OUTPUT, dt, r, dims), r, 7, maps, n, code);
       snprintf(name, sizeof name, "fused runs %s %s of %s", shape, kiln_dtype_name(dt), kiln_dtype_name(it));
       compare(p, name, NULL);
       if (t >= 3) continue;
@@ -569,6 +569,15 @@ static void test_fused_runs(void) {
       snprintf(name, sizeof name, "fused chain %s %s", shape, kiln_dtype_name(dt));
       compare(p, name, NULL);
     }
+  }
+  { /* a stride the parser bounds inside the load's box only: no address outside it */
+    prog *p = p_new();
+    uint32_t x = IN(p, KILN_F32, 1, 16);
+    int64_t m[8] = {0, 0, 3695202394745864193LL, 1, 0, 0, 1, 8};
+    int64_t c[4] = {KILN_FX_INSTR(KILN_FX_LOAD, 0, 0, 0, 0), 0,
+                    KILN_FX_INSTR(KILN_FX_STORE, 0, 0, 0, 0), 0};
+    p_fused(p, 1, OPS(x), OUT(p, KILN_F32, 2, 4, 8), 2, 1, m, 2, c);
+    compare(p, "fused runs off-box stride", NULL);
   }
   for (int t = 0; t < 3; t++)
     for (int cl = 0; cl < 2; cl++) { /* the gate in both layouts, 7x7 spatial */
