@@ -20,8 +20,15 @@ enum {
 enum {
   KFX_A_ACC = 1, /* operand a is the previous instruction's result */
   KFX_B_ACC = 2, /* operand b is */
-  KFX_SPILL = 4  /* the result is read again after the next instruction */
+  KFX_SPILL = 4, /* the result is read again after the next instruction */
+  KFX_PF_NEXT = 8 /* a LOAD that takes the next prefetch slot */
 };
+
+/* Loads issued together at the start of a run, so their latencies overlap: one 16-byte vector
+ * each, held raw until the program reaches its LOAD; the LOADs take them in order, as a queue
+ * (an indexed slot would put the array in local memory). */
+#define KFX_PF 6
+enum { KFX_PF_NONE = 0, KFX_PF_LOADED = 1, KFX_PF_ZERO = 2 };
 
 typedef struct kcu_fx_map {
   int32_t slot, box; /* box: KFX_FULL | KFX_OUTER | KFX_INNER */
@@ -35,6 +42,8 @@ typedef struct kcu_fx {
   int32_t narrow;   /* the output has fewer than 2^32 elements: 32-bit index division */
   int32_t out_vec;  /* the output is 16-byte aligned: a run of 16 bytes stores as one vector */
   int32_t n_rf;     /* registers in the shared-memory register file */
+  int32_t n_pf;     /* prefetch slots, each the map in pf_map */
+  int8_t pf_map[KFX_PF];
   int32_t in_dtype[KILN_MAX_OP_INPUTS];
   const void *in[KILN_MAX_OP_INPUTS];
   int64_t dims[KILN_MAX_RANK]; /* coalesced */
@@ -90,21 +99,19 @@ template <int V> static __device__ __forceinline__ bool kfx_vec_ok(int dt) {
   return dt == KILN_F32 ? V % 4 == 0 : V == 8;
 }
 
-template <int V>
-static __device__ __forceinline__ void kfx_ld_vec(const char *addr, int dt, float *v) {
+/* The 4 f32 or 8 f16/bf16 values of one 16-byte vector into v of N >= 4 floats (f16/bf16
+ * only for N = 8). */
+template <int N>
+static __device__ __forceinline__ void kfx_unpack16(uint4 raw, int dt, float *v) {
   if (dt == KILN_F32) {
-#pragma unroll
-    for (int q = 0; q < V / 4; q++) {
-      float4 r = ((const float4 *)addr)[q];
-      v[4 * q] = r.x, v[4 * q + 1] = r.y, v[4 * q + 2] = r.z, v[4 * q + 3] = r.w;
-    }
+    v[0] = __uint_as_float(raw.x), v[1] = __uint_as_float(raw.y);
+    v[2] = __uint_as_float(raw.z), v[3] = __uint_as_float(raw.w);
     return;
   }
-  if (V != 8) return;
-  uint4 raw = *(const uint4 *)addr;
+  if (N < 8) return;
   unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-  for (int q = 0; q < 4 && 2 * q + 1 < V; q++) {
+  for (int q = 0; q < 4; q++) {
     float2 t;
     if (dt == KILN_F16) {
       __half2 h;
@@ -115,8 +122,18 @@ static __device__ __forceinline__ void kfx_ld_vec(const char *addr, int dt, floa
       memcpy(&h, &w[q], sizeof h);
       t = __bfloat1622float2(h);
     }
-    v[2 * q] = t.x, v[2 * q + 1] = t.y;
+    v[(2 * q) % N] = t.x, v[(2 * q + 1) % N] = t.y;
   }
+}
+
+template <int V>
+static __device__ __forceinline__ void kfx_ld_vec(const char *addr, int dt, float *v) {
+  if (dt == KILN_F32) {
+#pragma unroll
+    for (int q = 0; q < V / 4; q++) kfx_unpack16<4>(((const uint4 *)addr)[q], KILN_F32, v + 4 * q);
+    return;
+  }
+  if (V == 8) kfx_unpack16<8>(*(const uint4 *)addr, dt, v);
 }
 
 /* v[k] = element at + k * s of src, for every k of the run (each address inside the box). */
@@ -187,6 +204,34 @@ static __device__ __forceinline__ void kfx_load(const kcu_fx &p, const kcu_fx_ma
 #pragma unroll
   for (int k = 0; k < V; k++) /* the box splits the run: only its inside elements load */
     if (c0 + k >= first && c0 + k < last) v[k] = kcu_ld(src, dt, at + (c0 + k - first) * s);
+}
+
+/* Issues a prefetch slot's load (a map of innermost stride 1 whose run is 16 bytes): LOADED
+ * when the run lies in the box at an aligned address, ZERO when wholly outside, else NONE (the
+ * LOAD then runs as kfx_load). */
+template <int V>
+static __device__ __forceinline__ uint32_t kfx_prefetch(const kcu_fx &p, const kcu_fx_map &m,
+                                                        const int64_t *coord, int64_t c0,
+                                                        uint4 *raw) {
+  const int ri = p.rank - 1;
+  if (!(m.box & KFX_OUTER)) {
+    bool inside = true;
+#pragma unroll
+    for (int d = 0; d < KILN_MAX_RANK - 1; d++)
+      if (d < ri) inside = inside && coord[d] >= m.lo[d] && coord[d] < m.hi[d];
+    if (!inside) return KFX_PF_ZERO;
+  }
+  if (c0 + V <= m.lo[ri] || c0 >= m.hi[ri]) return KFX_PF_ZERO;
+  if (c0 < m.lo[ri] || c0 + V > m.hi[ri]) return KFX_PF_NONE;
+  int64_t at = m.offset + c0;
+#pragma unroll
+  for (int d = 0; d < KILN_MAX_RANK - 1; d++)
+    if (d < ri) at += coord[d] * m.stride[d];
+  const int dt = p.in_dtype[m.slot];
+  const char *addr = (const char *)p.in[m.slot] + at * (dt == KILN_F32 ? 4 : 2);
+  if ((uintptr_t)addr & 15u) return KFX_PF_NONE;
+  *raw = *(const uint4 *)addr;
+  return KFX_PF_LOADED;
 }
 
 template <int V>
@@ -285,9 +330,10 @@ static __device__ __forceinline__ void kfx_store(const kcu_fx &p, void *out, int
 }
 
 /* __grid_constant__: the maps are indexed at run time, and this keeps them in the parameter
- * space instead of a per-thread copy. Four blocks per SM: enough loads in flight. */
-template <int V>
-__global__ void __launch_bounds__(KCU_BLOCK, 4)
+ * space instead of a per-thread copy. PF: prefetch slots (0 or KFX_PF), which take registers:
+ * two blocks per SM with them, four without. */
+template <int V, int PF>
+__global__ void __launch_bounds__(KCU_BLOCK, PF ? 2 : 4)
     kcu_fx_kernel(const __grid_constant__ kcu_fx p, void *out, int64_t n_runs) {
   extern __shared__ float4 kfx_rf_mem[];
   float *rf = (float *)kfx_rf_mem;
@@ -317,6 +363,12 @@ __global__ void __launch_bounds__(KCU_BLOCK, 4)
           rest /= p.dims[d];
         }
     }
+    uint4 pf[PF ? PF : 1];
+    uint32_t pf_state = 0; /* two bits per slot */
+#pragma unroll
+    for (int q = 0; q < PF; q++)
+      if (q < p.n_pf)
+        pf_state |= kfx_prefetch<V>(p, p.maps[p.pf_map[q]], coord, c0, &pf[q]) << (2 * q);
 #pragma unroll
     for (int k = 0; k < V; k++) acc[k] = 0.0f;
     for (int s = 0; s < p.n_instrs; s++) {
@@ -339,7 +391,24 @@ __global__ void __launch_bounds__(KCU_BLOCK, 4)
         }
       }
       switch (code) {
-      case KILN_FX_LOAD: kfx_load<V>(p, p.maps[arg], coord, c0, y); break;
+      case KILN_FX_LOAD: {
+        uint32_t st = PF && (fl & KFX_PF_NEXT) ? pf_state & 3u : KFX_PF_NONE;
+        uint4 raw = pf[0];
+        if (PF && (fl & KFX_PF_NEXT)) {
+#pragma unroll
+          for (int i = 0; i + 1 < PF; i++) pf[i] = pf[i + 1];
+          pf_state >>= 2;
+        }
+        if (st == KFX_PF_ZERO) {
+#pragma unroll
+          for (int k = 0; k < V; k++) y[k] = 0.0f;
+        } else if (st == KFX_PF_LOADED && V >= 4) {
+          kfx_unpack16<V >= 4 ? V : 4>(raw, p.in_dtype[p.maps[arg].slot], y);
+        } else {
+          kfx_load<V>(p, p.maps[arg], coord, c0, y);
+        }
+        break;
+      }
       case KILN_FX_UNARY: kfx_unary<V>((int)arg, xa, p.imm[s].f, y); break;
       case KILN_FX_BINARY: kfx_binary<V>((int)arg, xa, xb, p.imm[s].f, y); break;
       case KILN_FX_ROUND:
@@ -449,16 +518,18 @@ static void fx_schedule(kcu_fx *p, const kiln_fx_prog *prog) {
   }
 }
 
-template <int V>
+template <int V, int PF>
 static void fx_launch(cudaStream_t s, const kcu_fx &p, void *out, int64_t numel) {
   int64_t n_runs = numel / V, block = KCU_BLOCK;
   size_t per_thread = (size_t)p.n_rf * V * sizeof(float);
   while (block > 32 && per_thread * (size_t)block > 48 * 1024) block /= 2;
   int64_t blocks = (n_runs + block - 1) / block;
   if (blocks > 65535LL * 16) blocks = 65535LL * 16;
-  kcu_fx_kernel<V><<<(unsigned)blocks, (unsigned)block, per_thread * (size_t)block, s>>>(
+  kcu_fx_kernel<V, PF><<<(unsigned)blocks, (unsigned)block, per_thread * (size_t)block, s>>>(
       p, out, n_runs);
 }
+
+int kcu_fused_prefetch_on = 1;
 
 cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
                       const kcu_tensor *in, const kcu_tensor *out) {
@@ -515,11 +586,26 @@ cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
   /* a run is 16 bytes of output where the innermost dim divides into such runs */
   v = out->dtype == KILN_F32 ? 4 : 8;
   while (v > 1 && p.dims[p.rank - 1] % v != 0) v /= 2;
-  switch (v) {
-  case 8: fx_launch<8>(s, p, out->data, out->numel); break;
-  case 4: fx_launch<4>(s, p, out->data, out->numel); break;
-  case 2: fx_launch<2>(s, p, out->data, out->numel); break;
-  default: fx_launch<1>(s, p, out->data, out->numel); break;
+  /* the first loads whose run is one 16-byte vector of their input take prefetch slots */
+  for (uint32_t i = 0; i < prog.n_instrs && p.n_pf < KFX_PF && kcu_fused_prefetch_on; i++) {
+    if (prog.instrs[i].code != KILN_FX_LOAD) continue;
+    const kcu_fx_map *m = &p.maps[prog.instrs[i].arg];
+    if (m->stride[p.rank - 1] != 1 || v * (p.in_dtype[m->slot] == KILN_F32 ? 4 : 2) != 16)
+      continue;
+    p.pf_map[p.n_pf++] = (int8_t)prog.instrs[i].arg;
+    p.flags[i] |= KFX_PF_NEXT;
+  }
+  switch (v) { /* prefetch slots are for runs of 16 bytes: V = 8, or 4 of f32 */
+  case 8:
+    if (p.n_pf) fx_launch<8, KFX_PF>(s, p, out->data, out->numel);
+    else fx_launch<8, 0>(s, p, out->data, out->numel);
+    break;
+  case 4:
+    if (p.n_pf) fx_launch<4, KFX_PF>(s, p, out->data, out->numel);
+    else fx_launch<4, 0>(s, p, out->data, out->numel);
+    break;
+  case 2: fx_launch<2, 0>(s, p, out->data, out->numel); break;
+  default: fx_launch<1, 0>(s, p, out->data, out->numel); break;
   }
   return cudaGetLastError();
 }

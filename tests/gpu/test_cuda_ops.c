@@ -555,12 +555,19 @@ static void test_fused_runs(void) {
       /* f32, f16, bf16 alike; then f16 out of f32 inputs and bf16 out of f16 inputs */
       kiln_dtype dt = t < 3 ? float_types[t] : t == 3 ? KILN_F16 : KILN_BF16;
       kiln_dtype it = t < 3 ? dt : t == 3 ? KILN_F32 : KILN_F16;
-      prog *p = p_new();
-      uint32_t x = IN(p, it, 1, numel + 8), y = IN(p, it, 1, dims[r - 1]), z = IN(p, it, 1, dims[0]);
-      uint32_t n = fx_runs(maps, code, r, dims);
-      p_fused(p, 3, OPS(x, y, z), p_tensor(p, KILN_STORE_OUTPUT, dt, r, dims), r, 7, maps, n, code);
-      snprintf(name, sizeof name, "fused runs %s %s of %s", shape, kiln_dtype_name(dt), kiln_dtype_name(it));
-      compare(p, name, NULL);
+      uint32_t x, y, z, n;
+      prog *p;
+      for (int pf = 1; pf >= 0; pf--) { /* the run's vector loads up front, and inline */
+        kcu_fused_prefetch_on = pf;
+        p = p_new();
+        x = IN(p, it, 1, numel + 8), y = IN(p, it, 1, dims[r - 1]), z = IN(p, it, 1, dims[0]);
+        n = fx_runs(maps, code, r, dims);
+        p_fused(p, 3, OPS(x, y, z), p_tensor(p, KILN_STORE_OUTPUT, dt, r, dims), r, 7, maps, n, code);
+        snprintf(name, sizeof name, "fused runs %s %s of %s%s", shape, kiln_dtype_name(dt),
+                 kiln_dtype_name(it), pf ? "" : " inline");
+        compare(p, name, NULL);
+      }
+      kcu_fused_prefetch_on = 1;
       if (t >= 3) continue;
       p = p_new(); /* contiguous maps: the dims coalesce into one */
       x = p_tensor(p, KILN_STORE_INPUT, dt, r, dims), y = p_tensor(p, KILN_STORE_INPUT, dt, r, dims);
@@ -1401,14 +1408,16 @@ static int cmp_float(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Times the FUSED kernel alone on p's one op (random inputs on the device): the median of 31
- * launches, and the bytes of every input and the output over that time. */
-static void bench_fused(const prog *p, const char *label) {
+/* Times the FUSED kernel alone on p's one op (random inputs on the device): 20 launches
+ * captured in a graph (so the host's per-launch decode is not timed), the median of 11 replays,
+ * and the bytes of every input and the output over that time. */
+static void bench_fused_mode(const prog *p, const char *label) {
+  enum { LAUNCHES = 20, REPLAYS = 11 };
   kiln_plan pl;
   kcu_tensor in[KILN_MAX_OP_INPUTS], out;
   const kiln_op *op = &p->ops[0];
   uint64_t bytes = 0;
-  float ms[31];
+  float ms[REPLAYS];
   memset(&pl, 0, sizeof pl);
   pl.tensors = (kiln_tensor_desc *)p->tensors;
   pl.n_tensors = p->n_tensors;
@@ -1428,29 +1437,51 @@ static void bench_fused(const prog *p, const char *label) {
     x->numel = (int64_t)p_count(t);
     bytes += t->nbytes;
   }
+  cudaStream_t st;
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
   cudaEvent_t e0, e1;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  int ok = 1;
-  for (int i = 0; i < 3 && ok; i++) ok = cuda_ok(kcu_fused(0, &pl, op, in, &out), label);
-  for (int i = 0; i < 31 && ok; i++) {
-    cudaEventRecord(e0, 0);
-    ok = cuda_ok(kcu_fused(0, &pl, op, in, &out), label);
-    cudaEventRecord(e1, 0);
+  int ok = cuda_ok(kcu_fused(st, &pl, op, in, &out), label) &&
+           cuda_ok(cudaStreamSynchronize(st), label) &&
+           cuda_ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), label);
+  for (int i = 0; i < LAUNCHES && ok; i++) ok = cuda_ok(kcu_fused(st, &pl, op, in, &out), label);
+  ok = ok && cuda_ok(cudaStreamEndCapture(st, &graph), label) &&
+       cuda_ok(cudaGraphInstantiate(&exec, graph, 0), label) &&
+       cuda_ok(cudaGraphLaunch(exec, st), label);
+  for (int i = 0; i < REPLAYS && ok; i++) {
+    cudaEventRecord(e0, st);
+    ok = cuda_ok(cudaGraphLaunch(exec, st), label);
+    cudaEventRecord(e1, st);
     ok = ok && cuda_ok(cudaEventSynchronize(e1), label);
     cudaEventElapsedTime(&ms[i], e0, e1);
   }
   CHECK(ok);
   if (ok) {
-    qsort(ms, 31, sizeof ms[0], cmp_float);
-    double us = ms[15] * 1e3;
-    printf("%-46s %9.1f us %8.1f GB/s (%.1f MB)\n", label, us, (double)bytes / (us * 1e3),
+    qsort(ms, REPLAYS, sizeof ms[0], cmp_float);
+    double us = ms[REPLAYS / 2] * 1e3 / LAUNCHES;
+    printf("%-50s %-8s %9.1f us %8.1f GB/s (%.1f MB)\n", label,
+           kcu_fused_prefetch_on ? "prefetch" : "inline", us, (double)bytes / (us * 1e3),
            (double)bytes / 1e6);
   }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+  cudaStreamDestroy(st);
   for (uint32_t k = 0; k < op->n_inputs; k++) cudaFree(in[k].data);
   cudaFree(out.data);
+}
+
+/* bench_fused_mode with the run's loads issued up front and without. */
+static void bench_fused(const prog *p, const char *label) {
+  for (int on = 1; on >= 0; on--) {
+    kcu_fused_prefetch_on = on;
+    bench_fused_mode(p, label);
+  }
+  kcu_fused_prefetch_on = 1;
 }
 
 /* The FUSED groups of the Llama block and MobileNetV3 benchmarks at their shapes, and a plain
