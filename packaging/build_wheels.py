@@ -26,6 +26,8 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DELEGATE_LIBRARY = "libexecutorch_backend_kiln.so"
 CMAKE_PACKAGE_FILES = ("executorch_backend_kiln-config.cmake", "executorch_backend_kiln-config-version.cmake")
+# What a user downloads to run Kiln: the delegate library with every kernel stays within this.
+RUNTIME_WHEEL_BUDGET = 1_500_000
 # A fixed timestamp keeps the archives reproducible.
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
@@ -156,10 +158,12 @@ def python_files(package_dir, package):
     return out
 
 
-def build_wheel(kiln, out_dir, name, library, library_member, files, summary, exports=()):
+def build_wheel(kiln, out_dir, name, library, library_member, files, summary, exports=(),
+                budget=None):
     """Audits the library, writes the wheel (files plus the library's shipped copy as
-    library_member) into a staging directory inside out_dir, audits the wheel, then moves it
-    into place. Returns (wheel path, wheel bytes, unpacked bytes)."""
+    library_member) into a staging directory inside out_dir, audits the wheel, checks it is at
+    most budget bytes, then moves it into place. Returns (wheel path, wheel bytes, unpacked
+    bytes)."""
     os.makedirs(out_dir, exist_ok=True)
     export_args = [arg for symbol in exports for arg in ("--export", symbol)]
     staging = tempfile.mkdtemp(prefix=".staging-", dir=out_dir)
@@ -175,6 +179,10 @@ def build_wheel(kiln, out_dir, name, library, library_member, files, summary, ex
         run_audit(kiln, staged, *export_args)
         with zipfile.ZipFile(staged) as archive:
             unpacked = sum(info.file_size for info in archive.infolist())
+        size = os.path.getsize(staged)
+        if budget is not None and size > budget:
+            raise BuildError(f"the {name} wheel is {size:,} bytes, over its budget of {budget:,}: "
+                             "find what grew (size -A on the shipped library) before shipping it")
         target = os.path.join(out_dir, filename)
         os.replace(staged, target)
         return target, os.path.getsize(target), unpacked
@@ -194,6 +202,7 @@ def runtime_wheel(kiln, build_dir, out_dir):
         kiln, out_dir, "kiln-runtime", os.path.join(package_dir, DELEGATE_LIBRARY),
         f"kiln_runtime/{DELEGATE_LIBRARY}", files,
         "Kiln's ExecuTorch delegate library, its registration package and its CMake package",
+        budget=RUNTIME_WHEEL_BUDGET,
     )
 
 

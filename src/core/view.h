@@ -11,7 +11,8 @@ extern "C" {
 #endif
 
 /* 1 when op's output is the bytes of its input `in` from *offset on: RESHAPE and COPY
- * (offset 0), SELECT, and a SLICE of step 1, of a dim with only size-1 dims before it. */
+ * (offset 0), a PERMUTE that keeps the order of every dim larger than 1 (offset 0), SELECT,
+ * and a SLICE of step 1, of a dim with only size-1 dims before it. */
 int kiln_op_is_view(const kiln_op *op, const kiln_tensor_desc *in, uint64_t *offset);
 
 #ifdef __cplusplus

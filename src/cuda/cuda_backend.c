@@ -696,8 +696,12 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
       kcu_attn_gemm_tune(&s->attn[i], s->lt, s->stream, in, &out, s->attn_scratch, s->workspace,
                          s->workspace_size);
     else
-      kcu_gemm_tune(&s->gemm[i], s->lt, s->stream, in, op->n_inputs, &out, s->workspace,
-                    s->workspace_size);
+      switch (kcu_gemm_tune(&s->gemm[i], s->lt, s->stream, in, op->n_inputs, &out, s->workspace,
+                            s->workspace_size)) {
+      case KCU_CHOICE_MEASURED: s->stats.choices_measured++; break;
+      case KCU_CHOICE_REUSED: s->stats.choices_reused++; break;
+      default: break;
+      }
   }
   if ((st = kcu_choose_convs(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_instantiate(s, &e->plan, s->whole_io, &s->graph_host, err)) != KILN_OK) return st;

@@ -20,6 +20,8 @@ typedef struct kiln_cuda_stats {
   uint64_t stage_slot_bytes; /* bytes of one ring slot: the largest chunk */
   uint64_t state_resets;  /* state buffers set back to their initial values (init does one) */
   uint64_t host_out_bytes; /* output bytes execute copied from the device to host memory */
+  uint64_t choices_measured; /* GEMM algorithm choices init timed on this engine's buffers */
+  uint64_t choices_reused;   /* ones it took from an earlier load in the process instead */
 } kiln_cuda_stats;
 
 /* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend. */

@@ -4,6 +4,8 @@
  * A LINEAR of a few rows goes to the GEMV kernel, which fuses all of them. */
 #include "cuda_gemm.h"
 
+#include "cuda_choice_cache.h"
+
 #include "core/linear_inputs.h"
 
 #include <math.h>
@@ -124,6 +126,12 @@ kiln_status kcu_gemm_init_shape(kcu_gemm *g, cublasLtHandle_t lt, const kcu_gemm
                      op_index, kiln_op_name(op->kind), kiln_dtype_name(sh->in_dtype),
                      (long long)M, (long long)N, (long long)K);
   g->algo = g->candidates[0];
+  const int64_t key[] = {'G', sh->in_dtype, sh->out_dtype, sh->w_trans, sh->allow_tf32,
+                         sh->epilogue, sh->M, sh->N, sh->K, sh->batch, sh->ld_x, sh->ld_d,
+                         sh->x_stride, sh->w_stride, sh->d_stride, sh->align_x, sh->align_w,
+                         sh->align_d, (int64_t)workspace_size, g->n_candidates};
+  _Static_assert(sizeof key <= sizeof g->key, "the key fits its field");
+  memcpy(g->key, key, sizeof key);
   return KILN_OK;
 }
 
@@ -301,15 +309,32 @@ static float kcu_gemm_time(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t 
   return ms;
 }
 
-void kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_tensor *in,
-                   uint32_t n_in, const kcu_tensor *out, void *workspace, size_t workspace_size) {
+int kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_tensor *in,
+                  uint32_t n_in, const kcu_tensor *out, void *workspace, size_t workspace_size) {
   cudaEvent_t start = NULL, stop = NULL;
   int race_gemv = g->gemv_ok && g->n_candidates > 0 && kcu_test_gemv_choice < 0;
   if ((g->n_candidates < 2 && !race_gemv) || cudaEventCreate(&start) != cudaSuccess ||
       cudaEventCreate(&stop) != cudaSuccess) {
     if (start) cudaEventDestroy(start);
     cudaGetLastError();
-    return;
+    return KCU_CHOICE_NONE;
+  }
+  /* The rest of the key: what the engine set after the descriptors, and the device. */
+  struct {
+    cublasLtMatmulAlgo_t algo;
+    int32_t gemv;
+  } kept;
+  int device = 0;
+  cudaGetDevice(&device);
+  g->key[20] = device, g->key[21] = g->gemv_ok, g->key[22] = g->calls, g->key[23] = g->swiglu;
+  g->key[24] = g->act, g->key[25] = g->has_bias, g->key[26] = g->residual, g->key[27] = g->post;
+  memset(&kept, 0, sizeof kept);
+  if (kcu_choice_find(g->key, sizeof g->key, &kept, sizeof kept)) {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    g->algo = kept.algo;
+    g->gemv = race_gemv ? kept.gemv : g->gemv;
+    return KCU_CHOICE_REUSED;
   }
   int gemv = g->gemv;
   float best = INFINITY, gemv_ms = INFINITY;
@@ -328,8 +353,12 @@ void kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_t
   } else {
     g->gemv = gemv;
   }
+  kept.algo = g->algo;
+  kept.gemv = g->gemv;
+  if (best < INFINITY) kcu_choice_keep(g->key, sizeof g->key, &kept, sizeof kept);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+  return KCU_CHOICE_MEASURED;
 }
 
 void kcu_gemm_release(kcu_gemm *g) {

@@ -31,6 +31,7 @@ typedef struct kcu_gemm {
   int32_t nb;
   int64_t bdims[KILN_MAX_RANK], a_st[KILN_MAX_RANK], b_st[KILN_MAX_RANK];
   int64_t a_mat, b_mat, d_mat; /* bytes per matrix of each operand */
+  int64_t key[28]; /* what decides the algorithm (kcu_gemm_tune's key in the choice cache) */
 } kcu_gemm;
 
 /* One strided-batched matmul in row-major terms: D[M,N] = X[M,K] W, W stored [N,K] (w_trans)
@@ -63,9 +64,11 @@ cudaError_t kcu_gemm_run(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
                          const kcu_tensor *in, uint32_t n_in, const kcu_tensor *out,
                          void *workspace, size_t workspace_size);
 /* Times each candidate algorithm, and the GEMV kernel where it may run, on the engine's own
- * buffers and keeps the fastest (init). */
-void kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_tensor *in,
-                   uint32_t n_in, const kcu_tensor *out, void *workspace, size_t workspace_size);
+ * buffers and keeps the fastest (init); a GEMM the process timed before keeps that choice
+ * (cuda_choice_cache.h). Returns which of the three (nothing to choose, measured, reused). */
+enum { KCU_CHOICE_NONE, KCU_CHOICE_MEASURED, KCU_CHOICE_REUSED };
+int kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_tensor *in,
+                  uint32_t n_in, const kcu_tensor *out, void *workspace, size_t workspace_size);
 void kcu_gemm_release(kcu_gemm *g);
 
 /* Tests set this to make the GEMV choice without timing: 0 never, 1 always where it may run;

@@ -986,7 +986,55 @@ static void test_states(void) {
   }
 }
 
+/* A permute that moves only size-1 dims shares its input's bytes (no copy); one that moves a
+ * larger dim gets a block of its own; both compute the permuted values. */
+static void test_permute_views(void) {
+  kiln_error err = {KILN_OK, ""};
+  float x[8] = {1, -2, 3, -4, 5, -6, 7, -8}, y[8], z[8];
+  kiln_build_options opts;
+  kiln_build_options_default(&opts);
+  opts.fuse = 0;
+  kiln_builder *b = builder();
+  int32_t in = input(b, "x", KILN_F32, 3, D(4, 1, 2));
+  int32_t r = op(b, KILN_OP_RELU, T(in), 1, NULL, 0, NULL, 0);
+  int32_t unit = op(b, KILN_OP_PERMUTE, T(r), 1, I(1, 0, 2), 3, NULL, 0); /* [1,4,2] */
+  int32_t moved = op(b, KILN_OP_PERMUTE, T(r), 1, I(2, 1, 0), 3, NULL, 0); /* [2,1,4] */
+  output(b, op(b, KILN_OP_NEG, T(unit), 1, NULL, 0, NULL, 0), "y");
+  output(b, op(b, KILN_OP_NEG, T(moved), 1, NULL, 0, NULL, 0), "z");
+  built x_;
+  if (build(b, &opts, &x_)) {
+    uint32_t perms = 0;
+    for (uint32_t i = 0; i < x_.plan.n_ops; i++) {
+      const kiln_op *o = plan_op(&x_, i);
+      if (o->kind != KILN_OP_PERMUTE) continue;
+      uint64_t same = plan_tensor(&x_, o->output)->offset == plan_tensor(&x_, o->inputs[0])->offset;
+      CHECK(same == (o->iattr[0] == 1)); /* only the size-1 move sits on its input */
+      perms++;
+    }
+    CHECK(perms == 2);
+    kiln_engine *e = NULL;
+    kiln_engine_options o;
+    kiln_engine_options_default(&o);
+    o.device = KILN_DEVICE_CPU;
+    CHECK(kiln_engine_load(x_.blob, x_.size, &o, &e, &err) == KILN_OK);
+    kiln_tensor_view iv[1], ov[2];
+    memset(iv, 0, sizeof iv);
+    memset(ov, 0, sizeof ov);
+    iv[0] = (kiln_tensor_view){x, 32, KILN_F32, 3, {4, 1, 2}, {2, 2, 1}};
+    ov[0] = (kiln_tensor_view){y, 32, KILN_F32, 3, {1, 4, 2}, {8, 2, 1}};
+    ov[1] = (kiln_tensor_view){z, 32, KILN_F32, 3, {2, 1, 4}, {4, 4, 1}};
+    CHECK(e && kiln_engine_execute(e, iv, 1, ov, 2, &err) == KILN_OK);
+    for (int i = 0; i < 8; i++) CHECK(y[i] == (x[i] > 0 ? -x[i] : -0.0f));
+    for (int c = 0; c < 2; c++)
+      for (int n = 0; n < 4; n++) CHECK(z[c * 4 + n] == (x[n * 2 + c] > 0 ? -x[n * 2 + c] : -0.0f));
+    kiln_engine_destroy(e);
+    release(&x_);
+  }
+  kiln_builder_destroy(b);
+}
+
 int main(void) {
+  test_permute_views();
   test_states();
   test_shapes();
   test_shape_refusals();

@@ -2235,6 +2235,37 @@ static void test_state_write(void) {
   }
 }
 
+/* A GEMM timed at one load is not timed again at the next load of the same shape: the second
+ * engine takes the first's algorithm, so both compute the same bytes. */
+static void test_choice_cache(void) {
+  kiln_error err;
+  prog *p = p_new();
+  uint32_t x = IN(p, KILN_F16, 2, 136, 520);
+  uint32_t w = p_weight(p, KILN_F16, 2, DIMS(392, 520), -0.1, 0.1);
+  p_op(p, KILN_OP_LINEAR, 2, OPS(x, w), OUT(p, KILN_F16, 2, 136, 392), 0, NULL, 0);
+  kiln_engine *a = p_load(p, &kiln_cuda_backend, 0, &err);
+  kiln_engine *b = a ? p_load(p, &kiln_cuda_backend, 0, &err) : NULL;
+  CHECK(a != NULL && b != NULL);
+  if (a && b) {
+    kiln_cuda_stats sa, sb;
+    kiln_cuda_engine_stats(a, &sa, &err);
+    kiln_cuda_engine_stats(b, &sb, &err);
+    printf("choice cache: first load measured %llu reused %llu, second measured %llu reused %llu\n",
+           (unsigned long long)sa.choices_measured, (unsigned long long)sa.choices_reused,
+           (unsigned long long)sb.choices_measured, (unsigned long long)sb.choices_reused);
+    CHECK(sa.choices_measured == 1 && sa.choices_reused == 0);
+    CHECK(sb.choices_measured == 0 && sb.choices_reused == 1);
+    static uint16_t hx[136 * 520], ya[136 * 392], yb[136 * 392];
+    fill(hx, KILN_F16, 136 * 520, -1, 1);
+    void *in[1] = {hx}, *oa[1] = {ya}, *ob[1] = {yb};
+    CHECK(p_execute(a, p, in, oa, &err) == KILN_OK && p_execute(b, p, in, ob, &err) == KILN_OK);
+    CHECK(memcmp(ya, yb, sizeof ya) == 0);
+  }
+  p_unload(a);
+  p_unload(b);
+  p_free(p);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0); /* a run cut short keeps what it printed */
   int count = 0;
@@ -2272,6 +2303,7 @@ int main(int argc, char **argv) {
   test_state_write();
   if (only_filter) return check_report("test_cuda_ops --only");
   test_conv_noalloc();
+  test_choice_cache();
   test_residency();
   test_chunked_staging();
   test_refusals();
