@@ -99,6 +99,13 @@ template <int V> static __device__ __forceinline__ bool kfx_vec_ok(int dt) {
   return dt == KILN_F32 ? V % 4 == 0 : V == 8;
 }
 
+/* Element i of a float input (the plan parser accepts no other dtype). */
+static __device__ __forceinline__ float kfx_ld1(const void *p, int dt, int64_t i) {
+  if (dt == KILN_F32) return ((const float *)p)[i];
+  if (dt == KILN_F16) return __half2float(((const __half *)p)[i]);
+  return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+
 /* The 4 f32 or 8 f16/bf16 values of one 16-byte vector into v of N >= 4 floats (f16/bf16
  * only for N = 8). */
 template <int N>
@@ -141,7 +148,7 @@ template <int V>
 static __device__ __forceinline__ void kfx_gather(const void *src, int dt, int64_t at, int64_t s,
                                                   float *v) {
   if (s == 0) { /* broadcast along the innermost dim: one load */
-    float x = kcu_ld(src, dt, at);
+    float x = kfx_ld1(src, dt, at);
 #pragma unroll
     for (int k = 0; k < V; k++) v[k] = x;
     return;
@@ -203,24 +210,17 @@ static __device__ __forceinline__ void kfx_load(const kcu_fx &p, const kcu_fx_ma
   }
 #pragma unroll
   for (int k = 0; k < V; k++) /* the box splits the run: only its inside elements load */
-    if (c0 + k >= first && c0 + k < last) v[k] = kcu_ld(src, dt, at + (c0 + k - first) * s);
+    if (c0 + k >= first && c0 + k < last) v[k] = kfx_ld1(src, dt, at + (c0 + k - first) * s);
 }
 
-/* Issues a prefetch slot's load (a map of innermost stride 1 whose run is 16 bytes): LOADED
- * when the run lies in the box at an aligned address, ZERO when wholly outside, else NONE (the
- * LOAD then runs as kfx_load). */
+/* Issues a prefetch slot's load (a map of innermost stride 1 whose run is 16 bytes and whose
+ * box covers every outer dim): LOADED when the run lies in the box at an aligned address, ZERO
+ * when wholly outside, else NONE (the LOAD then runs as kfx_load). */
 template <int V>
 static __device__ __forceinline__ uint32_t kfx_prefetch(const kcu_fx &p, const kcu_fx_map &m,
                                                         const int64_t *coord, int64_t c0,
                                                         uint4 *raw) {
   const int ri = p.rank - 1;
-  if (!(m.box & KFX_OUTER)) {
-    bool inside = true;
-#pragma unroll
-    for (int d = 0; d < KILN_MAX_RANK - 1; d++)
-      if (d < ri) inside = inside && coord[d] >= m.lo[d] && coord[d] < m.hi[d];
-    if (!inside) return KFX_PF_ZERO;
-  }
   if (c0 + V <= m.lo[ri] || c0 >= m.hi[ri]) return KFX_PF_ZERO;
   if (c0 < m.lo[ri] || c0 + V > m.hi[ri]) return KFX_PF_NONE;
   int64_t at = m.offset + c0;
@@ -234,36 +234,50 @@ static __device__ __forceinline__ uint32_t kfx_prefetch(const kcu_fx &p, const k
   return KFX_PF_LOADED;
 }
 
+/* The long library functions (erff, tanhf, powf, logf, cosf, sinf) run one element per loop
+ * trip, the run rotating through registers, so their code is not copied V times. */
 template <int V>
 static __device__ __forceinline__ void kfx_unary(int op, const float *x, float prm, float *y) {
 #define KFX_UN(OP)                                                                              \
   case OP:                                                                                      \
     _Pragma("unroll") for (int k = 0; k < V; k++) y[k] = kcu_unop(OP, x[k], prm);               \
     break;
+#define KFX_UN_LONG(OP)                                                                         \
+  case OP:                                                                                      \
+    _Pragma("unroll 1") for (int k = 0; k < V; k++) {                                           \
+      float r = kcu_unop(OP, xs[0], prm);                                                       \
+      _Pragma("unroll") for (int i = 0; i + 1 < V; i++) xs[i] = xs[i + 1], y[i] = y[i + 1];     \
+      y[V - 1] = r;                                                                             \
+    }                                                                                           \
+    break;
+  float xs[V];
+#pragma unroll
+  for (int k = 0; k < V; k++) xs[k] = x[k];
   switch (op) {
   KFX_UN(KILN_OP_RELU)
-  KFX_UN(KILN_OP_GELU)
+  KFX_UN_LONG(KILN_OP_GELU)
   KFX_UN(KILN_OP_SILU)
   KFX_UN(KILN_OP_SIGMOID)
-  KFX_UN(KILN_OP_TANH)
+  KFX_UN_LONG(KILN_OP_TANH)
   KFX_UN(KILN_OP_EXP)
   KFX_UN(KILN_OP_SQRT)
   KFX_UN(KILN_OP_RSQRT)
   KFX_UN(KILN_OP_NEG)
-  KFX_UN(KILN_OP_POW)
+  KFX_UN_LONG(KILN_OP_POW)
   KFX_UN(KILN_OP_ABS)
-  KFX_UN(KILN_OP_LOG)
-  KFX_UN(KILN_OP_COS)
-  KFX_UN(KILN_OP_SIN)
-  KFX_UN(KILN_OP_ERF)
+  KFX_UN_LONG(KILN_OP_LOG)
+  KFX_UN_LONG(KILN_OP_COS)
+  KFX_UN_LONG(KILN_OP_SIN)
+  KFX_UN_LONG(KILN_OP_ERF)
   KFX_UN(KILN_OP_HARDSWISH)
   KFX_UN(KILN_OP_HARDSIGMOID)
-  default:
+  default: /* unreachable: the plan parser accepts only the kinds above (pointwise_steps.c) */
 #pragma unroll
-    for (int k = 0; k < V; k++) y[k] = kcu_unop(op, x[k], prm); /* CAST and any other */
+    for (int k = 0; k < V; k++) y[k] = x[k];
     break;
   }
 #undef KFX_UN
+#undef KFX_UN_LONG
 }
 
 template <int V>
@@ -279,9 +293,9 @@ static __device__ __forceinline__ void kfx_binary(int op, const float *a, const 
   KFX_BIN(KILN_OP_MUL)
   KFX_BIN(KILN_OP_MINIMUM)
   KFX_BIN(KILN_OP_MAXIMUM)
-  default:
+  default: /* DIV, the one kind left (pointwise_steps.c) */
 #pragma unroll
-    for (int k = 0; k < V; k++) y[k] = kcu_binop(op, a[k], b[k], alpha); /* DIV */
+    for (int k = 0; k < V; k++) y[k] = kcu_binop(KILN_OP_DIV, a[k], b[k], alpha);
     break;
   }
 #undef KFX_BIN
@@ -586,11 +600,13 @@ cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
   /* a run is 16 bytes of output where the innermost dim divides into such runs */
   v = out->dtype == KILN_F32 ? 4 : 8;
   while (v > 1 && p.dims[p.rank - 1] % v != 0) v /= 2;
-  /* the first loads whose run is one 16-byte vector of their input take prefetch slots */
+  /* the first loads whose run is one 16-byte vector of their input, boxed on the innermost
+   * dim at most, take prefetch slots */
   for (uint32_t i = 0; i < prog.n_instrs && p.n_pf < KFX_PF && kcu_fused_prefetch_on; i++) {
     if (prog.instrs[i].code != KILN_FX_LOAD) continue;
     const kcu_fx_map *m = &p.maps[prog.instrs[i].arg];
-    if (m->stride[p.rank - 1] != 1 || v * (p.in_dtype[m->slot] == KILN_F32 ? 4 : 2) != 16)
+    if (m->stride[p.rank - 1] != 1 || v * (p.in_dtype[m->slot] == KILN_F32 ? 4 : 2) != 16 ||
+        !(m->box & KFX_OUTER))
       continue;
     p.pf_map[p.n_pf++] = (int8_t)prog.instrs[i].arg;
     p.flags[i] |= KFX_PF_NEXT;
