@@ -49,7 +49,7 @@ typedef struct kcu_fx {
   int64_t dims[KILN_MAX_RANK]; /* coalesced */
   kcu_fx_map maps[KILN_FX_MAX_MAPS];
   uint32_t code[KILN_FX_MAX_INSTRS]; /* code | dst << 4 | a << 8 | b << 12 | arg << 16 */
-  uint8_t flags[KILN_FX_MAX_INSTRS]; /* KFX_A_ACC | KFX_B_ACC | KFX_SPILL */
+  uint8_t flags[KILN_FX_MAX_INSTRS]; /* KFX_A_ACC | KFX_B_ACC | KFX_SPILL | KFX_PF_NEXT */
   union {
     float f;     /* POW's exponent, GELU's tanh flag, ADD/SUB's alpha */
     int64_t i;   /* SELECT's bound */

@@ -81,7 +81,8 @@ static inline void fx_map(int64_t *m, int32_t r, int64_t slot, int64_t offset,
                           const int64_t *stride, const int64_t *lo, const int64_t *hi) {
   m[0] = slot;
   m[1] = offset;
-  for (int32_t d = 0; d < r; d++) m[2 + d] = stride[d], m[2 + r + d] = lo[d], m[2 + 2 * r + d] = hi[d];
+  for (int32_t d = 0; d < r; d++)
+    m[2 + d] = stride[d], m[2 + r + d] = lo[d], m[2 + 2 * r + d] = hi[d];
 }
 
 /* Over out of rank r (<= 8) and dims, with inputs x [numel + 8] (flat), y [dims[r-1]] and
