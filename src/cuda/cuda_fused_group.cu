@@ -343,11 +343,14 @@ static __device__ __forceinline__ void kfx_store(const kcu_fx &p, void *out, int
   }
 }
 
+/* Threads per block: with prefetch slots (about 90 registers) blocks of 128, five to an SM;
+ * without (64), blocks of 256, four to an SM. */
+#define KFX_BLOCK(pf) ((pf) ? 128 : KCU_BLOCK)
+
 /* __grid_constant__: the maps are indexed at run time, and this keeps them in the parameter
- * space instead of a per-thread copy. PF: prefetch slots (0 or KFX_PF), which take registers:
- * two blocks per SM with them, four without. */
+ * space instead of a per-thread copy. PF: prefetch slots (0 or KFX_PF). */
 template <int V, int PF>
-__global__ void __launch_bounds__(KCU_BLOCK, PF ? 2 : 4)
+__global__ void __launch_bounds__(KFX_BLOCK(PF), PF ? 5 : 4)
     kcu_fx_kernel(const __grid_constant__ kcu_fx p, void *out, int64_t n_runs) {
   extern __shared__ float4 kfx_rf_mem[];
   float *rf = (float *)kfx_rf_mem;
@@ -534,7 +537,7 @@ static void fx_schedule(kcu_fx *p, const kiln_fx_prog *prog) {
 
 template <int V, int PF>
 static void fx_launch(cudaStream_t s, const kcu_fx &p, void *out, int64_t numel) {
-  int64_t n_runs = numel / V, block = KCU_BLOCK;
+  int64_t n_runs = numel / V, block = KFX_BLOCK(PF);
   size_t per_thread = (size_t)p.n_rf * V * sizeof(float);
   while (block > 32 && per_thread * (size_t)block > 48 * 1024) block /= 2;
   int64_t blocks = (n_runs + block - 1) / block;
