@@ -4,8 +4,10 @@
  * is decoded on the host into a kernel argument (so a captured graph keeps it), with the
  * output's dims coalesced where every map allows; registers are f32 and each instruction uses
  * the unfused ops' device math (cuda_device.cuh), rounding where the program says an unfused op
- * or cast would. The last instruction's result stays in real registers; a register read later
- * than the next instruction goes through a shared-memory register file. */
+ * or cast would. The last instruction's result stays in real registers (each instruction works
+ * in place on it); a register read later than the next instruction goes through a
+ * shared-memory register file. Outputs under 2^32 elements whose inputs are under 2^31 use
+ * 32-bit coordinates and addresses (wrapping sums whose in-box total is exact). */
 #include "core/fused_program.h"
 #include "cuda_device.cuh"
 
@@ -20,15 +22,8 @@ enum {
 enum {
   KFX_A_ACC = 1, /* operand a is the previous instruction's result */
   KFX_B_ACC = 2, /* operand b is */
-  KFX_SPILL = 4, /* the result is read again after the next instruction */
-  KFX_PF_NEXT = 8 /* a LOAD that takes the next prefetch slot */
+  KFX_SPILL = 4  /* the result is read again after the next instruction */
 };
-
-/* Loads issued together at the start of a run, so their latencies overlap: one 16-byte vector
- * each, held raw until the program reaches its LOAD; the LOADs take them in order, as a queue
- * (an indexed slot would put the array in local memory). */
-#define KFX_PF 6
-enum { KFX_PF_NONE = 0, KFX_PF_LOADED = 1, KFX_PF_ZERO = 2 };
 
 typedef struct kcu_fx_map {
   int32_t slot, box; /* box: KFX_FULL | KFX_OUTER | KFX_INNER */
@@ -39,17 +34,14 @@ typedef struct kcu_fx_map {
 /* The program as the kernel reads it: about 3.5 KB, under the 4 KB a kernel argument takes. */
 typedef struct kcu_fx {
   int32_t rank, n_instrs, out_dtype;
-  int32_t narrow;   /* the output has fewer than 2^32 elements: 32-bit index division */
   int32_t out_vec;  /* the output is 16-byte aligned: a run of 16 bytes stores as one vector */
   int32_t n_rf;     /* registers in the shared-memory register file */
-  int32_t n_pf;     /* prefetch slots, each the map in pf_map */
-  int8_t pf_map[KFX_PF];
   int32_t in_dtype[KILN_MAX_OP_INPUTS];
   const void *in[KILN_MAX_OP_INPUTS];
   int64_t dims[KILN_MAX_RANK]; /* coalesced */
   kcu_fx_map maps[KILN_FX_MAX_MAPS];
   uint32_t code[KILN_FX_MAX_INSTRS]; /* code | dst << 4 | a << 8 | b << 12 | arg << 16 */
-  uint8_t flags[KILN_FX_MAX_INSTRS]; /* KFX_A_ACC | KFX_B_ACC | KFX_SPILL | KFX_PF_NEXT */
+  uint8_t flags[KILN_FX_MAX_INSTRS]; /* KFX_A_ACC | KFX_B_ACC | KFX_SPILL */
   union {
     float f;     /* POW's exponent, GELU's tanh flag, ADD/SUB's alpha */
     int64_t i;   /* SELECT's bound */
@@ -143,17 +135,17 @@ static __device__ __forceinline__ void kfx_ld_vec(const char *addr, int dt, floa
   if (V == 8) kfx_unpack16<8>(*(const uint4 *)addr, dt, v);
 }
 
-/* v[k] = element at + k * s of src, for every k of the run (each address inside the box). */
-template <int V>
-static __device__ __forceinline__ void kfx_gather(const void *src, int dt, int64_t at, int64_t s,
-                                                  float *v) {
+/* v[k] = element at + k * s of src, for every k of the run (each address inside the box);
+ * I is the index type (uint32_t: sums wrap, the in-box total is exact). */
+template <int V, typename I>
+static __device__ __forceinline__ void kfx_gather(const void *src, int dt, I at, I s, float *v) {
   if (s == 0) { /* broadcast along the innermost dim: one load */
-    float x = kfx_ld1(src, dt, at);
+    float x = kfx_ld1(src, dt, (int64_t)at);
 #pragma unroll
     for (int k = 0; k < V; k++) v[k] = x;
     return;
   }
-  const char *addr = (const char *)src + at * (dt == KILN_F32 ? 4 : 2);
+  const char *addr = (const char *)src + (int64_t)at * (dt == KILN_F32 ? 4 : 2);
   if (s == 1 && kfx_vec_ok<V>(dt) && ((uintptr_t)addr & 15u) == 0) {
     kfx_ld_vec<V>(addr, dt, v);
     return;
@@ -161,24 +153,24 @@ static __device__ __forceinline__ void kfx_gather(const void *src, int dt, int64
   switch (dt) {
   case KILN_F32:
 #pragma unroll
-    for (int k = 0; k < V; k++) v[k] = ((const float *)src)[at + k * s];
+    for (int k = 0; k < V; k++) v[k] = ((const float *)src)[(int64_t)(I)(at + (I)k * s)];
     break;
   case KILN_F16:
 #pragma unroll
-    for (int k = 0; k < V; k++) v[k] = __half2float(((const __half *)src)[at + k * s]);
+    for (int k = 0; k < V; k++) v[k] = __half2float(((const __half *)src)[(int64_t)(I)(at + (I)k * s)]);
     break;
   default:
 #pragma unroll
-    for (int k = 0; k < V; k++) v[k] = __bfloat162float(((const __nv_bfloat16 *)src)[at + k * s]);
+    for (int k = 0; k < V; k++) v[k] = __bfloat162float(((const __nv_bfloat16 *)src)[(int64_t)(I)(at + (I)k * s)]);
     break;
   }
 }
 
 /* LOAD through map m for the run at outer coordinates coord and innermost c0..c0+V: zero
  * outside the box, and an address computed only inside it (the plan parser bounds it there). */
-template <int V>
+template <int V, typename I>
 static __device__ __forceinline__ void kfx_load(const kcu_fx &p, const kcu_fx_map &m,
-                                                const int64_t *coord, int64_t c0, float *v) {
+                                                const I *coord, I c0, float *v) {
   const int ri = p.rank - 1;
 #pragma unroll
   for (int k = 0; k < V; k++) v[k] = 0.0f;
@@ -186,52 +178,32 @@ static __device__ __forceinline__ void kfx_load(const kcu_fx &p, const kcu_fx_ma
     bool inside = true;
 #pragma unroll
     for (int d = 0; d < KILN_MAX_RANK - 1; d++)
-      if (d < ri) inside = inside && coord[d] >= m.lo[d] && coord[d] < m.hi[d];
+      if (d < ri) inside = inside && coord[d] >= (I)m.lo[d] && coord[d] < (I)m.hi[d];
     if (!inside) return;
   }
-  int64_t at = m.offset;
+  I at = (I)m.offset;
 #pragma unroll
   for (int d = 0; d < KILN_MAX_RANK - 1; d++)
-    if (d < ri) at += coord[d] * m.stride[d];
+    if (d < ri) at += coord[d] * (I)m.stride[d];
   const void *src = p.in[m.slot];
   const int dt = p.in_dtype[m.slot];
-  const int64_t s = m.stride[ri];
+  const I s = (I)m.stride[ri];
   if (m.box & KFX_INNER) {
-    kfx_gather<V>(src, dt, at + c0 * s, s, v);
+    kfx_gather<V, I>(src, dt, (I)(at + c0 * s), s, v);
     return;
   }
-  int64_t first = c0 > m.lo[ri] ? c0 : m.lo[ri];
-  int64_t last = c0 + V < m.hi[ri] ? c0 + V : m.hi[ri];
+  I lo = (I)m.lo[ri], hi = (I)m.hi[ri];
+  I first = c0 > lo ? c0 : lo, last = c0 + V < hi ? c0 + V : hi;
   if (first >= last) return;
   at += first * s;
   if (first == c0 && last == c0 + V) {
-    kfx_gather<V>(src, dt, at, s, v);
+    kfx_gather<V, I>(src, dt, at, s, v);
     return;
   }
 #pragma unroll
   for (int k = 0; k < V; k++) /* the box splits the run: only its inside elements load */
-    if (c0 + k >= first && c0 + k < last) v[k] = kfx_ld1(src, dt, at + (c0 + k - first) * s);
-}
-
-/* Issues a prefetch slot's load (a map of innermost stride 1 whose run is 16 bytes and whose
- * box covers every outer dim): LOADED when the run lies in the box at an aligned address, ZERO
- * when wholly outside, else NONE (the LOAD then runs as kfx_load). */
-template <int V>
-static __device__ __forceinline__ uint32_t kfx_prefetch(const kcu_fx &p, const kcu_fx_map &m,
-                                                        const int64_t *coord, int64_t c0,
-                                                        uint4 *raw) {
-  const int ri = p.rank - 1;
-  if (c0 + V <= m.lo[ri] || c0 >= m.hi[ri]) return KFX_PF_ZERO;
-  if (c0 < m.lo[ri] || c0 + V > m.hi[ri]) return KFX_PF_NONE;
-  int64_t at = m.offset + c0;
-#pragma unroll
-  for (int d = 0; d < KILN_MAX_RANK - 1; d++)
-    if (d < ri) at += coord[d] * m.stride[d];
-  const int dt = p.in_dtype[m.slot];
-  const char *addr = (const char *)p.in[m.slot] + at * (dt == KILN_F32 ? 4 : 2);
-  if ((uintptr_t)addr & 15u) return KFX_PF_NONE;
-  *raw = *(const uint4 *)addr;
-  return KFX_PF_LOADED;
+    if (c0 + k >= first && c0 + k < last)
+      v[k] = kfx_ld1(src, dt, (int64_t)(I)(at + (c0 + k - first) * s));
 }
 
 /* The long library functions (erff, tanhf, powf, logf, cosf, sinf) run one element per loop
@@ -343,114 +315,74 @@ static __device__ __forceinline__ void kfx_store(const kcu_fx &p, void *out, int
   }
 }
 
-/* Threads per block: with prefetch slots (about 90 registers) blocks of 128, five to an SM;
- * without (64), blocks of 256, four to an SM. */
-#define KFX_BLOCK(pf) ((pf) ? 128 : KCU_BLOCK)
+/* Operands of instruction s into xa (which holds the previous result) and xb. */
+template <int V>
+static __device__ __forceinline__ void kfx_operands(const float *rf, uint32_t code, uint32_t a,
+                                                    uint32_t b, uint32_t fl, float *xa,
+                                                    float *xb) {
+  if (code == KILN_FX_BINARY || code == KILN_FX_SELECT) {
+    if (fl & KFX_B_ACC) {
+#pragma unroll
+      for (int k = 0; k < V; k++) xb[k] = xa[k];
+    } else {
+      kfx_rf_get<V>(rf, b, xb);
+    }
+  }
+  if (code != KILN_FX_LOAD && !(fl & KFX_A_ACC)) kfx_rf_get<V>(rf, a, xa);
+}
 
 /* __grid_constant__: the maps are indexed at run time, and this keeps them in the parameter
- * space instead of a per-thread copy. PF: prefetch slots (0 or KFX_PF). */
-template <int V, int PF>
-__global__ void __launch_bounds__(KFX_BLOCK(PF), PF ? 5 : 4)
+ * space instead of a per-thread copy. I: the index type (uint32_t narrow, int64_t wide). */
+template <int V, typename I>
+__global__ void __launch_bounds__(KCU_BLOCK, 4)
     kcu_fx_kernel(const __grid_constant__ kcu_fx p, void *out, int64_t n_runs) {
   extern __shared__ float4 kfx_rf_mem[];
   float *rf = (float *)kfx_rf_mem;
   const int ri = p.rank - 1;
-  const int64_t row_runs = p.dims[ri] / V;
+  const I row_runs = (I)(p.dims[ri] / V);
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n_runs; j += stride) {
-    int64_t coord[KILN_MAX_RANK - 1], c0;
-    float acc[V], xa[V], xb[V], y[V];
-    if (p.narrow) { /* a 64-bit division costs several times a 32-bit one */
-      uint32_t r32 = (uint32_t)j;
-      c0 = (int64_t)(r32 % (uint32_t)row_runs) * V;
-      r32 /= (uint32_t)row_runs;
+    I coord[KILN_MAX_RANK - 1], rest = (I)j, c0 = (I)(rest % row_runs) * V;
+    float xa[V], xb[V];
+    rest /= row_runs;
 #pragma unroll
-      for (int d = KILN_MAX_RANK - 2; d >= 0; d--)
-        if (d < ri) {
-          coord[d] = r32 % (uint32_t)p.dims[d];
-          r32 /= (uint32_t)p.dims[d];
-        }
-    } else {
-      int64_t rest = j / row_runs;
-      c0 = (j % row_runs) * V;
+    for (int d = KILN_MAX_RANK - 2; d >= 0; d--)
+      if (d < ri) {
+        coord[d] = rest % (I)p.dims[d];
+        rest /= (I)p.dims[d];
+      }
 #pragma unroll
-      for (int d = KILN_MAX_RANK - 2; d >= 0; d--)
-        if (d < ri) {
-          coord[d] = rest % p.dims[d];
-          rest /= p.dims[d];
-        }
-    }
-    uint4 pf[PF ? PF : 1];
-    uint32_t pf_state = 0; /* two bits per slot */
-#pragma unroll
-    for (int q = 0; q < PF; q++)
-      if (q < p.n_pf)
-        pf_state |= kfx_prefetch<V>(p, p.maps[p.pf_map[q]], coord, c0, &pf[q]) << (2 * q);
-#pragma unroll
-    for (int k = 0; k < V; k++) acc[k] = 0.0f;
+    for (int k = 0; k < V; k++) xa[k] = 0.0f;
     for (int s = 0; s < p.n_instrs; s++) {
       uint32_t w = p.code[s], code = w & 15u, dst = (w >> 4) & 15u, a = (w >> 8) & 15u;
       uint32_t b = (w >> 12) & 15u, arg = w >> 16, fl = p.flags[s];
-      if (code != KILN_FX_LOAD) {
-        if (fl & KFX_A_ACC) {
-#pragma unroll
-          for (int k = 0; k < V; k++) xa[k] = acc[k];
-        } else {
-          kfx_rf_get<V>(rf, a, xa);
-        }
-      }
-      if (code == KILN_FX_BINARY || code == KILN_FX_SELECT) {
-        if (fl & KFX_B_ACC) {
-#pragma unroll
-          for (int k = 0; k < V; k++) xb[k] = acc[k];
-        } else {
-          kfx_rf_get<V>(rf, b, xb);
-        }
-      }
+      kfx_operands<V>(rf, code, a, b, fl, xa, xb);
       switch (code) {
-      case KILN_FX_LOAD: {
-        uint32_t st = PF && (fl & KFX_PF_NEXT) ? pf_state & 3u : KFX_PF_NONE;
-        uint4 raw = pf[0];
-        if (PF && (fl & KFX_PF_NEXT)) {
-#pragma unroll
-          for (int i = 0; i + 1 < PF; i++) pf[i] = pf[i + 1];
-          pf_state >>= 2;
-        }
-        if (st == KFX_PF_ZERO) {
-#pragma unroll
-          for (int k = 0; k < V; k++) y[k] = 0.0f;
-        } else if (st == KFX_PF_LOADED && V >= 4) {
-          kfx_unpack16<V >= 4 ? V : 4>(raw, p.in_dtype[p.maps[arg].slot], y);
-        } else {
-          kfx_load<V>(p, p.maps[arg], coord, c0, y);
-        }
-        break;
-      }
-      case KILN_FX_UNARY: kfx_unary<V>((int)arg, xa, p.imm[s].f, y); break;
-      case KILN_FX_BINARY: kfx_binary<V>((int)arg, xa, xb, p.imm[s].f, y); break;
+      case KILN_FX_LOAD: kfx_load<V, I>(p, p.maps[arg], coord, c0, xa); break;
+      case KILN_FX_UNARY: kfx_unary<V>((int)arg, xa, p.imm[s].f, xa); break;
+      case KILN_FX_BINARY: kfx_binary<V>((int)arg, xa, xb, p.imm[s].f, xa); break;
       case KILN_FX_ROUND:
 #pragma unroll
-        for (int k = 0; k < V; k++) y[k] = kcu_fx_round((int)arg, xa[k]);
+        for (int k = 0; k < V; k++) xa[k] = kcu_fx_round((int)arg, xa[k]);
         break;
       case KILN_FX_SELECT:
         if ((int)arg == ri) { /* on the innermost coordinate: per element */
+          I bound = (I)p.imm[s].i;
 #pragma unroll
-          for (int k = 0; k < V; k++) y[k] = c0 + k < p.imm[s].i ? xa[k] : xb[k];
+          for (int k = 0; k < V; k++) xa[k] = c0 + k < bound ? xa[k] : xb[k];
         } else { /* on an outer one: once per run */
-          int64_t c = coord[0];
+          I c = coord[0];
 #pragma unroll
           for (int d = 1; d < KILN_MAX_RANK - 1; d++)
             if ((int)arg == d) c = coord[d];
-          bool first = c < p.imm[s].i;
+          bool first = c < (I)p.imm[s].i;
 #pragma unroll
-          for (int k = 0; k < V; k++) y[k] = first ? xa[k] : xb[k];
+          for (int k = 0; k < V; k++) xa[k] = first ? xa[k] : xb[k];
         }
         break;
       default: kfx_store<V>(p, out, j * V, xa); continue; /* STORE */
       }
-#pragma unroll
-      for (int k = 0; k < V; k++) acc[k] = y[k];
-      if (fl & KFX_SPILL) kfx_rf_put<V>(rf, dst, y);
+      if (fl & KFX_SPILL) kfx_rf_put<V>(rf, dst, xa);
     }
   }
 }
@@ -535,18 +467,16 @@ static void fx_schedule(kcu_fx *p, const kiln_fx_prog *prog) {
   }
 }
 
-template <int V, int PF>
+template <int V, typename I>
 static void fx_launch(cudaStream_t s, const kcu_fx &p, void *out, int64_t numel) {
-  int64_t n_runs = numel / V, block = KFX_BLOCK(PF);
+  int64_t n_runs = numel / V, block = KCU_BLOCK;
   size_t per_thread = (size_t)p.n_rf * V * sizeof(float);
   while (block > 32 && per_thread * (size_t)block > 48 * 1024) block /= 2;
   int64_t blocks = (n_runs + block - 1) / block;
   if (blocks > 65535LL * 16) blocks = 65535LL * 16;
-  kcu_fx_kernel<V, PF><<<(unsigned)blocks, (unsigned)block, per_thread * (size_t)block, s>>>(
+  kcu_fx_kernel<V, I><<<(unsigned)blocks, (unsigned)block, per_thread * (size_t)block, s>>>(
       p, out, n_runs);
 }
-
-int kcu_fused_prefetch_on = 1;
 
 cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
                       const kcu_tensor *in, const kcu_tensor *out) {
@@ -564,7 +494,6 @@ cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
   p.rank = prog.rank;
   p.n_instrs = (int32_t)prog.n_instrs;
   p.out_dtype = out->dtype;
-  p.narrow = out->numel <= (int64_t)UINT32_MAX;
   p.out_vec = ((uintptr_t)out->data & 15u) == 0;
   for (uint32_t k = 0; k < op->n_inputs; k++) p.in[k] = in[k].data, p.in_dtype[k] = in[k].dtype;
   for (int d = 0; d < out->rank; d++) p.dims[d] = out->dims[d];
@@ -603,28 +532,18 @@ cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
   /* a run is 16 bytes of output where the innermost dim divides into such runs */
   v = out->dtype == KILN_F32 ? 4 : 8;
   while (v > 1 && p.dims[p.rank - 1] % v != 0) v /= 2;
-  /* the first loads whose run is one 16-byte vector of their input, boxed on the innermost
-   * dim at most, take prefetch slots */
-  for (uint32_t i = 0; i < prog.n_instrs && p.n_pf < KFX_PF && kcu_fused_prefetch_on; i++) {
-    if (prog.instrs[i].code != KILN_FX_LOAD) continue;
-    const kcu_fx_map *m = &p.maps[prog.instrs[i].arg];
-    if (m->stride[p.rank - 1] != 1 || v * (p.in_dtype[m->slot] == KILN_F32 ? 4 : 2) != 16 ||
-        !(m->box & KFX_OUTER))
-      continue;
-    p.pf_map[p.n_pf++] = (int8_t)prog.instrs[i].arg;
-    p.flags[i] |= KFX_PF_NEXT;
-  }
-  switch (v) { /* prefetch slots are for runs of 16 bytes: V = 8, or 4 of f32 */
-  case 8:
-    if (p.n_pf) fx_launch<8, KFX_PF>(s, p, out->data, out->numel);
-    else fx_launch<8, 0>(s, p, out->data, out->numel);
-    break;
-  case 4:
-    if (p.n_pf) fx_launch<4, KFX_PF>(s, p, out->data, out->numel);
-    else fx_launch<4, 0>(s, p, out->data, out->numel);
-    break;
-  case 2: fx_launch<2, 0>(s, p, out->data, out->numel); break;
-  default: fx_launch<1, 0>(s, p, out->data, out->numel); break;
-  }
+  /* 32-bit index math: every coordinate under 2^32 and every in-box address under 2^31 */
+  int narrow = out->numel <= (int64_t)UINT32_MAX;
+  for (uint32_t k = 0; k < op->n_inputs; k++) narrow &= in[k].numel <= (int64_t)INT32_MAX;
+  if (!narrow)
+    fx_launch<1, int64_t>(s, p, out->data, out->numel); /* runs of one: rare, so one variant */
+  else if (v == 8)
+    fx_launch<8, uint32_t>(s, p, out->data, out->numel);
+  else if (v == 4)
+    fx_launch<4, uint32_t>(s, p, out->data, out->numel);
+  else if (v == 2)
+    fx_launch<2, uint32_t>(s, p, out->data, out->numel);
+  else
+    fx_launch<1, uint32_t>(s, p, out->data, out->numel);
   return cudaGetLastError();
 }

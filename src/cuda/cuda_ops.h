@@ -63,9 +63,6 @@ cudaError_t kcu_fused_pointwise(cudaStream_t s, const kiln_op *op, const kcu_ten
 /* cuda_fused_group.cu: FUSED, its register program interpreted per run of output elements. */
 cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
                       const kcu_tensor *in, const kcu_tensor *out);
-/* Whether kcu_fused issues a run's vector loads together up front (1, the default); the
- * FUSED bench turns it off to time the kernel without. */
-extern int kcu_fused_prefetch_on;
 
 /* cuda_normalize.cu */
 cudaError_t kcu_softmax(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *out, int32_t dim,

@@ -555,19 +555,13 @@ static void test_fused_runs(void) {
       /* f32, f16, bf16 alike; then f16 out of f32 inputs and bf16 out of f16 inputs */
       kiln_dtype dt = t < 3 ? float_types[t] : t == 3 ? KILN_F16 : KILN_BF16;
       kiln_dtype it = t < 3 ? dt : t == 3 ? KILN_F32 : KILN_F16;
-      uint32_t x, y, z, n;
-      prog *p;
-      for (int pf = 1; pf >= 0; pf--) { /* the run's vector loads up front, and inline */
-        kcu_fused_prefetch_on = pf;
-        p = p_new();
-        x = IN(p, it, 1, numel + 8), y = IN(p, it, 1, dims[r - 1]), z = IN(p, it, 1, dims[0]);
-        n = fx_runs(maps, code, r, dims);
-        p_fused(p, 3, OPS(x, y, z), p_tensor(p, KILN_STORE_OUTPUT, dt, r, dims), r, 7, maps, n, code);
-        snprintf(name, sizeof name, "fused runs %s %s of %s%s", shape, kiln_dtype_name(dt),
-                 kiln_dtype_name(it), pf ? "" : " inline");
-        compare(p, name, NULL);
-      }
-      kcu_fused_prefetch_on = 1;
+      prog *p = p_new();
+      uint32_t x = IN(p, it, 1, numel + 8), y = IN(p, it, 1, dims[r - 1]), z = IN(p, it, 1, dims[0]);
+      uint32_t n = fx_runs(maps, code, r, dims);
+      p_fused(p, 3, OPS(x, y, z), p_tensor(p, KILN_STORE_OUTPUT, dt, r, dims), r, 7, maps, n, code);
+      snprintf(name, sizeof name, "fused runs %s %s of %s", shape, kiln_dtype_name(dt),
+               kiln_dtype_name(it));
+      compare(p, name, NULL);
       if (t >= 3) continue;
       p = p_new(); /* contiguous maps: the dims coalesce into one */
       x = p_tensor(p, KILN_STORE_INPUT, dt, r, dims), y = p_tensor(p, KILN_STORE_INPUT, dt, r, dims);
@@ -1411,7 +1405,7 @@ static int cmp_float(const void *a, const void *b) {
 /* Times the FUSED kernel alone on p's one op (random inputs on the device): 20 launches
  * captured in a graph (so the host's per-launch decode is not timed), the median of 11 replays,
  * and the bytes of every input and the output over that time. */
-static void bench_fused_mode(const prog *p, const char *label) {
+static void bench_fused(const prog *p, const char *label) {
   enum { LAUNCHES = 20, REPLAYS = 11 };
   kiln_plan pl;
   kcu_tensor in[KILN_MAX_OP_INPUTS], out;
@@ -1462,8 +1456,7 @@ static void bench_fused_mode(const prog *p, const char *label) {
   if (ok) {
     qsort(ms, REPLAYS, sizeof ms[0], cmp_float);
     double us = ms[REPLAYS / 2] * 1e3 / LAUNCHES;
-    printf("%-50s %-8s %9.1f us %8.1f GB/s (%.1f MB)\n", label,
-           kcu_fused_prefetch_on ? "prefetch" : "inline", us, (double)bytes / (us * 1e3),
+    printf("%-52s %9.1f us %8.1f GB/s (%.1f MB)\n", label, us, (double)bytes / (us * 1e3),
            (double)bytes / 1e6);
   }
   if (exec) cudaGraphExecDestroy(exec);
@@ -1473,15 +1466,6 @@ static void bench_fused_mode(const prog *p, const char *label) {
   cudaStreamDestroy(st);
   for (uint32_t k = 0; k < op->n_inputs; k++) cudaFree(in[k].data);
   cudaFree(out.data);
-}
-
-/* bench_fused_mode with the run's loads issued up front and without. */
-static void bench_fused(const prog *p, const char *label) {
-  for (int on = 1; on >= 0; on--) {
-    kcu_fused_prefetch_on = on;
-    bench_fused_mode(p, label);
-  }
-  kcu_fused_prefetch_on = 1;
 }
 
 /* The FUSED groups of the Llama block and MobileNetV3 benchmarks at their shapes, and a plain
