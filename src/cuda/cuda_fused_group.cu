@@ -39,6 +39,10 @@ typedef struct kcu_fx {
   int32_t in_dtype[KILN_MAX_OP_INPUTS];
   const void *in[KILN_MAX_OP_INPUTS];
   int64_t dims[KILN_MAX_RANK]; /* coalesced */
+  /* 32-bit division by dims[d] (by the runs per row for the innermost) as a multiply: n / d =
+   * (t + ((n - t) >> s1)) >> s2 with t = umulhi(n, m) */
+  uint32_t div_m[KILN_MAX_RANK];
+  uint8_t div_s1[KILN_MAX_RANK], div_s2[KILN_MAX_RANK];
   kcu_fx_map maps[KILN_FX_MAX_MAPS];
   uint32_t code[KILN_FX_MAX_INSTRS]; /* code | dst << 4 | a << 8 | b << 12 | arg << 16 */
   uint8_t flags[KILN_FX_MAX_INSTRS]; /* KFX_A_ACC | KFX_B_ACC | KFX_SPILL */
@@ -49,6 +53,20 @@ typedef struct kcu_fx {
 } kcu_fx;
 
 static_assert(sizeof(kcu_fx) <= 4096, "a kernel argument takes at most 4 KB");
+
+static __device__ __forceinline__ uint32_t kfx_div(const kcu_fx &p, int d, uint32_t n) {
+  uint32_t t = __umulhi(n, p.div_m[d]);
+  return (t + ((n - t) >> p.div_s1[d])) >> p.div_s2[d];
+}
+
+/* The multiplier and shifts that divide every 32-bit n by d (1 <= d < 2^32). */
+static void fx_divisor(kcu_fx *p, int slot, uint64_t d) {
+  int l = 0;
+  while (((uint64_t)1 << l) < d) l++;
+  p->div_m[slot] = (uint32_t)(((uint64_t)1 << 32) * (((uint64_t)1 << l) - d) / d + 1);
+  p->div_s1[slot] = (uint8_t)(l > 0);
+  p->div_s2[slot] = (uint8_t)(l > 0 ? l - 1 : 0);
+}
 
 static __device__ __forceinline__ float kcu_fx_round(int dt, float v) {
   return dt == KILN_F16 ? __half2float(__float2half_rn(v))
@@ -342,15 +360,29 @@ __global__ void __launch_bounds__(KCU_BLOCK, 4)
   const I row_runs = (I)(p.dims[ri] / V);
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < n_runs; j += stride) {
-    I coord[KILN_MAX_RANK - 1], rest = (I)j, c0 = (I)(rest % row_runs) * V;
+    I coord[KILN_MAX_RANK - 1], rest = (I)j, c0;
     float xa[V], xb[V];
-    rest /= row_runs;
+    if (sizeof(I) == 4) { /* divisions as multiplies */
+      uint32_t q = kfx_div(p, ri, (uint32_t)rest);
+      c0 = (I)((uint32_t)rest - q * (uint32_t)row_runs) * V;
+      rest = (I)q;
 #pragma unroll
-    for (int d = KILN_MAX_RANK - 2; d >= 0; d--)
-      if (d < ri) {
-        coord[d] = rest % (I)p.dims[d];
-        rest /= (I)p.dims[d];
-      }
+      for (int d = KILN_MAX_RANK - 2; d >= 0; d--)
+        if (d < ri) {
+          q = kfx_div(p, d, (uint32_t)rest);
+          coord[d] = (I)((uint32_t)rest - q * (uint32_t)p.dims[d]);
+          rest = (I)q;
+        }
+    } else {
+      c0 = (rest % row_runs) * V;
+      rest /= row_runs;
+#pragma unroll
+      for (int d = KILN_MAX_RANK - 2; d >= 0; d--)
+        if (d < ri) {
+          coord[d] = rest % (I)p.dims[d];
+          rest /= (I)p.dims[d];
+        }
+    }
 #pragma unroll
     for (int k = 0; k < V; k++) xa[k] = 0.0f;
     for (int s = 0; s < p.n_instrs; s++) {
@@ -535,6 +567,10 @@ cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
   /* 32-bit index math: every coordinate under 2^32 and every in-box address under 2^31 */
   int narrow = out->numel <= (int64_t)UINT32_MAX;
   for (uint32_t k = 0; k < op->n_inputs; k++) narrow &= in[k].numel <= (int64_t)INT32_MAX;
+  if (narrow) {
+    fx_divisor(&p, p.rank - 1, (uint64_t)(p.dims[p.rank - 1] / v));
+    for (int d = 0; d + 1 < p.rank; d++) fx_divisor(&p, d, (uint64_t)p.dims[d]);
+  }
   if (!narrow)
     fx_launch<1, int64_t>(s, p, out->data, out->numel); /* runs of one: rare, so one variant */
   else if (v == 8)
