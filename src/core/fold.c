@@ -143,3 +143,41 @@ kiln_status kiln_recognize_gemm(kiln_graph *g, kiln_error *err) {
   free(uses);
   return KILN_OK;
 }
+
+/* 1 when a and b hold the same dtype, rank and sizes, symbolic ones included. */
+static int same_shape(const kiln_tensor_desc *a, const kiln_tensor_desc *b) {
+  if (a->dtype != b->dtype || a->rank != b->rank) return 0;
+  for (int32_t d = 0; d < a->rank; d++)
+    if (a->dims[d] != b->dims[d] || a->sym[d].symbol != b->sym[d].symbol ||
+        a->sym[d].coeff != b->sym[d].coeff || a->sym[d].offset != b->sym[d].offset)
+      return 0;
+  return 1;
+}
+
+/* 1 when t is what a state holds after the run (its write must stay an op's output). */
+static int is_state_value(const kiln_graph *g, int32_t t) {
+  for (uint32_t k = 0; k < g->n_states; k++)
+    if (g->states[k].value == t && g->states[k].tensor != t) return 1;
+  return 0;
+}
+
+kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err) {
+  (void)err;
+  for (uint32_t i = 0; i < g->n_ops; i++) {
+    kiln_op *op = &g->ops[i];
+    if (g->dead[i] || op->kind != KILN_OP_RESHAPE) continue;
+    const kiln_gtensor *in = &g->tensors[op->inputs[0]];
+    if (in->node == KILN_NODE_OP && in->producer >= 0 && !g->dead[in->producer] &&
+        g->ops[in->producer].kind == KILN_OP_RESHAPE)
+      op->inputs[0] = g->ops[in->producer].inputs[0];
+    int32_t src = (int32_t)op->inputs[0], out = (int32_t)op->output;
+    if (!same_shape(&g->tensors[src].desc, &g->tensors[out].desc) ||
+        kiln_graph_is_output(g, out) || is_state_value(g, out))
+      continue;
+    for (uint32_t j = i + 1; j < g->n_ops; j++)
+      for (uint32_t k = 0; !g->dead[j] && k < g->ops[j].n_inputs; k++)
+        if ((int32_t)g->ops[j].inputs[k] == out) g->ops[j].inputs[k] = (uint32_t)src;
+    g->dead[i] = 1;
+  }
+  return KILN_OK;
+}

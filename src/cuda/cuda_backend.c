@@ -80,6 +80,7 @@ typedef struct kcu_state {
   void *conv_ws;       /* one workspace for every convolution, sized for the chosen algorithms */
   size_t conv_ws_size;
   void *attn_scratch;  /* scores of the SDPA op (or SwiGLU's gate and up) being run */
+  size_t attn_scratch_bytes;
   cudaGraphExec_t graph_host, graph_dev;
   void **dev_in, **dev_out;   /* caller addresses graph_dev was last updated with */
   void **run_in, **run_out;   /* addresses of the run in progress */
@@ -234,7 +235,8 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
     if (s->attn[i].active)
       return kcu_attn_gemm_run(&s->attn[i], s->lt, st, in, mask, &out, causal, scale,
                                s->attn_scratch, s->workspace, s->workspace_size);
-    return kcu_attention(st, &q, &k, &v, mask, &o, causal, scale, packed ? &geo : NULL);
+    return kcu_attention(st, &q, &k, &v, mask, &o, causal, scale, packed ? &geo : NULL,
+                         s->attn_scratch, s->attn_scratch_bytes);
   }
   case KILN_OP_POINTWISE:
     return kcu_fused_pointwise(st, op, in, &out);
@@ -480,10 +482,11 @@ static kiln_status kcu_setup_io(kcu_state *s, const kiln_engine *e, kiln_error *
   return KILN_OK;
 }
 
-/* Whether SDPA op i will run on the flash kernel, decided on the plan: arena and weight
- * tensors lie at their offsets from 256-byte-aligned bases and caller buffers are bound only
- * when 256-byte aligned (else staged), so the offsets stand in for the addresses. */
-static int kcu_flash_planned(const kiln_plan *p, uint32_t i) {
+/* Whether SDPA op i needs no score buffer: it runs on the flash kernel, or it has so few query
+ * rows that the fused kernel splits its keys. Decided on the plan: arena and weight tensors lie
+ * at their offsets from 256-byte-aligned bases and caller buffers are bound only when 256-byte
+ * aligned (else staged), so the offsets stand in for the addresses. */
+static int kcu_sdpa_scoreless(const kiln_plan *p, uint32_t i) {
   const kiln_op *op = &p->ops[i];
   kcu_tensor t[KILN_MAX_OP_INPUTS], out, q, k, v, o;
   const kcu_tensor *mask;
@@ -503,7 +506,7 @@ static int kcu_flash_planned(const kiln_plan *p, uint32_t i) {
     }
   }
   kcu_sdpa_operands(op, t, &out, &q, &k, &v, &mask, &o, &geo);
-  return kcu_flash_fits(&q, &k, &v, mask, &o);
+  return kcu_flash_fits(&q, &k, &v, mask, &o) || q.dims[q.rank - 2] <= KCU_ATTN_SPLIT_ROWS;
 }
 
 static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error *err) {
@@ -516,7 +519,7 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     attention |= p->ops[i].kind == KILN_OP_SDPA;
     convs |= kiln_is_conv_op(p->ops[i].kind);
     attn_gemm |= p->ops[i].kind == KILN_OP_SDPA && !kcu_sdpa_packed(&p->ops[i]) &&
-                 !kcu_flash_planned(p, i);
+                 !kcu_sdpa_scoreless(p, i);
   }
   s->gemm = (kcu_gemm *)kcu_calloc(s, p->n_ops, sizeof(kcu_gemm));
   s->attn = (kcu_attn_gemm *)kcu_calloc(s, p->n_ops, sizeof(kcu_attn_gemm));
@@ -552,10 +555,19 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     if (st != KILN_OK) return st;
   }
   uint64_t scratch = 0;
+  int sms = 0;
+  if (attention && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, s->device) != cudaSuccess)
+    sms = 0, cudaGetLastError();
   for (uint32_t i = 0; i < p->n_ops; i++) {
     if (p->ops[i].kind != KILN_OP_SDPA) continue;
-    /* no score buffer, no matmuls: the flash kernel, or packed heads on the fused kernel */
-    if (kcu_sdpa_packed(&p->ops[i]) || kcu_flash_planned(p, i)) continue;
+    /* no score buffer, no matmuls: the flash kernel, or the fused kernel for packed heads and
+     * for a few query rows (split keys, their partial rows in the scratch) */
+    if (kcu_sdpa_packed(&p->ops[i]) || kcu_sdpa_scoreless(p, i)) {
+      const kiln_tensor_desc *o = &p->tensors[p->ops[i].output];
+      if (sms > 0 && kcu_attention_part_bytes(o->dims[o->rank - 1], sms) > scratch)
+        scratch = kcu_attention_part_bytes(o->dims[o->rank - 1], sms);
+      continue;
+    }
     kiln_status st = kcu_attn_gemm_init(&s->attn[i], s->lt, p, i, e->metadata.allow_tf32,
                                         s->workspace_size, err);
     if (st != KILN_OK) return st;
@@ -567,6 +579,7 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
    * run one after another on one stream. */
   kiln_status sst = kcu_dev_alloc(s, &s->attn_scratch, (size_t)scratch, "attention scores", err);
   if (sst != KILN_OK) return sst;
+  s->attn_scratch_bytes = (size_t)scratch;
   for (uint32_t i = 0; i < p->n_ops; i++)
     if (s->gemm[i].swiglu) s->gemm[i].glu_scratch = s->attn_scratch;
   if (attention) {

@@ -307,6 +307,7 @@ int kcu_flash_fits(const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v
       v->dims[v->rank - 2] != S || out->dims[out->rank - 1] != E)
     return 0;
   if (L < 1 || S < 1 || L > INT32_MAX || S > INT32_MAX || out->numel < 1) return 0;
+  if (L <= KCU_ATTN_SPLIT_ROWS) return 0; /* decoding: the fused kernel splits the keys instead */
   /* One block per 64 query rows of each batch matrix: at most 2^31 - 1 blocks. */
   if ((out->numel / (L * E)) * ((L + KCU_FLASH_BQ - 1) / KCU_FLASH_BQ) > INT32_MAX) return 0;
   if (mask && mask->dtype != KILN_BOOL && mask->dtype != KILN_F32 && mask->dtype != KILN_F16 &&

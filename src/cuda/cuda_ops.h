@@ -149,9 +149,17 @@ int kcu_sdpa_operands(const kiln_op *op, const kcu_tensor *in, const kcu_tensor 
  * Head dims up to KCU_ATTN_MAX_HEAD; mask (may be NULL) is bool or additive float. A row
  * with every key masked outputs zeros. */
 #define KCU_ATTN_MAX_HEAD 256
+/* With part (part_bytes of device memory), a launch of too few blocks to fill the GPU, as in
+ * decoding, splits the keys among blocks and merges the splits' partial rows in part. */
 cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
                           const kcu_tensor *v, const kcu_tensor *mask, const kcu_tensor *out,
-                          int causal, float scale, const kcu_attn_geometry *geo);
+                          int causal, float scale, const kcu_attn_geometry *geo, void *part,
+                          size_t part_bytes);
+/* The partial rows any split launch with value head dim Ev needs on a GPU of sms SMs. */
+size_t kcu_attention_part_bytes(int64_t Ev, int sms);
+/* Query rows up to which an SDPA runs on the fused kernel with split keys (decoding shapes):
+ * neither tensor-core path fills the GPU with so few rows. */
+#define KCU_ATTN_SPLIT_ROWS 8
 /* Raises the kernel's dynamic shared memory limit once, at init. */
 cudaError_t kcu_attention_prepare(int max_head);
 /* Turns f32 scores [batch, L, S] (batch and L as out's leading dims) into probabilities in

@@ -183,10 +183,58 @@ __global__ void kcu_argmax_kernel(const void *x, int dx, long long *out, int64_t
   }
 }
 
+/* One block per output, for few outputs over long rows (greedy decoding's argmax over the
+ * vocabulary): each warp reduces its share, then the first warp the warps' winners. */
+__global__ void __launch_bounds__(KCU_REDUCE_THREADS)
+    kcu_argmax_block(const void *x, int dx, long long *out, int64_t n, int64_t inner) {
+  __shared__ float best_f[KCU_REDUCE_THREADS / 32];
+  __shared__ long long best_i[KCU_REDUCE_THREADS / 32], best_at[KCU_REDUCE_THREADS / 32];
+  int64_t o = blockIdx.x, base = (o / inner) * n * inner + o % inner;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int integer = kcu_is_int(dx);
+  long long at = LLONG_MAX, bi = LLONG_MIN;
+  float bf = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    if (integer) {
+      long long v = kcu_ldi(x, dx, base + j * inner);
+      if (kcu_argmax_takes_int(v, j, bi, at)) bi = v, at = j;
+    } else {
+      float v = kcu_ld(x, dx, base + j * inner);
+      if (kcu_argmax_takes(v, j, bf, at)) bf = v, at = j;
+    }
+  }
+  for (int round = 0; round < 2; round++) {
+    for (int sh = 16; sh > 0; sh >>= 1) {
+      long long j = __shfl_xor_sync(0xffffffffu, at, sh);
+      if (integer) {
+        long long v = __shfl_xor_sync(0xffffffffu, bi, sh);
+        if (kcu_argmax_takes_int(v, j, bi, at)) bi = v, at = j;
+      } else {
+        float v = __shfl_xor_sync(0xffffffffu, bf, sh);
+        if (kcu_argmax_takes(v, j, bf, at)) bf = v, at = j;
+      }
+    }
+    if (round == 1) break;
+    if (lane == 0) best_f[warp] = bf, best_i[warp] = bi, best_at[warp] = at;
+    __syncthreads();
+    if (warp != 0) return;
+    int have = lane < nw;
+    bf = have ? best_f[lane] : -INFINITY;
+    bi = have ? best_i[lane] : LLONG_MIN;
+    at = have ? best_at[lane] : LLONG_MAX;
+  }
+  if (threadIdx.x == 0) out[o] = at;
+}
+
 cudaError_t kcu_argmax(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *out, int32_t dim) {
   if (out->numel == 0) return cudaSuccess;
   int64_t inner = 1, n = x->dims[dim];
   for (int d = dim + 1; d < x->rank; d++) inner *= x->dims[d];
+  if (out->numel <= 4096 && n >= 4096) {
+    kcu_argmax_block<<<(unsigned)out->numel, KCU_REDUCE_THREADS, 0, s>>>(
+        x->data, x->dtype, (long long *)out->data, n, inner);
+    return cudaGetLastError();
+  }
   int lanes = n >= 32 ? 32 : 1;
   kcu_argmax_kernel<<<kcu_grid(out->numel * lanes, 1), KCU_BLOCK, 0, s>>>(
       x->data, x->dtype, (long long *)out->data, out->numel, n, inner, lanes);

@@ -1033,7 +1033,36 @@ static void test_permute_views(void) {
   kiln_builder_destroy(b);
 }
 
+/* A reshape back to its input's shape goes (its reader reads the input), and a reshape of a
+ * reshape reads the first one's input, so two chains of two reshapes leave one reshape. */
+static void test_reshape_chains(void) {
+  kiln_builder *b = builder();
+  int32_t x = input(b, "x", KILN_F32, 2, D(4, 6));
+  int32_t r1 = op(b, KILN_OP_RESHAPE, T(x), 1, I(2, 2, 6), 3, NULL, 0);
+  int32_t back = op(b, KILN_OP_RESHAPE, T(r1), 1, I(4, 6), 2, NULL, 0);
+  output(b, op(b, KILN_OP_NEG, T(back), 1, NULL, 0, NULL, 0), "y");
+  int32_t r2 = op(b, KILN_OP_RESHAPE, T(x), 1, I(2, 12), 2, NULL, 0);
+  int32_t flat = op(b, KILN_OP_RESHAPE, T(r2), 1, I(24), 1, NULL, 0);
+  output(b, op(b, KILN_OP_RELU, T(flat), 1, NULL, 0, NULL, 0), "z");
+  built x_;
+  if (build(b, NULL, &x_)) {
+    uint32_t reshapes = 0;
+    for (uint32_t i = 0; i < x_.plan.n_ops; i++) {
+      const kiln_op *o = plan_op(&x_, i);
+      if (o->kind == KILN_OP_RESHAPE) {
+        reshapes++;
+        CHECK(plan_tensor(&x_, o->inputs[0])->rank == 2 && plan_tensor(&x_, o->output)->rank == 1);
+      }
+      if (o->kind == KILN_OP_NEG) CHECK(plan_tensor(&x_, o->inputs[0])->storage == KILN_STORE_INPUT);
+    }
+    CHECK(reshapes == 1);
+    release(&x_);
+  }
+  kiln_builder_destroy(b);
+}
+
 int main(void) {
+  test_reshape_chains();
   test_permute_views();
   test_states();
   test_shapes();

@@ -827,6 +827,16 @@ static void test_index_scan(void) {
     p_op(p, KILN_OP_ARGMAX, 1, OPS(x), OUT(p, KILN_I64, 2, 5, 1), 2, ATTR(1, 1), 0);
     snprintf(name, sizeof name, "argmax long rows keepdim %s", dn);
     compare(p, name, NULL);
+    p = p_new(); /* greedy decoding: two rows over a vocabulary, one block each */
+    x = IN(p, dt, 2, 2, 32003);
+    p_op(p, KILN_OP_ARGMAX, 1, OPS(x), OUT(p, KILN_I64, 1, 2), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "argmax vocabulary rows %s", dn);
+    compare(p, name, NULL);
+    p = p_new(); /* a long strided dim: rows of 5000 with 3 columns between */
+    x = IN(p, dt, 3, 2, 5000, 3);
+    p_op(p, KILN_OP_ARGMAX, 1, OPS(x), OUT(p, KILN_I64, 2, 2, 3), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "argmax long strided dim %s", dn);
+    compare(p, name, NULL);
     p = p_new();
     x = IN(p, dt, 3, 4, 30, 6);
     uint32_t idx = IN(p, KILN_I64, 3, 4, 11, 6);
@@ -857,6 +867,10 @@ static void test_index_scan(void) {
   p_op(p, KILN_OP_ARGMAX, 1, OPS(x), OUT(p, KILN_I64, 1, 3), 2, ATTR(1, 0), 0);
   io_range few = {0, 5}; /* many ties: the first one wins */
   compare(p, "argmax i32 ties", &few);
+  p = p_new();
+  x = IN(p, KILN_I32, 2, 2, 9000);
+  p_op(p, KILN_OP_ARGMAX, 1, OPS(x), OUT(p, KILN_I64, 1, 2), 2, ATTR(1, 0), 0);
+  compare(p, "argmax i32 ties long rows", &few);
   p = p_new(); /* transformers' mask code: x [1,16] by [1,1,1,1] and [1,1,16,1] */
   x = IN(p, KILN_BOOL, 2, 1, 16);
   uint32_t i0 = IN(p, KILN_I64, 4, 1, 1, 1, 1), i1 = IN(p, KILN_I64, 4, 1, 1, 16, 1);
@@ -1212,7 +1226,25 @@ static void test_grouped_attention(void) {
     p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 1, 32, 1, 128), 2, ATTR(0, 1), 0);
     snprintf(name, sizeof name, "sdpa grouped 32/8 decode bool mask %s", dn);
     io_range rb[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {-0.5, 1}};
-    if (t == 0) compare(p, name, rb); else flash_compare(p, name, rb);
+    compare(p, name, rb);
+    /* Decoding over a long cache: the keys split among blocks and merged. A mask keeping about
+     * one key in fifty (most splits see none), one keeping none (zeros), an additive one. */
+    const double keep[3] = {1, 0.02, -0.5};
+    for (int km = 0; km < 3; km++) {
+      p = p_new();
+      q = IN(p, dt, 4, 1, 32, 1, 128), k = IN(p, dt, 4, 1, 8, 1152, 128), v = IN(p, dt, 4, 1, 8, 1152, 128);
+      m = IN(p, KILN_BOOL, 2, 1, 1152);
+      p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 1, 32, 1, 128), 2, ATTR(0, 1), 0);
+      snprintf(name, sizeof name, "sdpa split keys decode 32/8 S1152 keep<%.2f %s", keep[km], dn);
+      io_range rk[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {-1, keep[km]}};
+      compare(p, name, rk);
+    }
+    p = p_new(); /* four query rows, causal, an additive mask, 16 heads over 2 */
+    q = IN(p, dt, 4, 1, 16, 4, 64), k = IN(p, dt, 4, 1, 2, 700, 64), v = IN(p, dt, 4, 1, 2, 700, 64);
+    m = IN(p, dt, 4, 1, 1, 4, 700);
+    p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 1, 16, 4, 64), 2, ATTR(1, 1), 0);
+    snprintf(name, sizeof name, "sdpa split keys 4 rows causal float mask %s", dn);
+    compare(p, name, r);
     p = p_new(); /* one key/value head for all query heads (multi-query) */
     q = IN(p, dt, 4, 1, 4, 16, 64), k = IN(p, dt, 4, 1, 1, 16, 64), v = IN(p, dt, 4, 1, 1, 16, 64);
     p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 1, 4, 16, 64), 2, ATTR(1, 0), 0);
@@ -1528,7 +1560,8 @@ static cudaError_t bench_call(sdpa_bench *b, int path) {
   if (path == 1)
     return kcu_attn_gemm_run(&b->ag, b->lt, b->s, b->in, NULL, &b->out[1], b->causal, b->scale,
                              b->scratch, b->ws, b->ws_size);
-  return kcu_attention(b->s, &b->in[0], &b->in[1], &b->in[2], NULL, &b->out[2], b->causal, b->scale, NULL);
+  return kcu_attention(b->s, &b->in[0], &b->in[1], &b->in[2], NULL, &b->out[2], b->causal, b->scale, NULL,
+                       NULL, 0);
 }
 
 /* Microseconds per call, averaged over back-to-back calls after a warm-up; -1 on an error. */
@@ -1650,6 +1683,64 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
   p_free(p);
 }
 
+/* Decoding's attention (one query row per head over a long cache) on the fused kernel, with
+ * its keys split among blocks and without: microseconds per call and their agreement. */
+static void time_sdpa_decode(int64_t heads, int64_t kv_heads, int64_t S, int64_t E, kiln_dtype dt) {
+  kcu_tensor t[4];
+  const int64_t rows[4] = {heads, kv_heads, kv_heads, heads}, len[4] = {1, S, S, 1};
+  void *outs[2] = {NULL, NULL}, *part = NULL;
+  size_t part_bytes = kcu_attention_part_bytes(E, 132 * 2);
+  for (int i = 0; i < 4; i++) {
+    memset(&t[i], 0, sizeof t[i]);
+    t[i].dtype = dt;
+    t[i].rank = 4;
+    t[i].dims[0] = 1, t[i].dims[1] = rows[i], t[i].dims[2] = len[i], t[i].dims[3] = E;
+    t[i].numel = rows[i] * len[i] * E;
+    uint64_t n = (uint64_t)t[i].numel;
+    if (!cuda_ok(cudaMalloc(&t[i].data, n * 4), "cudaMalloc")) die("device");
+    void *host = malloc(n * 4);
+    if (!host) die("out of memory");
+    fill(host, dt, n, -2, 2);
+    cudaMemcpy(t[i].data, host, n * kiln_dtype_size(dt), cudaMemcpyHostToDevice);
+    free(host);
+  }
+  outs[0] = t[3].data;
+  if (!cuda_ok(cudaMalloc(&outs[1], (size_t)t[3].numel * 4), "cudaMalloc") ||
+      !cuda_ok(cudaMalloc(&part, part_bytes), "cudaMalloc"))
+    die("device");
+  cudaStream_t st;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  double us[2];
+  for (int split = 0; split < 2; split++) {
+    kcu_tensor o = t[3];
+    o.data = outs[split];
+    float scale = 1.0f / sqrtf((float)E), ms = 0.0f;
+    cudaError_t rc = cudaSuccess;
+    for (int i = 0; i < 3 && rc == cudaSuccess; i++)
+      rc = kcu_attention(st, &t[0], &t[1], &t[2], NULL, &o, 0, scale, NULL, split ? part : NULL, part_bytes);
+    cudaEventRecord(e0, st);
+    for (int i = 0; i < 100 && rc == cudaSuccess; i++)
+      rc = kcu_attention(st, &t[0], &t[1], &t[2], NULL, &o, 0, scale, NULL, split ? part : NULL, part_bytes);
+    cudaEventRecord(e1, st);
+    if (rc == cudaSuccess) rc = cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&ms, e0, e1);
+    us[split] = rc == cudaSuccess ? ms * 10.0 : -1.0;
+  }
+  double e = device_rel_error(outs[0], outs[1], dt, (uint64_t)t[3].numel);
+  printf("time-sdpa decode %lld/%lld heads S %lld E %lld %-4s one block per head %8.1f us  split keys %8.1f us  agree %.1e\n",
+         (long long)heads, (long long)kv_heads, (long long)S, (long long)E, kiln_dtype_name(dt), us[0], us[1], e);
+  CHECK(us[0] > 0.0 && us[1] > 0.0 && e <= dtype_tolerance(dt));
+  for (int i = 0; i < 4; i++) cudaFree(t[i].data);
+  cudaFree(outs[1]);
+  cudaFree(part);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(st);
+}
+
 /* The attention of bench/bench.py's encoder (16 heads, L = S = 128, head dim 64), GPT block
  * (16 heads, L = S = 512, causal, head dim 128) and Llama block (32 query and 8 key/value
  * heads, L = S = 128, causal, head dim 128) at batch 1 and 32. */
@@ -1663,6 +1754,8 @@ static int time_sdpa(void) {
       time_sdpa_shape("gpt_block", b, 16, 16, 512, 128, 1, float_types[t]);
       time_sdpa_shape("llama_gqa", b, 32, 8, 128, 128, 1, float_types[t]);
     }
+    time_sdpa_decode(16, 4, 1152, 128, float_types[t]);
+    time_sdpa_decode(32, 8, 4096, 128, float_types[t]);
   }
   return check_report("test_cuda_ops --time-sdpa");
 }
