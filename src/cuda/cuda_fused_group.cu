@@ -393,9 +393,14 @@ __global__ void __launch_bounds__(KCU_BLOCK, 4)
       case KILN_FX_LOAD: kfx_load<V, I>(p, p.maps[arg], coord, c0, xa); break;
       case KILN_FX_UNARY: kfx_unary<V>((int)arg, xa, p.imm[s].f, xa); break;
       case KILN_FX_BINARY: kfx_binary<V>((int)arg, xa, xb, p.imm[s].f, xa); break;
-      case KILN_FX_ROUND:
+      case KILN_FX_ROUND: /* the dtype tested once per run, not per element */
+        if (arg == KILN_F16) {
 #pragma unroll
-        for (int k = 0; k < V; k++) xa[k] = kcu_fx_round((int)arg, xa[k]);
+          for (int k = 0; k < V; k++) xa[k] = kcu_fx_round(KILN_F16, xa[k]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < V; k++) xa[k] = kcu_fx_round(KILN_BF16, xa[k]);
+        }
         break;
       case KILN_FX_SELECT:
         if ((int)arg == ri) { /* on the innermost coordinate: per element */
