@@ -15,8 +15,6 @@
 typedef struct kcu_attn_args {
   kcu_attn_geometry g;
   int64_t L, S, E, Ev, n_tiles;
-  int64_t n_splits, split_len; /* keys split among blocks (decoding); partials in part */
-  float *part;
   int causal;
   float scale;
   int dq, dk, dv, dout;
@@ -36,8 +34,7 @@ __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
   float *vs = ks + KCU_ATTN_TILE * (a.E + 1);      /* [TILE][Ev] */
   float *qs = vs + KCU_ATTN_TILE * a.Ev;           /* [WARPS * ROWS][E] */
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int64_t bt = blockIdx.x / a.n_splits, split = blockIdx.x % a.n_splits;
-  int64_t batch = bt / a.n_tiles, tile = bt % a.n_tiles;
+  int64_t batch = blockIdx.x / a.n_tiles, tile = blockIdx.x % a.n_tiles;
   int64_t qo, ko, vo, mo, oo;
   kcu_attn_offsets(&a.g, batch, &qo, &ko, &vo, &mo, &oo);
   int64_t row0 = tile * (KCU_ATTN_WARPS * KCU_ATTN_ROWS);
@@ -57,10 +54,8 @@ __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
     for (int c = 0; c < KCU_ATTN_MAXC; c++) acc[r][c] = 0.0f;
   }
   int64_t last_row = row0 + KCU_ATTN_WARPS * KCU_ATTN_ROWS - 1;
-  /* This block's keys: a whole number of tiles, so only the last split ends inside a tile. */
-  int64_t k0 = split * a.split_len, k1 = k0 + a.split_len < a.S ? k0 + a.split_len : a.S;
-  int64_t key_end = a.causal && last_row + 1 < k1 ? last_row + 1 : k1;
-  for (int64_t t0 = k0; t0 < key_end; t0 += KCU_ATTN_TILE) {
+  int64_t key_end = a.causal && last_row + 1 < a.S ? last_row + 1 : a.S;
+  for (int64_t t0 = 0; t0 < key_end; t0 += KCU_ATTN_TILE) {
     __syncthreads();
     if (a.vec) {
       /* 16 bytes (8 halves) per lane: a warp reads whole K and V rows in one or two loads,
@@ -130,17 +125,6 @@ __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
   for (int r = 0; r < KCU_ATTN_ROWS; r++) {
     int64_t i = row0 + warp * KCU_ATTN_ROWS + r;
     if (i >= a.L) continue;
-    if (a.n_splits > 1) { /* the running max, sum and unnormalized row, for the combine */
-      float *pr = a.part + ((bt * a.n_splits + split) * (KCU_ATTN_WARPS * KCU_ATTN_ROWS) +
-                            warp * KCU_ATTN_ROWS + r) * (a.Ev + 2);
-      if (lane == 0) pr[0] = m[r], pr[1] = l[r];
-#pragma unroll
-      for (int c = 0; c < KCU_ATTN_MAXC; c++) {
-        int64_t d = lane + 32 * c;
-        if (d < a.Ev) pr[2 + d] = acc[r][c];
-      }
-      continue;
-    }
     float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f; /* a fully masked row gives zeros */
 #pragma unroll
     for (int c = 0; c < KCU_ATTN_MAXC; c++) {
@@ -148,35 +132,6 @@ __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
       if (d < a.Ev) kcu_st(out, a.dout, oo + i * a.g.o_row + d, acc[r][c] * inv);
     }
   }
-}
-
-/* Merges the key splits of each row: one warp per row, the splits' softmax sums rescaled to
- * the largest of their maxima. A row whose every key was masked gives zeros. */
-__global__ void __launch_bounds__(KCU_ATTN_WARPS * KCU_ATTN_ROWS * 32)
-    kcu_attention_combine(kcu_attn_args a, void *out) {
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int64_t bt = blockIdx.x, batch = bt / a.n_tiles, tile = bt % a.n_tiles;
-  int64_t i = tile * (KCU_ATTN_WARPS * KCU_ATTN_ROWS) + warp;
-  if (i >= a.L) return;
-  int64_t qo, ko, vo, mo, oo, stride = (KCU_ATTN_WARPS * KCU_ATTN_ROWS) * (a.Ev + 2);
-  kcu_attn_offsets(&a.g, batch, &qo, &ko, &vo, &mo, &oo);
-  const float *pr = a.part + (bt * a.n_splits * (KCU_ATTN_WARPS * KCU_ATTN_ROWS) + warp) * (a.Ev + 2);
-  float most = -INFINITY, den = 0.0f;
-  for (int64_t sp = 0; sp < a.n_splits; sp++) most = fmaxf(most, pr[sp * stride]);
-  for (int64_t sp = 0; most != -INFINITY && sp < a.n_splits; sp++)
-    if (pr[sp * stride] != -INFINITY) den += __expf(pr[sp * stride] - most) * pr[sp * stride + 1];
-  float inv = den > 0.0f ? 1.0f / den : 0.0f;
-  for (int64_t d = lane; d < a.Ev; d += 32) {
-    float num = 0.0f;
-    for (int64_t sp = 0; inv != 0.0f && sp < a.n_splits; sp++)
-      if (pr[sp * stride] != -INFINITY) num += __expf(pr[sp * stride] - most) * pr[sp * stride + 2 + d];
-    kcu_st(out, a.dout, oo + i * a.g.o_row + d, num * inv);
-  }
-}
-
-size_t kcu_attention_part_bytes(int64_t Ev, int sms) {
-  /* Splits happen only while blocks < sms, and then blocks * splits < 3 * sms (see below). */
-  return (size_t)3 * (size_t)sms * (KCU_ATTN_WARPS * KCU_ATTN_ROWS) * (size_t)(Ev + 2) * sizeof(float);
 }
 
 /* Strides of t's matrices (its last two dims) over out's batch dims, broadcast. */
@@ -281,6 +236,9 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
   } else {
     batch = kcu_attn_geometry_init(&a.g, q, k, v, mask, out, a.S);
   }
+  if (part && a.L <= KCU_ATTN_SPLIT_ROWS) /* decoding: a thread per key, keys split among blocks */
+    return kcu_attention_decode(s, &a.g, batch, q, k, v, mask, out, causal, scale, part,
+                                part_bytes);
   a.causal = causal;
   a.scale = scale;
   a.dq = q->dtype; a.dk = k->dtype; a.dv = v->dtype; a.dout = out->dtype;
@@ -289,32 +247,11 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
           ((uintptr_t)v->data % 16) == 0;
   a.vec = a.vec && a.g.k_row % 8 == 0 && a.g.v_row % 8 == 0;
   for (int d = 0; a.vec && d < a.g.nb; d++) a.vec = a.g.kb[d] % 8 == 0 && a.g.vb[d] % 8 == 0;
-  int64_t rows = KCU_ATTN_WARPS * KCU_ATTN_ROWS, tiles = (a.S + KCU_ATTN_TILE - 1) / KCU_ATTN_TILE;
+  int64_t rows = KCU_ATTN_WARPS * KCU_ATTN_ROWS;
   a.n_tiles = (a.L + rows - 1) / rows;
-  a.n_splits = 1;
-  a.split_len = tiles * KCU_ATTN_TILE;
-  /* Too few blocks to fill the GPU (decoding: one query row per head): split the keys so about
-   * two blocks run per SM, each at least two tiles, and merge the splits after. */
-  int sms = 0, device = 0;
-  int64_t blocks = batch * a.n_tiles;
-  if (part && cudaGetDevice(&device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
-      blocks < sms && tiles >= 4) {
-    int64_t want = (2 * sms + blocks - 1) / blocks, most = tiles / 2;
-    int64_t splits = want < most ? want : most;
-    int64_t per = (tiles + splits - 1) / splits;
-    a.split_len = per * KCU_ATTN_TILE;
-    a.n_splits = (tiles + per - 1) / per;
-    if ((size_t)(blocks * a.n_splits * rows * (a.Ev + 2)) * sizeof(float) > part_bytes)
-      a.n_splits = 1, a.split_len = tiles * KCU_ATTN_TILE;
-  }
-  cudaGetLastError();
-  a.part = (float *)part;
-  kcu_attention_kernel<<<(unsigned)(blocks * a.n_splits), KCU_ATTN_WARPS * 32,
+  kcu_attention_kernel<<<(unsigned)(batch * a.n_tiles), KCU_ATTN_WARPS * 32,
                          kcu_attn_smem(a.E, a.Ev), s>>>(a, q->data, k->data, v->data,
                                                         mask ? mask->data : NULL, out->data);
-  if (a.n_splits > 1)
-    kcu_attention_combine<<<(unsigned)blocks, (unsigned)(rows * 32), 0, s>>>(a, out->data);
   return cudaGetLastError();
 }
 

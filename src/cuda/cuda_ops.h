@@ -149,17 +149,23 @@ int kcu_sdpa_operands(const kiln_op *op, const kcu_tensor *in, const kcu_tensor 
  * Head dims up to KCU_ATTN_MAX_HEAD; mask (may be NULL) is bool or additive float. A row
  * with every key masked outputs zeros. */
 #define KCU_ATTN_MAX_HEAD 256
-/* With part (part_bytes of device memory), a launch of too few blocks to fill the GPU, as in
- * decoding, splits the keys among blocks and merges the splits' partial rows in part. */
+/* With part (part_bytes of device memory), at most KCU_ATTN_SPLIT_ROWS query rows run on the
+ * decoding kernel. */
 cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
                           const kcu_tensor *v, const kcu_tensor *mask, const kcu_tensor *out,
                           int causal, float scale, const kcu_attn_geometry *geo, void *part,
                           size_t part_bytes);
-/* The partial rows any split launch with value head dim Ev needs on a GPU of sms SMs. */
-size_t kcu_attention_part_bytes(int64_t Ev, int sms);
-/* Query rows up to which an SDPA runs on the fused kernel with split keys (decoding shapes):
+/* Query rows up to which an SDPA runs on the decoding kernel (cuda_attention_decode.cu):
  * neither tensor-core path fills the GPU with so few rows. */
 #define KCU_ATTN_SPLIT_ROWS 8
+/* cuda_attention_decode.cu: a thread per key, the keys split among blocks when the rows alone
+ * cannot fill the GPU, the splits' partial rows in part and merged after. */
+cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, int64_t batch,
+                                 const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v,
+                                 const kcu_tensor *mask, const kcu_tensor *out, int causal,
+                                 float scale, void *part, size_t part_bytes);
+/* The partial rows any split decoding launch with value head dim Ev needs on sms SMs. */
+size_t kcu_attention_part_bytes(int64_t Ev, int sms);
 /* Raises the kernel's dynamic shared memory limit once, at init. */
 cudaError_t kcu_attention_prepare(int max_head);
 /* Turns f32 scores [batch, L, S] (batch and L as out's leading dims) into probabilities in

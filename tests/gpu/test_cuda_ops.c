@@ -1683,8 +1683,8 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
   p_free(p);
 }
 
-/* Decoding's attention (one query row per head over a long cache) on the fused kernel, with
- * its keys split among blocks and without: microseconds per call and their agreement. */
+/* Decoding's attention (one query row per head over a long cache) on the decoding kernel
+ * (keys split among blocks) and on the tiled fused kernel: microseconds per call, agreement. */
 static void time_sdpa_decode(int64_t heads, int64_t kv_heads, int64_t S, int64_t E, kiln_dtype dt) {
   kcu_tensor t[4];
   const int64_t rows[4] = {heads, kv_heads, kv_heads, heads}, len[4] = {1, S, S, 1};
@@ -1730,7 +1730,7 @@ static void time_sdpa_decode(int64_t heads, int64_t kv_heads, int64_t S, int64_t
     us[split] = rc == cudaSuccess ? ms * 10.0 : -1.0;
   }
   double e = device_rel_error(outs[0], outs[1], dt, (uint64_t)t[3].numel);
-  printf("time-sdpa decode %lld/%lld heads S %lld E %lld %-4s one block per head %8.1f us  split keys %8.1f us  agree %.1e\n",
+  printf("time-sdpa decode %lld/%lld heads S %lld E %lld %-4s tiled kernel %8.1f us  decoding kernel %8.1f us  agree %.1e\n",
          (long long)heads, (long long)kv_heads, (long long)S, (long long)E, kiln_dtype_name(dt), us[0], us[1], e);
   CHECK(us[0] > 0.0 && us[1] > 0.0 && e <= dtype_tolerance(dt));
   for (int i = 0; i < 4; i++) cudaFree(t[i].data);

@@ -1,0 +1,191 @@
+/* SDPA for a few query rows over many keys (decoding: one new token against its KV cache).
+ * A block takes one query row and a split of the keys, one key per thread: each thread reads
+ * its key's whole row (16-byte loads) against the row of q in shared memory, each warp keeps
+ * an online softmax over its keys and the weighted sum of their value rows (a lane per value
+ * dim), and the block's warps merge at the end. With several splits the block leaves its
+ * running max, sum and unnormalized row in the scratch and a second kernel merges the splits,
+ * so a handful of rows still fills the GPU. */
+#include "cuda_device.cuh"
+
+#include <string.h>
+
+#define KCU_DEC_WARPS 4
+#define KCU_DEC_KEYS (KCU_DEC_WARPS * 32) /* keys a block scores at once: one per thread */
+#define KCU_DEC_MAXC (KCU_ATTN_MAX_HEAD / 32)
+
+typedef struct kcu_dec_args {
+  kcu_attn_geometry g;
+  int64_t L, S, E, Ev, n_splits, split_len;
+  int causal, dq, dk, dv, dout;
+  int kvec; /* elements per 16-byte load of k rows (4 or 8), 0: scalar loads */
+  float scale;
+  float *part;
+} kcu_dec_args;
+
+__global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
+    kcu_attention_decode_kernel(kcu_dec_args a, const void *q, const void *k, const void *v,
+                                const void *mask, void *out) {
+  __shared__ float qs[KCU_ATTN_MAX_HEAD];
+  __shared__ float wm[KCU_DEC_WARPS], wl[KCU_DEC_WARPS];
+  __shared__ float wacc[KCU_DEC_WARPS][KCU_ATTN_MAX_HEAD];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, E = (int)a.E, Ev = (int)a.Ev;
+  int64_t split = blockIdx.x % a.n_splits, row = blockIdx.x / a.n_splits;
+  int64_t b = row / a.L, i = row % a.L, qo, ko, vo, mo, oo;
+  kcu_attn_offsets(&a.g, b, &qo, &ko, &vo, &mo, &oo);
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    qs[e] = kcu_ld(q, a.dq, qo + i * a.g.q_row + e) * a.scale;
+  __syncthreads();
+  int64_t k0 = split * a.split_len, k1 = k0 + a.split_len < a.S ? k0 + a.split_len : a.S;
+  if (a.causal && i + 1 < k1) k1 = i + 1; /* keys after the row's own position are masked */
+  float m = -INFINITY, l = 0.0f, acc[KCU_DEC_MAXC];
+#pragma unroll
+  for (int c = 0; c < KCU_DEC_MAXC; c++) acc[c] = 0.0f;
+  for (int64_t c0 = k0; c0 < k1; c0 += KCU_DEC_KEYS) {
+    int64_t key = c0 + threadIdx.x;
+    float sc = -INFINITY;
+    if (key < k1) {
+      int64_t kr = ko + key * a.g.k_row;
+      float dot = 0.0f;
+      if (a.kvec == 8) { /* constant trip counts keep f in registers and the loads in flight */
+#pragma unroll 4
+        for (int e = 0; e < E; e += 8) {
+          float f[8];
+          kcu_ld16(k, a.dk, (kr + e) / 8, f);
+#pragma unroll
+          for (int t = 0; t < 8; t++) dot += qs[e + t] * f[t];
+        }
+      } else if (a.kvec == 4) {
+#pragma unroll 4
+        for (int e = 0; e < E; e += 4) {
+          float f[8];
+          kcu_ld16(k, a.dk, (kr + e) / 4, f);
+#pragma unroll
+          for (int t = 0; t < 4; t++) dot += qs[e + t] * f[t];
+        }
+      } else {
+        for (int e = 0; e < E; e++) dot += qs[e] * kcu_ld(k, a.dk, kr + e);
+      }
+      sc = dot;
+      if (a.g.mask_kind) {
+        int64_t mi = mo + i * a.g.m_row + key * a.g.m_col;
+        if (a.g.mask_kind == 1) sc = ((const unsigned char *)mask)[mi] ? sc : -INFINITY;
+        else sc += kcu_ld(mask, a.g.dm, mi);
+      }
+    }
+    float m_new = fmaxf(m, kcu_warp_max(sc)); /* the same in every lane: no divergence below */
+    if (m_new == -INFINITY) continue;
+    float p = __expf(sc - m_new), corr = __expf(m - m_new);
+    l = l * corr + kcu_warp_sum(p);
+    m = m_new;
+#pragma unroll
+    for (int c = 0; c < KCU_DEC_MAXC; c++) acc[c] *= corr;
+    int64_t first = c0 + warp * 32;
+    int n = k1 - first < 32 ? (int)(k1 - first) : 32;
+#pragma unroll 8
+    for (int j = 0; j < n; j++) {
+      float pj = __shfl_sync(0xffffffffu, p, j);
+      int64_t vr = vo + (first + j) * a.g.v_row;
+#pragma unroll
+      for (int c = 0; c < KCU_DEC_MAXC; c++) {
+        int d = lane + 32 * c;
+        if (d < Ev) acc[c] += pj * kcu_ld(v, a.dv, vr + d);
+      }
+    }
+  }
+  if (lane == 0) wm[warp] = m, wl[warp] = l;
+#pragma unroll
+  for (int c = 0; c < KCU_DEC_MAXC; c++)
+    if (lane + 32 * c < Ev) wacc[warp][lane + 32 * c] = acc[c];
+  __syncthreads();
+  float most = -INFINITY, sum = 0.0f;
+  for (int w = 0; w < KCU_DEC_WARPS; w++) most = fmaxf(most, wm[w]);
+  for (int w = 0; w < KCU_DEC_WARPS; w++)
+    if (wm[w] != -INFINITY) sum += __expf(wm[w] - most) * wl[w];
+  float *pr = a.part + (row * a.n_splits + split) * (a.Ev + 2);
+  for (int d = threadIdx.x; d < Ev; d += blockDim.x) {
+    float num = 0.0f;
+    for (int w = 0; w < KCU_DEC_WARPS; w++)
+      if (wm[w] != -INFINITY) num += __expf(wm[w] - most) * wacc[w][d];
+    if (a.n_splits > 1) {
+      pr[2 + d] = num;
+      if (d == 0) pr[0] = most, pr[1] = sum;
+    } else {
+      kcu_st(out, a.dout, oo + i * a.g.o_row + d, sum > 0.0f ? num / sum : 0.0f); /* masked: 0 */
+    }
+  }
+}
+
+/* One block per query row: the splits' sums rescaled to the largest of their maxima. */
+__global__ void kcu_attention_decode_merge(kcu_dec_args a, void *out) {
+  int64_t row = blockIdx.x, b = row / a.L, i = row % a.L, qo, ko, vo, mo, oo;
+  kcu_attn_offsets(&a.g, b, &qo, &ko, &vo, &mo, &oo);
+  const int64_t stride = a.Ev + 2;
+  const float *pr = a.part + row * a.n_splits * stride;
+  float most = -INFINITY, sum = 0.0f;
+  for (int64_t sp = 0; sp < a.n_splits; sp++) most = fmaxf(most, pr[sp * stride]);
+  for (int64_t sp = 0; most != -INFINITY && sp < a.n_splits; sp++)
+    if (pr[sp * stride] != -INFINITY) sum += __expf(pr[sp * stride] - most) * pr[sp * stride + 1];
+  for (int64_t d = threadIdx.x; d < a.Ev; d += blockDim.x) {
+    float num = 0.0f;
+    for (int64_t sp = 0; sum > 0.0f && sp < a.n_splits; sp++)
+      if (pr[sp * stride] != -INFINITY) num += __expf(pr[sp * stride] - most) * pr[sp * stride + 2 + d];
+    kcu_st(out, a.dout, oo + i * a.g.o_row + d, sum > 0.0f ? num / sum : 0.0f);
+  }
+}
+
+/* SMs of the current device, asked once per device (a launch path must stay cheap). */
+static int kcu_sm_count(void) {
+  static int counts[64];
+  int device = 0, n = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 0;
+  if (counts[device] > 0) return counts[device];
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) n = 0;
+  counts[device] = n; /* every thread that races here stores the same number */
+  return n;
+}
+
+size_t kcu_attention_part_bytes(int64_t Ev, int sms) {
+  /* Splits happen only while rows < sms, and then rows * splits < 3 * sms (see below). */
+  return (size_t)3 * (size_t)sms * (size_t)(Ev + 2) * sizeof(float);
+}
+
+cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, int64_t batch,
+                                 const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v,
+                                 const kcu_tensor *mask, const kcu_tensor *out, int causal,
+                                 float scale, void *part, size_t part_bytes) {
+  kcu_dec_args a;
+  memset(&a, 0, sizeof a);
+  a.g = *geo;
+  a.L = q->dims[q->rank - 2];
+  a.E = q->dims[q->rank - 1];
+  a.S = k->dims[k->rank - 2];
+  a.Ev = v->dims[v->rank - 1];
+  a.causal = causal;
+  a.scale = scale;
+  a.dq = q->dtype; a.dk = k->dtype; a.dv = v->dtype; a.dout = out->dtype;
+  a.part = (float *)part;
+  int per = k->dtype == KILN_F32 ? 4 : 8;
+  int kvec = (k->dtype == KILN_F32 || k->dtype == KILN_F16 || k->dtype == KILN_BF16) &&
+             a.E % per == 0 && a.g.k_row % per == 0 && (uintptr_t)k->data % 16 == 0;
+  for (int d = 0; kvec && d < a.g.nb; d++) kvec = a.g.kb[d] % per == 0;
+  a.kvec = kvec ? per : 0;
+  int64_t rows = batch * a.L, chunks = (a.S + KCU_DEC_KEYS - 1) / KCU_DEC_KEYS;
+  a.n_splits = 1;
+  a.split_len = chunks * KCU_DEC_KEYS;
+  /* Fewer rows than SMs: split the keys in whole chunks, about two blocks per SM. */
+  int sms = kcu_sm_count();
+  if (rows < sms && chunks >= 2) {
+    int64_t want = (2 * sms + rows - 1) / rows, splits = want < chunks ? want : chunks;
+    int64_t per_split = (chunks + splits - 1) / splits;
+    if ((size_t)(rows * ((chunks + per_split - 1) / per_split) * (a.Ev + 2)) * sizeof(float) <=
+        part_bytes) {
+      a.split_len = per_split * KCU_DEC_KEYS;
+      a.n_splits = (chunks + per_split - 1) / per_split;
+    }
+  }
+  cudaGetLastError();
+  kcu_attention_decode_kernel<<<(unsigned)(rows * a.n_splits), KCU_DEC_KEYS, 0, s>>>(
+      a, q->data, k->data, v->data, mask ? mask->data : NULL, out->data);
+  if (a.n_splits > 1) kcu_attention_decode_merge<<<(unsigned)rows, 128, 0, s>>>(a, out->data);
+  return cudaGetLastError();
+}
