@@ -60,7 +60,7 @@ cudaError_t kcu_bool_op(cudaStream_t s, kiln_op_kind kind, kiln_bool_op which,
 cudaError_t kcu_fused_pointwise(cudaStream_t s, const kiln_op *op, const kcu_tensor *in,
                                 const kcu_tensor *out);
 
-/* cuda_fused_group.cu: FUSED, its register program interpreted per output element. */
+/* cuda_fused_group.cu: FUSED, its register program interpreted per run of output elements. */
 cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
                       const kcu_tensor *in, const kcu_tensor *out);
 

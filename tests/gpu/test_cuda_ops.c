@@ -7,7 +7,8 @@
  * cases, `--only SUBSTRING` only the
  * compared cases whose name contains SUBSTRING (`--only conv` the cuDNN convolutions), and
  * `--time-sdpa` times the attention paths on
- * the benchmark's shapes, `--bench-conv` the convolution plans on ResNet-50 and MobileNetV3 shapes. */
+ * the benchmark's shapes, `--bench-conv` the convolution plans on ResNet-50 and MobileNetV3 shapes,
+ * `--bench-fused` the FUSED kernel on the benchmarks' fused groups. */
 #include "fused_programs.h"
 #include "gpu_harness.h"
 
@@ -532,6 +533,74 @@ static void test_fused_pointwise(void) {
   p_free(p);
 }
 
+/* The FUSED kernel's runs of V elements on every path: ranks 1 to 6, innermost dims that
+ * take runs of 8, 4, 2 and 1 (and outputs of fewer than 8 elements), boxes and a select that
+ * split the innermost dim, a select on an outer dim, broadcast loads, a load at an odd element
+ * offset (no aligned vector), inputs of another dtype than the output, dims that coalesce. */
+static void test_fused_runs(void) {
+  static const struct {
+    int32_t rank;
+    int64_t dims[6];
+  } shapes[] = {{1, {1}},         {1, {4}},           {1, {6}},           {1, {13}},
+                {1, {64}},        {2, {7, 13}},       {2, {5, 24}},       {2, {3, 2}},
+                {3, {3, 5, 7}},   {3, {2, 3, 16}},    {4, {2, 3, 5, 8}},  {4, {2, 3, 4, 36}},
+                {5, {2, 2, 3, 3, 10}}, {6, {2, 1, 3, 2, 2, 32}}, {6, {1, 2, 1, 3, 1, 7}}};
+  char name[128];
+  int64_t maps[7 * 20], code[2 * KILN_FX_MAX_INSTRS];
+  for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+    int32_t r = shapes[k].rank;
+    const int64_t *dims = shapes[k].dims;
+    int64_t numel = 1;
+    char shape[48];
+    int at = 0;
+    for (int32_t d = 0; d < r; d++) {
+      numel *= dims[d];
+      at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%lld", d ? "x" : "", (long long)dims[d]);
+    }
+    for (int t = 0; t < 5; t++) {
+      /* f32, f16, bf16 alike; then f16 out of f32 inputs and bf16 out of f16 inputs */
+      kiln_dtype dt = t < 3 ? float_types[t] : t == 3 ? KILN_F16 : KILN_BF16;
+      kiln_dtype it = t < 3 ? dt : t == 3 ? KILN_F32 : KILN_F16;
+      prog *p = p_new();
+      uint32_t x = IN(p, it, 1, numel + 8), y = IN(p, it, 1, dims[r - 1]), z = IN(p, it, 1, dims[0]);
+      uint32_t n = fx_runs(maps, code, r, dims);
+      p_fused(p, 3, OPS(x, y, z), p_tensor(p, KILN_STORE_OUTPUT, dt, r, dims), r, 7, maps, n, code);
+      snprintf(name, sizeof name, "fused runs %s %s of %s", shape, kiln_dtype_name(dt),
+               kiln_dtype_name(it));
+      compare(p, name, NULL);
+      if (t >= 3) continue;
+      p = p_new(); /* contiguous maps: the dims coalesce into one */
+      x = p_tensor(p, KILN_STORE_INPUT, dt, r, dims), y = p_tensor(p, KILN_STORE_INPUT, dt, r, dims);
+      n = fx_chain(maps, code, r, dims, dt);
+      p_fused(p, 2, OPS(x, y), p_tensor(p, KILN_STORE_OUTPUT, dt, r, dims), r, 2, maps, n, code);
+      snprintf(name, sizeof name, "fused chain %s %s", shape, kiln_dtype_name(dt));
+      compare(p, name, NULL);
+    }
+  }
+  { /* a stride the parser bounds inside the load's box only: no address outside it */
+    prog *p = p_new();
+    uint32_t x = IN(p, KILN_F32, 1, 16);
+    int64_t m[8] = {0, 0, 3695202394745864193LL, 1, 0, 0, 1, 8};
+    int64_t c[4] = {KILN_FX_INSTR(KILN_FX_LOAD, 0, 0, 0, 0), 0,
+                    KILN_FX_INSTR(KILN_FX_STORE, 0, 0, 0, 0), 0};
+    p_fused(p, 1, OPS(x), OUT(p, KILN_F32, 2, 4, 8), 2, 1, m, 2, c);
+    compare(p, "fused runs off-box stride", NULL);
+  }
+  for (int t = 0; t < 3; t++)
+    for (int cl = 0; cl < 2; cl++) { /* the gate in both layouts, 7x7 spatial */
+      kiln_dtype dt = float_types[t];
+      prog *p = p_new();
+      uint32_t x = cl ? IN(p, dt, 4, 2, 7, 7, 24) : IN(p, dt, 4, 2, 24, 7, 7);
+      uint32_t s = cl ? IN(p, dt, 4, 2, 1, 1, 24) : IN(p, dt, 4, 2, 24, 1, 1);
+      uint32_t n = fx_gate(maps, code, cl, 2, 24, 7, 7, dt);
+      uint32_t o = cl ? OUT(p, dt, 4, 2, 7, 7, 24) : OUT(p, dt, 4, 2, 24, 7, 7);
+      p_fused(p, 2, OPS(x, s), o, 4, 2, maps, n, code);
+      snprintf(name, sizeof name, "fused gate %s %s", cl ? "channels_last" : "nchw", kiln_dtype_name(dt));
+      io_range rg[2] = {{-2, 2}, {-4, 4}};
+      compare(p, name, rg);
+    }
+}
+
 /* FUSED programs: the rotary embedding of a packed projection (odd sizes, boxed loads and a
  * select), rounded as its unfused ops would, and a program of every instruction code. */
 static void test_fused_group(void) {
@@ -554,7 +623,15 @@ static void test_fused_group(void) {
     snprintf(name, sizeof name, "fused group every code %s", kiln_dtype_name(dt));
     io_range r[2] = {{-3, 3}, {0.5, 2}};
     compare(p, name, r);
+
+    p = p_new(); /* the Llama k group's shape: runs of 8 with vector loads and stores */
+    x = IN(p, dt, 3, 1, 128, 8 * 128), c = IN(p, dt, 2, 128, 128), s = IN(p, dt, 2, 128, 128);
+    n = fx_rotary(maps, code, 1, 8, 128, 128, dt);
+    p_fused(p, 3, OPS(x, c, s), OUT(p, dt, 4, 1, 8, 128, 128), 4, 5, maps, n, code);
+    snprintf(name, sizeof name, "fused group rotary 1x8x128x128 %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
   }
+  test_fused_runs();
 }
 
 static void test_normalize_reduce(void) {
@@ -1732,6 +1809,120 @@ static void test_flash_attention(void) {
   }
 }
 
+/* ---------------------------------------------------------------- --bench-fused */
+
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Times the FUSED kernel alone on p's one op (random inputs on the device): 20 launches
+ * captured in a graph (so the host's per-launch decode is not timed), the median of 11 replays,
+ * and the bytes of every input and the output over that time. */
+static void bench_fused(const prog *p, const char *label) {
+  enum { LAUNCHES = 20, REPLAYS = 11 };
+  kiln_plan pl;
+  kcu_tensor in[KILN_MAX_OP_INPUTS], out;
+  const kiln_op *op = &p->ops[0];
+  uint64_t bytes = 0;
+  float ms[REPLAYS];
+  memset(&pl, 0, sizeof pl);
+  pl.tensors = (kiln_tensor_desc *)p->tensors;
+  pl.n_tensors = p->n_tensors;
+  pl.words = (int64_t *)p->words;
+  pl.n_words = p->n_words;
+  for (uint32_t k = 0; k <= op->n_inputs; k++) {
+    const kiln_tensor_desc *t = &p->tensors[k < op->n_inputs ? op->inputs[k] : op->output];
+    kcu_tensor *x = k < op->n_inputs ? &in[k] : &out;
+    void *host = malloc(t->nbytes);
+    if (!host || !cuda_ok(cudaMalloc(&x->data, t->nbytes), "cudaMalloc")) die("bench memory");
+    fill(host, t->dtype, p_count(t), -1, 1);
+    cudaMemcpy(x->data, host, t->nbytes, cudaMemcpyHostToDevice);
+    free(host);
+    x->dtype = t->dtype;
+    x->rank = t->rank;
+    memcpy(x->dims, t->dims, sizeof x->dims);
+    x->numel = (int64_t)p_count(t);
+    bytes += t->nbytes;
+  }
+  cudaStream_t st;
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  cudaEvent_t e0, e1;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  int ok = cuda_ok(kcu_fused(st, &pl, op, in, &out), label) &&
+           cuda_ok(cudaStreamSynchronize(st), label) &&
+           cuda_ok(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), label);
+  for (int i = 0; i < LAUNCHES && ok; i++) ok = cuda_ok(kcu_fused(st, &pl, op, in, &out), label);
+  ok = ok && cuda_ok(cudaStreamEndCapture(st, &graph), label) &&
+       cuda_ok(cudaGraphInstantiate(&exec, graph, 0), label) &&
+       cuda_ok(cudaGraphLaunch(exec, st), label);
+  for (int i = 0; i < REPLAYS && ok; i++) {
+    cudaEventRecord(e0, st);
+    ok = cuda_ok(cudaGraphLaunch(exec, st), label);
+    cudaEventRecord(e1, st);
+    ok = ok && cuda_ok(cudaEventSynchronize(e1), label);
+    cudaEventElapsedTime(&ms[i], e0, e1);
+  }
+  CHECK(ok);
+  if (ok) {
+    qsort(ms, REPLAYS, sizeof ms[0], cmp_float);
+    double us = ms[REPLAYS / 2] * 1e3 / LAUNCHES;
+    printf("%-52s %9.1f us %8.1f GB/s (%.1f MB)\n", label, us, (double)bytes / (us * 1e3),
+           (double)bytes / 1e6);
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(st);
+  for (uint32_t k = 0; k < op->n_inputs; k++) cudaFree(in[k].data);
+  cudaFree(out.data);
+}
+
+/* The FUSED groups of the Llama block and MobileNetV3 benchmarks at their shapes, and a plain
+ * pointwise chain, timed on the kernel alone. */
+static int time_fused(void) {
+  int64_t maps[6 * 20], code[2 * KILN_FX_MAX_INSTRS];
+  for (int t = 0; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    char label[96];
+    for (int b = 1; b <= 32; b += 31)
+      for (int h = 8; h <= 32; h += 24) {
+        prog *p = p_new();
+        uint32_t x = IN(p, dt, 3, b, 128, h * 128), c = IN(p, dt, 2, 128, 128),
+                 s = IN(p, dt, 2, 128, 128);
+        uint32_t n = fx_rotary(maps, code, b, h, 128, 128, dt);
+        p_fused(p, 3, OPS(x, c, s), OUT(p, dt, 4, b, h, 128, 128), 4, 5, maps, n, code);
+        snprintf(label, sizeof label, "rotary [%d,%d,128,128] %s", b, h, kiln_dtype_name(dt));
+        bench_fused(p, label);
+        p_free(p);
+      }
+    for (int cl = 0; cl < 2; cl++) {
+      prog *p = p_new();
+      uint32_t x = cl ? IN(p, dt, 4, 32, 7, 7, 960) : IN(p, dt, 4, 32, 960, 7, 7);
+      uint32_t s = cl ? IN(p, dt, 4, 32, 1, 1, 960) : IN(p, dt, 4, 32, 960, 1, 1);
+      uint32_t n = fx_gate(maps, code, cl, 32, 960, 7, 7, dt);
+      uint32_t o = cl ? OUT(p, dt, 4, 32, 7, 7, 960) : OUT(p, dt, 4, 32, 960, 7, 7);
+      p_fused(p, 2, OPS(x, s), o, 4, 2, maps, n, code);
+      snprintf(label, sizeof label, "gate x*hardsigmoid(s) [32,960,7,7] %s %s",
+               cl ? "channels_last" : "nchw", kiln_dtype_name(dt));
+      bench_fused(p, label);
+      p_free(p);
+    }
+    prog *p = p_new();
+    uint32_t x = IN(p, dt, 2, 4096, 4096), y = IN(p, dt, 2, 4096, 4096);
+    uint32_t n = fx_chain(maps, code, 2, DIMS(4096, 4096), dt);
+    p_fused(p, 2, OPS(x, y), OUT(p, dt, 2, 4096, 4096), 2, 2, maps, n, code);
+    snprintf(label, sizeof label, "chain silu(x+y)*y [4096,4096] %s", kiln_dtype_name(dt));
+    bench_fused(p, label);
+    p_free(p);
+  }
+  return check_report("test_cuda_ops --bench-fused");
+}
+
 /* ---------------------------------------------------------------- --time-sdpa */
 
 typedef struct sdpa_bench {
@@ -2815,6 +3006,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--fault") == 0) return fault_check();
   if (argc > 1 && strcmp(argv[1], "--time-sdpa") == 0) return time_sdpa();
   if (argc > 1 && strcmp(argv[1], "--bench-conv") == 0) return bench_conv();
+  if (argc > 1 && strcmp(argv[1], "--bench-fused") == 0) return time_fused();
   if (argc > 1 && strcmp(argv[1], "--matmul-attention") == 0) {
     /* The matmul and attention cases alone: quick to run against a changed kernel. */
     test_gemm();
