@@ -477,7 +477,10 @@ def main(argv=None):
         result = run_dtype(lib, args, dtype, rate, args.workdir, log)
         if "profile" in result:
             with open(f"{stem}_profile_{result['dtype']}.txt", "w") as f:
-                f.write(f"kiln profile of the decode step ({args.layers} layers, {result['dtype']}, seq 1)\n")
+                # kiln profile runs a plan at its upper bounds: a dynamic program's is a full prefill.
+                what = (f"a prefill at the sequence bound ({args.cache} tokens)" if args.dynamic_prefill
+                        else "the decode step (seq 1)")
+                f.write(f"kiln profile of {what}: {args.layers} layers, {result['dtype']}\n")
                 f.write(result["profile"])
         report["results"].append(result)
         # Written after every dtype, so a run cut short still leaves its table.
