@@ -168,6 +168,20 @@ static inline kiln_op *p_fused(prog *p, uint32_t n_in, const uint32_t *in, uint3
   return p_op(p, KILN_OP_FUSED, n_in, in, out, 2, (const int64_t[]){at, (int64_t)(p->n_words - at)}, 0);
 }
 
+/* A plan viewing p's arrays (no copy, no weights): for calling an op's setup directly. */
+static inline void p_plan(const prog *p, kiln_plan *pl) {
+  memset(pl, 0, sizeof *pl);
+  pl->version = KILN_PLAN_VERSION;
+  pl->n_tensors = p->n_tensors;
+  pl->n_ops = p->n_ops;
+  pl->n_inputs = p->n_inputs;
+  pl->n_outputs = p->n_outputs;
+  pl->tensors = (kiln_tensor_desc *)p->tensors;
+  pl->ops = (kiln_op *)p->ops;
+  pl->inputs = (uint32_t *)p->inputs;
+  pl->outputs = (uint32_t *)p->outputs;
+}
+
 /* An engine through backend init, with its own aligned copy of the weights (the CUDA engine
  * frees the host copy once uploaded). NULL with err set on failure. */
 static kiln_engine *p_load(const prog *p, const kiln_backend *be, int device, kiln_error *err) {

@@ -1273,16 +1273,7 @@ static void conv_direct_run(const conv_shape *cs, kiln_dtype dt, int nhwc, int e
   cudnnHandle_t h = NULL;
   memset(r, 0, sizeof *r);
   r->rel_err = r->us = r->legacy_us = -1.0;
-  memset(&pl, 0, sizeof pl);
-  pl.version = KILN_PLAN_VERSION;
-  pl.n_tensors = p->n_tensors;
-  pl.n_ops = p->n_ops;
-  pl.n_inputs = p->n_inputs;
-  pl.n_outputs = p->n_outputs;
-  pl.tensors = p->tensors;
-  pl.ops = p->ops;
-  pl.inputs = p->inputs;
-  pl.outputs = p->outputs;
+  p_plan(p, &pl);
   const kiln_tensor_desc *yt = &p->tensors[p->outputs[0]];
   for (uint32_t i = 0; i < p->n_inputs; i++) {
     const kiln_tensor_desc *t = &p->tensors[p->inputs[i]];
@@ -2000,16 +1991,7 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
   uint32_t o = OUT(p, dt, 4, batch, heads, L, E);
   p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), o, 2, ATTR(causal, 0), 0);
   kiln_plan pl;
-  memset(&pl, 0, sizeof pl);
-  pl.version = KILN_PLAN_VERSION;
-  pl.n_tensors = p->n_tensors;
-  pl.n_ops = p->n_ops;
-  pl.n_inputs = p->n_inputs;
-  pl.n_outputs = p->n_outputs;
-  pl.tensors = p->tensors;
-  pl.ops = p->ops;
-  pl.inputs = p->inputs;
-  pl.outputs = p->outputs;
+  p_plan(p, &pl);
 
   sdpa_bench b;
   memset(&b, 0, sizeof b);
