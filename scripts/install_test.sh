@@ -8,7 +8,6 @@
 # usage: scripts/install_test.sh WORK_DIR
 #   KILN_BUILD_DIR  the CMake build directory holding the delegate library (default: build)
 #   KILN_PYTHON     the development interpreter that builds the wheel (default: .venv/bin/python)
-#   KILN_WHEELHOUSE where downloaded wheels are kept between runs (default: $KILN_BUILD_DIR/wheelhouse)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -40,18 +39,14 @@ stage "built and audited $(basename "$WHEEL")"
 TORCH_VERSION=$("$DEV_PYTHON" -c "import importlib.metadata as m; print(m.version('torch'))")
 python3 -m venv "$WORK/venv"
 PY=$WORK/venv/bin/python
-# The wheels come from PyPI once and are kept in a wheelhouse (about 3 GB) for later runs; the
-# environment installs from it without an index.
-WHEELHOUSE=${KILN_WHEELHOUSE:-$BUILD/wheelhouse}
-mkdir -p "$WHEELHOUSE"
-WHEELHOUSE=$(cd "$WHEELHOUSE" && pwd)
-# pip wheel, not pip download: a requirement published only as source is built into a wheel once.
-"$PY" -m pip wheel -q -w "$WHEELHOUSE" --find-links "$WHEELHOUSE" "$WHEEL" "torch==$TORCH_VERSION"
-stage "collected the wheels kiln-runtime requires in $WHEELHOUSE"
-"$PY" -m pip install -q --no-index --find-links "$WHEELHOUSE" "$WHEEL" "torch==$TORCH_VERSION"
 SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")
+# The user's PyTorch is already installed: the development environment's, hard-linked in with what
+# it requires, so that the fresh environment costs no disk for it. pip installs everything else
+# kiln-runtime requires from PyPI.
+"$DEV_PYTHON" scripts/link_installed.py "$SITE" torch
+"$PY" -m pip install -q "$WHEEL" "torch==$TORCH_VERSION"
 "$PY" -m pip show kiln >/dev/null 2>&1 && fail "installing kiln-runtime installed the kiln exporter"
-stage "installed kiln-runtime, executorch and torch==$TORCH_VERSION into a fresh environment"
+stage "installed kiln-runtime and executorch beside torch==$TORCH_VERSION in a fresh environment"
 
 # Decoys of the library in the package's parent directories: loading one ends the process with
 # status 97, so nothing below passes by loading the wrong library.
