@@ -2,6 +2,7 @@
 #include "core/fold.h"
 
 #include "core/alloc.h"
+#include "core/shape.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -145,15 +146,6 @@ kiln_status kiln_recognize_gemm(kiln_graph *g, kiln_error *err) {
 }
 
 /* 1 when a and b hold the same dtype, rank and sizes, symbolic ones included. */
-static int same_shape(const kiln_tensor_desc *a, const kiln_tensor_desc *b) {
-  if (a->dtype != b->dtype || a->rank != b->rank) return 0;
-  for (int32_t d = 0; d < a->rank; d++)
-    if (a->dims[d] != b->dims[d] || a->sym[d].symbol != b->sym[d].symbol ||
-        a->sym[d].coeff != b->sym[d].coeff || a->sym[d].offset != b->sym[d].offset)
-      return 0;
-  return 1;
-}
-
 kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err) {
   (void)err;
   for (uint32_t i = 0; i < g->n_ops; i++) {
@@ -165,7 +157,7 @@ kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err) {
       op->inputs[0] = g->ops[in->producer].inputs[0];
     int32_t src = (int32_t)op->inputs[0], out = (int32_t)op->output;
     /* an output binding or a state's written value must stay an op's output */
-    if (!same_shape(&g->tensors[src].desc, &g->tensors[out].desc) || kiln_graph_is_output(g, out))
+    if (!kiln_same_desc(&g->tensors[src].desc, &g->tensors[out].desc) || kiln_graph_is_output(g, out))
       continue;
     for (uint32_t j = i + 1; j < g->n_ops; j++)
       for (uint32_t k = 0; !g->dead[j] && k < g->ops[j].n_inputs; k++)

@@ -4,6 +4,7 @@
 
 #include "core/alloc.h"
 #include "core/fuse_conv.h"
+#include "core/shape.h"
 
 #include <stdlib.h>
 
@@ -12,13 +13,6 @@ static kiln_activation epilogue_of(const kiln_op *op) {
   if (op->kind == KILN_OP_RELU) return KILN_ACT_RELU;
   if (op->kind == KILN_OP_GELU) return op->iattr[0] ? KILN_ACT_GELU_TANH : KILN_ACT_GELU_ERF;
   return KILN_ACT_NONE;
-}
-
-static int same_desc(const kiln_tensor_desc *a, const kiln_tensor_desc *b) {
-  if (a->dtype != b->dtype || a->rank != b->rank) return 0;
-  for (int32_t d = 0; d < a->rank; d++)
-    if (a->dims[d] != b->dims[d]) return 0;
-  return 1;
 }
 
 /* y = linear(x) read only by y + r (alpha 1), r of y's shape and dtype: the LINEAR takes r as
@@ -34,7 +28,7 @@ static void fuse_residuals(kiln_graph *g, uint32_t *uses) {
       kiln_op lin = g->ops[p];
       const kiln_tensor_desc *t = &g->tensors[y].desc;
       if (lin.kind != KILN_OP_LINEAR || lin.iattr[0] != KILN_ACT_NONE || lin.n_iattr > 1 ||
-          !same_desc(&g->tensors[r].desc, t) || !same_desc(t, &g->tensors[add->output].desc))
+          !kiln_same_desc(&g->tensors[r].desc, t) || !kiln_same_desc(t, &g->tensors[add->output].desc))
         continue;
       g->dead[p] = 1;
       uses[y] = 0;

@@ -3,15 +3,9 @@
 
 #include "core/alloc.h"
 #include "core/vision_shape.h"
+#include "core/shape.h"
 
 #include <stdlib.h>
-
-static int same_desc(const kiln_tensor_desc *a, const kiln_tensor_desc *b) {
-  if (a->dtype != b->dtype || a->rank != b->rank) return 0;
-  for (int32_t d = 0; d < a->rank; d++)
-    if (a->dims[d] != b->dims[d]) return 0;
-  return 1;
-}
 
 /* The convolution's optional attribute at `offset` past its epilogue slot (0 layout, 1
  * activation, 2 residual), absent = 0. */
@@ -44,8 +38,8 @@ static void fuse_residuals(kiln_graph *g, uint32_t *uses) {
       kiln_op conv = g->ops[p];
       const kiln_tensor_desc *t = &g->tensors[y].desc;
       if (epilogue_attr(&conv, 1) != KILN_ACT_NONE || epilogue_attr(&conv, 2) != 0 ||
-          conv.n_inputs >= KILN_MAX_OP_INPUTS || !same_desc(&g->tensors[r].desc, t) ||
-          !same_desc(t, &g->tensors[add->output].desc))
+          conv.n_inputs >= KILN_MAX_OP_INPUTS || !kiln_same_desc(&g->tensors[r].desc, t) ||
+          !kiln_same_desc(t, &g->tensors[add->output].desc))
         continue;
       /* In the add's place, where r has been computed; its own inputs were before it. */
       g->dead[p] = 1;
@@ -67,7 +61,7 @@ static void fuse_relus(kiln_graph *g, uint32_t *uses) {
       continue;
     kiln_op *conv = &g->ops[p];
     if (epilogue_attr(conv, 1) != KILN_ACT_NONE ||
-        !same_desc(&g->tensors[relu->inputs[0]].desc, &g->tensors[relu->output].desc))
+        !kiln_same_desc(&g->tensors[relu->inputs[0]].desc, &g->tensors[relu->output].desc))
       continue;
     uses[relu->inputs[0]] = 0;
     set_epilogue_attr(conv, 1, KILN_ACT_RELU);

@@ -13,13 +13,6 @@ typedef struct chain {
   int has_pow;
 } chain;
 
-static int same_shape(const kiln_tensor_desc *a, const kiln_tensor_desc *b) {
-  if (a->rank != b->rank) return 0;
-  for (int32_t d = 0; d < a->rank; d++)
-    if (a->dims[d] != b->dims[d]) return 0;
-  return 1;
-}
-
 /* Appends op, which reads the chain's current value, as the chain's next step; 0 (chain
  * unchanged) when it cannot be one. */
 static int add_step(const kiln_graph *g, const kiln_op *op, uint32_t value, chain *c) {
@@ -28,7 +21,7 @@ static int add_step(const kiln_graph *g, const kiln_op *op, uint32_t value, chai
   uint32_t slot = 1, other;
   int reversed;
   if (!kiln_pw_step_kind_ok(kind) || !kiln_dtype_is_float(v->dtype) || out->dtype != v->dtype ||
-      !same_shape(out, v) || c->op.n_iattr >= KILN_PW_MAX_STEPS)
+      !kiln_same_dims(out, v) || c->op.n_iattr >= KILN_PW_MAX_STEPS)
     return 0;
   if (!kiln_pw_is_binary(kind)) {
     if (kind == KILN_OP_POW && c->has_pow) return 0;
@@ -55,7 +48,7 @@ static int64_t chain_input(const kiln_graph *g, const kiln_op *op) {
   const kiln_tensor_desc *out = &g->tensors[op->output].desc;
   if (!kiln_pw_step_kind_ok(op->kind)) return -1;
   for (uint32_t k = 0; k < (kiln_pw_is_binary(op->kind) ? 2u : 1u); k++)
-    if (same_shape(&g->tensors[op->inputs[k]].desc, out)) return op->inputs[k];
+    if (kiln_same_dims(&g->tensors[op->inputs[k]].desc, out)) return op->inputs[k];
   return -1;
 }
 

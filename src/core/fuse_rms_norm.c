@@ -1,5 +1,6 @@
 /* RMSNorm recognition (see fuse_rms_norm.h). */
 #include "core/fuse_rms_norm.h"
+#include "core/shape.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -25,10 +26,6 @@ static int scalar_f32(const kiln_graph *g, int64_t t, float *v) {
   if (x->node != KILN_NODE_CONSTANT || x->desc.dtype != KILN_F32 || x->desc.nbytes != 4) return 0;
   memcpy(v, x->data, 4);
   return 1;
-}
-
-static int same_dims(const kiln_tensor_desc *a, const kiln_tensor_desc *b) {
-  return a->rank == b->rank && !memcmp(a->dims, b->dims, sizeof a->dims[0] * (size_t)a->rank);
 }
 
 /* Tries the pattern around MEAN op m; on a match rewrites the graph. */
@@ -66,7 +63,7 @@ static void fuse_one(kiln_graph *g, uint32_t m, const uint32_t *uses, const int3
       next->kind == KILN_OP_CAST && next->iattr[0] == (int64_t)g->tensors[x].desc.dtype)
     last = next;
   if (g->tensors[last->output].desc.dtype != g->tensors[x].desc.dtype ||
-      !same_dims(&g->tensors[last->output].desc, cd))
+      !kiln_same_dims(&g->tensors[last->output].desc, cd))
     return; /* RMS_NORM writes x's dtype */
   if ((next = only_reader(g, last->output, uses, reader)) && next->kind == KILN_OP_MUL &&
       (w = other_input(next, last->output)) >= 0 && next->inputs[0] != next->inputs[1]) {

@@ -19,13 +19,6 @@ static int32_t plain_linear(const kiln_graph *g, uint32_t t, const uint32_t *use
   return g->tensors[op->inputs[1]].node == KILN_NODE_CONSTANT ? p : -1;
 }
 
-static int same_desc(const kiln_tensor_desc *a, const kiln_tensor_desc *b) {
-  if (a->dtype != b->dtype || a->rank != b->rank) return 0;
-  for (int32_t d = 0; d < a->rank; d++)
-    if (a->dims[d] != b->dims[d]) return 0;
-  return 1;
-}
-
 /* The gate and up LINEARs of MUL op i, with silu(gate) on side `side`; 0 when not SwiGLU. */
 static int match(const kiln_graph *g, uint32_t i, uint32_t side, const uint32_t *uses,
                  int32_t *silu, int32_t *gate, int32_t *up) {
@@ -37,9 +30,9 @@ static int match(const kiln_graph *g, uint32_t i, uint32_t side, const uint32_t 
   if (*gate < 0 || *up < 0 || *gate == *up) return 0;
   const kiln_op *a = &g->ops[*gate], *b = &g->ops[*up];
   return a->inputs[0] == b->inputs[0] &&
-         same_desc(&g->tensors[a->inputs[1]].desc, &g->tensors[b->inputs[1]].desc) &&
-         same_desc(&g->tensors[a->output].desc, &g->tensors[mul->output].desc) &&
-         same_desc(&g->tensors[b->output].desc, &g->tensors[mul->output].desc);
+         kiln_same_desc(&g->tensors[a->inputs[1]].desc, &g->tensors[b->inputs[1]].desc) &&
+         kiln_same_desc(&g->tensors[a->output].desc, &g->tensors[mul->output].desc) &&
+         kiln_same_desc(&g->tensors[b->output].desc, &g->tensors[mul->output].desc);
 }
 
 /* MUL op i becomes the LINEAR over [w_gate; w_up]. */

@@ -3,6 +3,7 @@
 
 #include "core/alloc.h"
 #include "core/vision_shape.h"
+#include "core/shape.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -31,13 +32,6 @@ static int layout_slot(kiln_op_kind k) {
   }
 }
 
-static int same_dims(const kiln_tensor_desc *a, const kiln_tensor_desc *b) {
-  if (a->rank != b->rank) return 0;
-  for (int32_t d = 0; d < a->rank; d++)
-    if (a->dims[d] != b->dims[d]) return 0;
-  return 1;
-}
-
 /* 1 for a 2-d CONV still in NCHW, the region's seeds. */
 static int is_seed(const kiln_op *op, const kiln_graph *g) {
   uint32_t slot = kiln_conv_epilogue_slot(op->kind);
@@ -52,8 +46,8 @@ static int can_join(const kiln_op *op, const kiln_graph *g) {
   if (out->rank != 4) return 0;
   if (is_unary(op->kind)) return op->n_inputs == 1;
   if (is_binary(op->kind))
-    return same_dims(&g->tensors[op->inputs[0]].desc, out) &&
-           same_dims(&g->tensors[op->inputs[1]].desc, out);
+    return kiln_same_dims(&g->tensors[op->inputs[0]].desc, out) &&
+           kiln_same_dims(&g->tensors[op->inputs[1]].desc, out);
   return slot >= 0 && op->n_iattr == (uint32_t)slot && g->tensors[op->inputs[0]].desc.rank == 4;
 }
 

@@ -26,6 +26,22 @@ const char *kiln_shape_str(int32_t rank, const int64_t *dims, char *buf, size_t 
 /* 1 for f32, f16 and bf16. */
 int kiln_dtype_is_float(kiln_dtype dtype);
 
+/* 1 when a and b have the same rank and dims, the symbols the dims of a dynamic plan follow
+ * included (two dims at one upper bound that follow different symbols differ). */
+static inline int kiln_same_dims(const kiln_tensor_desc *a, const kiln_tensor_desc *b) {
+  if (a->rank != b->rank) return 0;
+  for (int32_t d = 0; d < a->rank; d++)
+    if (a->dims[d] != b->dims[d] || a->sym[d].symbol != b->sym[d].symbol ||
+        (a->sym[d].symbol && (a->sym[d].coeff != b->sym[d].coeff || a->sym[d].offset != b->sym[d].offset)))
+      return 0;
+  return 1;
+}
+
+/* As kiln_same_dims, and the same dtype. */
+static inline int kiln_same_desc(const kiln_tensor_desc *a, const kiln_tensor_desc *b) {
+  return a->dtype == b->dtype && kiln_same_dims(a, b);
+}
+
 /* How many query heads share one key/value head in batch dim d of an SDPA of rank r: 1 when
  * the dims are equal; q_dim / kv_dim on the heads dim (r - 3) when kv_dim divides it (grouped-
  * query attention: key/value head = query head / group); else 0, no fit. */
