@@ -377,6 +377,31 @@ def _lower_rms_norm(ctx, node):
     return ctx.op("rms_norm", inputs, [len(args["normalized_shape"]), flags], [float(eps)])
 
 
+def _check_group_norm(node):
+    return _only_first_output_used(node, "mean or rstd")
+
+
+def _lower_group_norm(ctx, node):
+    """native_group_norm: a layer_norm over each group's channels and positions, then the
+    per-channel weight and bias broadcast over the positions."""
+    args = node_args(node)
+    x = args["input"]
+    shape = list(_val(x).shape)
+    groups = args["group"]
+    per_group = shape[1] // groups
+    for size in shape[2:]:
+        per_group = per_group * size
+    rows = ctx.op("reshape", [ctx.tensor(x)], [shape[0], groups, per_group])
+    normed = ctx.op("layer_norm", [rows], [1, 0], [float(args["eps"])])
+    y = ctx.op("reshape", [normed], shape)
+    per_channel = [shape[1]] + [1] * (len(shape) - 2)
+    if args["weight"] is not None:
+        y = ctx.op("mul", [y, ctx.op("reshape", [ctx.tensor(args["weight"])], per_channel)])
+    if args["bias"] is not None:
+        y = ctx.op("add", [y, ctx.op("reshape", [ctx.tensor(args["bias"])], per_channel)], (), [1.0])
+    return y
+
+
 def _reduce(name):
     def lower(ctx, node):
         args = node_args(node)
@@ -415,8 +440,18 @@ def _lower_expand(ctx, node):
 
 
 def _lower_cat(ctx, node):
+    """cat; more inputs than an op takes (DenseNet's blocks join dozens) become cats of runs of
+    consecutive inputs first, each input copied at most twice while the count allows."""
     args = node_args(node)
-    return ctx.op("cat", [ctx.tensor(t) for t in args["tensors"]], [args["dim"]])
+    pieces, dim = [ctx.tensor(t) for t in args["tensors"]], args["dim"]
+    first = 0  # pieces before it are joined runs already
+    while len(pieces) > _lib.MAX_OP_INPUTS:
+        if len(pieces) - first < 2:
+            first = 0
+        run = min(_lib.MAX_OP_INPUTS, len(pieces) - _lib.MAX_OP_INPUTS + 1, len(pieces) - first)
+        pieces[first:first + run] = [ctx.op("cat", pieces[first:first + run], [dim])]
+        first += 1
+    return ctx.op("cat", pieces, [dim])
 
 
 _INT64_MAX = 2**63 - 1
@@ -650,6 +685,42 @@ def _lower_upsample_bilinear(ctx, node):
     x = args.get("input", args.get("self"))
     iattr = [_output_pair(node), int(bool(args["align_corners"]))]
     return ctx.op("upsample_bilinear2d", [ctx.tensor(x)], iattr, _upsample_scales(args))
+
+
+def _check_constant_pad(node):
+    pad = node_args(node)["pad"]
+    if any(not isinstance(p, int) for p in pad):
+        return f"{_op_name(node)} with symbolic padding {list(pad)} (Kiln plans hold static padding)"
+    return None
+
+
+def _lower_constant_pad(ctx, node):
+    """constant_pad_nd: per padded dim, a slice for negative padding and a cat with the fill
+    value broadcast to each side's shape for positive padding (pad pairs run from the last dim)."""
+    args = node_args(node)
+    x, pad, value = args["self"], list(args["pad"]), args["value"]
+    dtype = _val(x).dtype
+    shape = list(_val(x).shape)
+    y = ctx.tensor(x)
+    fill = ctx.builder.add_constant(torch.full([1] * len(shape), value, dtype=dtype))
+    for k in range(len(pad) // 2):
+        dim, before, after = len(shape) - 1 - k, pad[2 * k], pad[2 * k + 1]
+        if before < 0 or after < 0:
+            start, end = max(-before, 0), shape[dim] - max(-after, 0)
+            y = ctx.op("slice", [y], [dim, start, end, 1])
+            shape[dim] = end - start
+        pieces = []
+        for width in (before, after):
+            if width > 0:
+                side = list(shape)
+                side[dim] = width
+                pieces.append(ctx.op("expand", [fill], side))
+            else:
+                pieces.append(None)
+        if pieces[0] is not None or pieces[1] is not None:
+            y = ctx.op("cat", [p for p in (pieces[0], y, pieces[1]) if p is not None], [dim])
+            shape[dim] = shape[dim] + max(before, 0) + max(after, 0)
+    return y
 
 
 def _lower_cumsum(ctx, node):
@@ -908,6 +979,7 @@ def _table():
     add(["aten::layer_norm.default"], Lowering(_lower_layer_norm))
     add(["aten::native_layer_norm.default"], Lowering(_lower_layer_norm, _check_native_layer_norm))
     add(["aten::rms_norm.default"], Lowering(_lower_rms_norm))
+    add(["aten::native_group_norm.default"], Lowering(_lower_group_norm, _check_group_norm))
     add(["aten::mean.dim"], Lowering(_reduce("mean")))
     add(["aten::sum.dim_IntList"], Lowering(_reduce("sum")))
     add(["aten::amax.default"], Lowering(_reduce("amax")))
@@ -944,6 +1016,7 @@ def _table():
         Lowering(_lower_upsample_nearest))
     add(["aten::upsample_bilinear2d.vec", "aten::upsample_bilinear2d.default"],
         Lowering(_lower_upsample_bilinear))
+    add(["aten::constant_pad_nd.default"], Lowering(_lower_constant_pad, _check_constant_pad, compute=False))
     add(["aten::cumsum.default"], Lowering(_lower_cumsum))
     add(["aten::gather.default"], Lowering(_lower_gather))
     add(["aten::index.Tensor"], Lowering(_lower_index, _check_index))

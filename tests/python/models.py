@@ -370,6 +370,8 @@ CNN_ZOO = [
     ZooModel("convnext_tiny", _calibrated(_torchvision("convnext_tiny"), (3, 32, 32)), _images(32),
              F32_TOLERANCE),
     ZooModel("vit", _seeded(ViTLogits), _images(32), F32_TOLERANCE),
+    # Its dense blocks join up to 33 feature maps in one cat.
+    ZooModel("densenet121", _calibrated(_torchvision("densenet121"), (3, 32, 32)), _images(32), F32_TOLERANCE),
 ]
 
 CNN_BY_NAME = {model.name: model for model in CNN_ZOO}

@@ -1,6 +1,7 @@
-"""Models built from comparisons, boolean ops, clamps and the hard activations run whole on
-Kiln and match eager: a transformer's padding and causal masks, rotary tables, the gates of a
-mobile network; refusals of what the ops cannot take."""
+"""Models built from comparisons, boolean ops, clamps, the hard activations, constant padding and
+group norms run whole on Kiln and match eager: a transformer's padding and causal masks, rotary
+tables, the gates of a mobile network, a window pad and a speech encoder's norm; refusals of what
+the ops cannot take."""
 
 import os
 import subprocess
@@ -81,6 +82,24 @@ class MobileGates(nn.Module):
         return torch.log(h.abs() + 1.0)
 
 
+class PadsAndGroupNorms(nn.Module):
+    """Constant padding growing and cropping dims with a fill value (Swin pads to its windows),
+    and group norms with and without their affine weights (wav2vec2's feature encoder)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm = nn.GroupNorm(4, 8)
+        nn.init.normal_(self.norm.weight)
+        nn.init.normal_(self.norm.bias)
+        self.plain = nn.GroupNorm(2, 8, affine=False)
+
+    def forward(self, x):
+        h = self.norm(F.pad(x * 2.0, (1, 2, 0, 1), value=0.5))  # [2, 8, 6, 8]
+        h = F.pad(h, (-1, 1, 2, -2, 0, 0), value=-3.0) + 1.0  # crops and grows at once
+        return self.plain(h.reshape(2, 8, -1) * 1.5)
+
+
 def ids_and_mask():
     ids = torch.tensor([[3, 7, 1, 0, 0, 9], [5, 2, 8, 4, 6, 1]])
     mask = torch.tensor([[1, 1, 1, 0, 0, 1], [1, 1, 1, 1, 1, 0]])
@@ -98,6 +117,9 @@ CASES = [
      lambda: (torch.randn(5, 12, generator=torch.Generator().manual_seed(2)),),
      {"aten.hardswish", "aten.hardsigmoid", "aten.hardtanh", "aten.clamp", "aten.maximum",
       "aten.minimum", "aten.erf", "aten.abs", "aten.log"}),
+    ("pads_and_group_norms", PadsAndGroupNorms,
+     lambda: (torch.randn(2, 8, 5, 5, generator=torch.Generator().manual_seed(3)) * 3.0 + 1.0,),
+     {"aten.constant_pad_nd", "aten.native_group_norm"}),
 ]
 
 

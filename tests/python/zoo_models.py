@@ -54,6 +54,28 @@ class HiddenStatesOf(nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
+class ImageFeaturesOf(nn.Module):
+    """A vision encoder called on pixel_values, returning its last hidden state."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values).last_hidden_state
+
+
+class AudioFeaturesOf(nn.Module):
+    """A speech encoder called on a raw waveform, returning its last hidden state."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_values):
+        return self.model(input_values=input_values).last_hidden_state
+
+
 def token_ids(seed, batch=BATCH):
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, VOCAB, (batch, SEQUENCE), generator=generator)
@@ -72,6 +94,16 @@ def ids_and_mask(seed):
     mask = torch.ones(BATCH, SEQUENCE, dtype=torch.long)
     mask[1, SEQUENCE - PADDING:] = 0
     return token_ids(seed), mask
+
+
+def image(seed, size=56):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, 3, size, size, generator=generator),)
+
+
+def waveform(seed, samples=800):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, samples, generator=generator),)
 
 
 def _built(model_class, config, wrapper, seed=0):
@@ -106,6 +138,22 @@ def distilbert_config():
                                          vocab_size=VOCAB, max_position_embeddings=POSITIONS, pad_token_id=0)
 
 
+
+def swin_config():
+    # 56x56 pixels in 4x4 patches give 14x14 tokens, which the 4x4 windows pad to 16x16; the
+    # merged 7x7 pad to 8x8.
+    return transformers.SwinConfig(image_size=56, patch_size=4, embed_dim=32, depths=[1, 1], num_heads=[2, 4],
+                                   window_size=4)
+
+
+def wav2vec2_config():
+    # The feature encoder's first convolution is group-normalized, as in wav2vec2-base.
+    return transformers.Wav2Vec2Config(num_hidden_layers=LAYERS, hidden_size=WIDTH, intermediate_size=FEED_FORWARD,
+                                       num_attention_heads=HEADS, conv_dim=(16, 16), conv_stride=(5, 2),
+                                       conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                                       num_conv_pos_embedding_groups=4)
+
+
 REAL_ZOO = [
     RealModel("gpt2", _built(transformers.GPT2LMHeadModel, gpt2_config(), LogitsOf), one_row_of_ids),
     RealModel("bert", _built(transformers.BertModel, bert_config(), HiddenStatesOf), ids_and_mask),
@@ -114,6 +162,8 @@ REAL_ZOO = [
               ids_only),
     RealModel("qwen2", _built(transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**_decoder_sizes()), LogitsOf),
               ids_only),
+    RealModel("swin", _built(transformers.SwinModel, swin_config(), ImageFeaturesOf), image),
+    RealModel("wav2vec2", _built(transformers.Wav2Vec2Model, wav2vec2_config(), AudioFeaturesOf), waveform),
 ]
 
 REAL_BY_NAME = {model.name: model for model in REAL_ZOO}
