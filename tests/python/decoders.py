@@ -37,6 +37,30 @@ def llama(seed=0, dtype=torch.float32):
     return model
 
 
+# Other decoder families, each at the zoo's sizes: sliding-window attention (Gemma 3), normalized
+# queries and keys (Qwen3, Gemma 3), soft-capped logits and sandwich norms (Gemma 2), a fused qkv
+# projection (Phi-3). Gemma's head is untied from its embedding: tied, random weights make every
+# step pick one token whatever the input.
+_GEMMA = dict(head_dim=16, tie_word_embeddings=False)
+FAMILIES = {
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, dict(sliding_window=None)),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(head_dim=16)),
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM, _GEMMA),
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM, _GEMMA),
+    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM, {}),
+}
+
+
+def family(name, seed=0):
+    """A two-layer decoder of FAMILIES[name] with seeded random weights, ready for greedy_step."""
+    config_class, model_class, extra = FAMILIES[name]
+    torch.manual_seed(seed)
+    config = config_class(**dict(_decoder_sizes(), max_position_embeddings=CACHE), **extra)
+    model = model_class(config).eval()
+    model.generation_config.cache_implementation = "static"
+    return model
+
+
 def greedy_step(model, device="cpu"):
     """A fresh GreedyStep with its own empty cache of CACHE slots."""
     step = GreedyStep(TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=CACHE,

@@ -1,0 +1,134 @@
+"""Breadth: architectures beyond the zoo, each built from its transformers or torchvision config
+with seeded random weights, exported once with kiln.export and run on the CPU reference engine
+through ExecuTorch's runtime. Each must be one Kiln blob holding all of its compute and match eager
+(fp32, 1e-4 of the largest reference magnitude). No fusion or kernel here was written for them:
+they are the models nobody tuned for, kept so that the next one keeps working too.
+
+The zoo (zoo_models.py, models.CNN_ZOO) tests more of each model (the C++ runner, the GPU); these
+only export, run and compare."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import transformers as hf
+
+import kiln
+import models
+from zoo_models import (FEED_FORWARD, HEADS, LAYERS, VOCAB, WIDTH, HiddenStatesOf, ImageFeaturesOf,
+                        LogitsOf, _decoder_sizes, ids_and_mask, ids_only)
+
+TOLERANCE = 1e-4
+
+
+class MelFeaturesOf(nn.Module):
+    """A speech encoder called on log-mel features, returning its last hidden state."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_features):
+        return self.model(input_features=input_features).last_hidden_state
+
+
+class PooledImageOf(ImageFeaturesOf):
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values).pooler_output
+
+
+def _seeded(*shape, scale=1.0):
+    return lambda seed: (scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed)),)
+
+
+def _hf(model_class, config, wrapper):
+    def make():
+        torch.manual_seed(0)
+        return wrapper(model_class(config)).eval()
+
+    return make
+
+
+def _decoder(model_class, config_class, **extra):
+    return _hf(model_class, config_class(**_decoder_sizes(), **extra), LogitsOf), ids_only
+
+
+def _encoder(model_class, config):
+    return _hf(model_class, config, HiddenStatesOf), ids_and_mask
+
+
+def _torchvision(name, **kwargs):
+    import torchvision
+
+    return models._calibrated(lambda: getattr(torchvision.models, name)(weights=None, **kwargs), (3, 32, 32)), \
+        _seeded(2, 3, 32, 32)
+
+
+_SIZES = dict(num_hidden_layers=LAYERS, hidden_size=WIDTH, intermediate_size=FEED_FORWARD,
+              num_attention_heads=HEADS)
+
+ARCHITECTURES = {
+    # decoders: rotary variants (partial, interleaved), parallel attention and MLP, ALiBi,
+    # learned positions, soft-capped and normalized queries and keys
+    "mistral": _decoder(hf.MistralForCausalLM, hf.MistralConfig, sliding_window=None),
+    "phi3": _decoder(hf.Phi3ForCausalLM, hf.Phi3Config),
+    "gemma2": _decoder(hf.Gemma2ForCausalLM, hf.Gemma2Config, head_dim=16),
+    "qwen3": _decoder(hf.Qwen3ForCausalLM, hf.Qwen3Config, head_dim=16),
+    "gpt_neox": (_hf(hf.GPTNeoXForCausalLM, hf.GPTNeoXConfig(**_SIZES, vocab_size=VOCAB), LogitsOf), ids_only),
+    "falcon": (_hf(hf.FalconForCausalLM, hf.FalconConfig(num_hidden_layers=LAYERS, hidden_size=WIDTH,
+                                                         num_attention_heads=HEADS, vocab_size=VOCAB),
+                   LogitsOf), ids_only),
+    "bloom": (_hf(hf.BloomForCausalLM, hf.BloomConfig(n_layer=LAYERS, hidden_size=WIDTH, n_head=HEADS,
+                                                      vocab_size=VOCAB), LogitsOf), ids_only),
+    "gptj": (_hf(hf.GPTJForCausalLM, hf.GPTJConfig(n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS, vocab_size=VOCAB,
+                                                   n_positions=64, rotary_dim=8), LogitsOf), ids_only),
+    "opt": (_hf(hf.OPTForCausalLM, hf.OPTConfig(num_hidden_layers=LAYERS, hidden_size=WIDTH, ffn_dim=FEED_FORWARD,
+                                                num_attention_heads=HEADS, vocab_size=VOCAB,
+                                                word_embed_proj_dim=WIDTH), LogitsOf), ids_only),
+    # encoders: factorized embeddings, relative position buckets
+    "roberta": _encoder(hf.RobertaModel, hf.RobertaConfig(**_SIZES, vocab_size=VOCAB)),
+    "albert": _encoder(hf.AlbertModel, hf.AlbertConfig(**_SIZES, vocab_size=VOCAB, embedding_size=32)),
+    "t5_encoder": _encoder(hf.T5EncoderModel, hf.T5Config(num_layers=LAYERS, d_model=WIDTH, d_ff=FEED_FORWARD,
+                                                          num_heads=HEADS, d_kv=16, vocab_size=VOCAB)),
+    # vision and speech
+    "clip_vision": (_hf(hf.CLIPVisionModel, hf.CLIPVisionConfig(**_SIZES, image_size=32, patch_size=8),
+                        PooledImageOf), _seeded(1, 3, 32, 32)),
+    "whisper_encoder": (_hf(lambda config: hf.WhisperModel(config).encoder,
+                            hf.WhisperConfig(encoder_layers=LAYERS, decoder_layers=1, d_model=WIDTH,
+                                             encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+                                             encoder_ffn_dim=FEED_FORWARD, decoder_ffn_dim=FEED_FORWARD,
+                                             num_mel_bins=16, max_source_positions=32, vocab_size=VOCAB,
+                                             pad_token_id=0, bos_token_id=0, eos_token_id=1,
+                                             decoder_start_token_id=0), MelFeaturesOf), _seeded(1, 16, 64, scale=8.0)),
+    "efficientnet_b0": _torchvision("efficientnet_b0"),
+    "shufflenet_v2": _torchvision("shufflenet_v2_x0_5"),
+    "squeezenet": _torchvision("squeezenet1_0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_architecture_runs_whole_on_kiln_and_matches_eager(name, tmp_path, monkeypatch):
+    import kiln_runtime  # noqa: F401  (registers KilnBackend)
+    from executorch.runtime import Runtime
+
+    make, inputs = ARCHITECTURES[name]
+    model = make()
+    args = inputs(1)
+    with torch.no_grad():
+        expected, other = model(*args).float(), model(*inputs(2)).float()
+    # not degenerate: outputs spread and depend on the input, or any result would pass
+    spread = expected.std().item()
+    assert spread > 1e-3 and (expected - other).abs().max().item() > 0.1 * spread, f"{name}: degenerate"
+    path = str(tmp_path / f"{name}.pte")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.export(model, args, path)
+    report = program.kiln_report
+    assert report.kiln_blobs == 1 and report.ops_outside == 0, f"{name}: {report}"
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    (actual,) = Runtime.get().load_program(path).load_method("forward").execute(list(args))
+    assert actual.shape == expected.shape, f"{name}: {list(actual.shape)}, expected {list(expected.shape)}"
+    error = (actual.double() - expected.double()).abs().max().item()
+    allowed = TOLERANCE * expected.abs().max().item()
+    assert error <= allowed, f"{name}: max error {error:.3g}, allowed {allowed:.3g}"
