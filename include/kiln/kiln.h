@@ -529,7 +529,8 @@ typedef struct kiln_build_options {
   int32_t device_id;              /* recorded in the metadata */
   int32_t min_compute_capability; /* 0: the lowest the kernels are built for */
   int allow_tf32;
-  int fuse; /* 1: fuse GEMM and convolution epilogues, pointwise chains, and pointwise ops
+  int fuse; /* 1: merge ops that compute what an earlier op computed (and small constants of
+               equal bytes), fuse GEMM and convolution epilogues, pointwise chains, and pointwise ops
                into norms, and run a plan's 2-d convolutions, and the elementwise, pooling
                and resize ops they feed, channels-last (NHWC) between one PERMUTE in and one
                out at each edge of that region */

@@ -16,6 +16,7 @@
 #include "core/internal.h"
 #include "core/layout_channels_last.h"
 #include "core/memplan.h"
+#include "core/merge_common.h"
 #include "core/view.h"
 #include "core/shape.h"
 #include "core/symbolic.h"
@@ -782,7 +783,7 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
   return KILN_OK;
 }
 
-/* Rewrites g: constants folded, GEMMs recognized, batch norms folded into convolutions,
+/* Rewrites g: ops computing what an earlier op computed merged into it, constants folded, GEMMs recognized, batch norms folded into convolutions,
  * epilogues fused, dead code removed, convolutions laid out channels-last, then SwiGLU's gate and up projections joined into one
  * GEMM, repeated k and v heads dropped (grouped-query attention), attention's head split and
  * merge taken into the SDPA, the reshape chains those leave folded, written-out RMSNorms made RMS_NORM ops, pointwise chains fused (after the epilogues, so a GEMM keeps its
@@ -792,6 +793,7 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, int dynamic,
                               kiln_error *err) {
   kiln_status s;
+  if (opts->fuse && (s = kiln_merge_common_ops(g, err))) return s;
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
   if (opts->fuse && (s = kiln_fold_batch_norm(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_epilogues(g, err))) return s;

@@ -145,7 +145,6 @@ kiln_status kiln_recognize_gemm(kiln_graph *g, kiln_error *err) {
   return KILN_OK;
 }
 
-/* 1 when a and b hold the same dtype, rank and sizes, symbolic ones included. */
 kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err) {
   (void)err;
   for (uint32_t i = 0; i < g->n_ops; i++) {

@@ -582,7 +582,9 @@ static void test_epilogue_fusion(void) {
     int32_t lin = op(b, KILN_OP_LINEAR, T(in, w), 2, NULL, 0, NULL, 0);
     output(b, op(b, KILN_OP_ADD, T(lin, constant(b, 1, D(4), NULL)), 2, NULL, 0, (double[]){2}, 1),
            "y");
-    output(b, op(b, KILN_OP_GELU, T(op(b, KILN_OP_LINEAR, T(in, w), 2, NULL, 0, NULL, 0)), 1, NULL,
+    /* another weight: two linears of one weight would merge */
+    int32_t w2 = constant(b, 2, D(4, 3), (const float[12]){2, 1, 0, -1, 3, 5, 7, 1, 2, 4, 6, 8});
+    output(b, op(b, KILN_OP_GELU, T(op(b, KILN_OP_LINEAR, T(in, w2), 2, NULL, 0, NULL, 0)), 1, NULL,
                  0, NULL, 0),
            "z");
     if (build(b, NULL, &x)) {

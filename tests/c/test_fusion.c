@@ -58,6 +58,49 @@ static void out(kiln_builder *b, int32_t t, const char *name) {
 
 /* ---------------------------------------------------------------- the graphs */
 
+/* Ops that compute the same thing twice: two linears of one weight and their softmaxes (the
+ * second pair merges into the first, the softmax because its input merged), a third linear of
+ * a second constant with the weight's bytes (merges too), a softmax over another dim (kept),
+ * and two equal softmaxes that are both outputs (kept). */
+static void g_common(kiln_builder *b, kiln_dtype dt) {
+  kiln_error err = {KILN_OK, ""};
+  float wdata[30];
+  for (int i = 0; i < 30; i++) wdata[i] = (float)(i % 7) / 6.0f - 0.5f;
+  int32_t x = in(b, "x", dt, 2, D(4, 6));
+  int32_t w = kiln_builder_add_constant(b, KILN_F32, 2, D(5, 6), wdata, sizeof wdata, &err);
+  CHECK(w >= 0);
+  int32_t l1 = binary(b, KILN_OP_LINEAR, x, w), l2 = binary(b, KILN_OP_LINEAR, x, w);
+  int32_t s1 = op(b, KILN_OP_SOFTMAX, T(l1), 1, 1, 1, NULL, 0);
+  int32_t s2 = op(b, KILN_OP_SOFTMAX, T(l2), 1, 1, 1, NULL, 0);
+  out(b, binary(b, KILN_OP_SUB, s1, op(b, KILN_OP_SOFTMAX, T(l1), 1, 0, 1, NULL, 0)), "d");
+  out(b, binary(b, KILN_OP_MUL, s2, l2), "m");
+  int32_t same_bytes = kiln_builder_add_constant(b, KILN_F32, 2, D(5, 6), wdata, sizeof wdata, &err);
+  out(b, binary(b, KILN_OP_MUL, binary(b, KILN_OP_LINEAR, x, same_bytes), s1), "c");
+  out(b, op(b, KILN_OP_SOFTMAX, T(x), 1, 1, 1, NULL, 0), "o1");
+  out(b, op(b, KILN_OP_SOFTMAX, T(x), 1, 1, 1, NULL, 0), "o2");
+}
+
+/* Two equal reshapes of a state, one before and one after the INDEX_COPY that writes it: a
+ * reshape is a view of the state's buffer, so merging the second into the first would let
+ * its readers see the written bytes. */
+static void g_common_state(kiln_builder *b, kiln_dtype dt) {
+  kiln_error err = {KILN_OK, ""};
+  float initial[8];
+  int64_t slot = 2;
+  for (int i = 0; i < 8; i++) initial[i] = 0.25f * (float)i - 0.5f;
+  (void)dt;
+  int32_t cache = kiln_builder_add_state(b, KILN_F32, 2, D(4, 2), initial, sizeof initial, &err);
+  int32_t index = kiln_builder_add_constant(b, KILN_I64, 1, D(1), &slot, sizeof slot, &err);
+  int32_t v = in(b, "v", KILN_F32, 2, D(1, 2));
+  CHECK(cache >= 0 && index >= 0);
+  int32_t before = op(b, KILN_OP_RESHAPE, T(cache), 1, 8, 1, NULL, 0);
+  int32_t written = op(b, KILN_OP_INDEX_COPY, T(cache, index, v), 3, 0, 1, NULL, 0);
+  CHECK(kiln_builder_write_state(b, cache, written, &err) == KILN_OK);
+  int32_t after = op(b, KILN_OP_RESHAPE, T(cache), 1, 8, 1, NULL, 0);
+  out(b, unary(b, KILN_OP_EXP, before), "a");
+  out(b, unary(b, KILN_OP_NEG, after), "b");
+}
+
 /* x * y[4] + z, then GELU (tanh): one chain of three steps over two extra inputs. */
 static void g_mul_add_gelu(kiln_builder *b, kiln_dtype dt) {
   int32_t x = in(b, "x", dt, 3, D(2, 3, 4)), y = in(b, "y", dt, 1, D(4));
@@ -154,10 +197,13 @@ static void g_linear(kiln_builder *b, kiln_dtype dt) {
   int32_t x = in(b, "x", dt, 2, D(2, 3)), y = in(b, "y", dt, 1, D(4));
   int32_t z = in(b, "z", dt, 2, D(2, 4));
   int32_t w = kiln_builder_add_constant(b, KILN_F32, 2, D(4, 3), wdata, sizeof wdata, &err);
-  CHECK(w >= 0);
+  /* another weight: two linears of one weight would merge into one */
+  for (int i = 0; i < 12; i++) wdata[i] = (float)(i % 3) / 2.0f - 0.25f;
+  int32_t w2 = kiln_builder_add_constant(b, KILN_F32, 2, D(4, 3), wdata, sizeof wdata, &err);
+  CHECK(w >= 0 && w2 >= 0);
   int32_t r = unary(b, KILN_OP_RELU, binary(b, KILN_OP_LINEAR, x, w));
   out(b, binary(b, KILN_OP_MUL, r, y), "m");
-  int32_t g = unary(b, KILN_OP_GELU, binary(b, KILN_OP_LINEAR, x, w));
+  int32_t g = unary(b, KILN_OP_GELU, binary(b, KILN_OP_LINEAR, x, w2));
   out(b, binary(b, KILN_OP_ADD, binary(b, KILN_OP_MUL, g, y), z), "k");
 }
 
@@ -242,7 +288,7 @@ static void g_norm_apart(kiln_builder *b, kiln_dtype dt) {
   int32_t pw = op(b, KILN_OP_POW, T(x), 1, 0, 0, (const double[]){2.0}, 1);
   int32_t n3 = norm(b, KILN_OP_RMS_NORM, T(pw), 1, 0);
   out(b, op(b, KILN_OP_POW, T(n3), 1, 0, 0, (const double[]){0.5}, 1), "pows");
-  int32_t sq = norm(b, KILN_OP_RMS_NORM, T(z), 1, 0);
+  int32_t sq = norm(b, KILN_OP_RMS_NORM, T(in(b, "s", dt, 2, D(3, 8))), 1, 0); /* z's would merge */
   out(b, binary(b, KILN_OP_MUL, sq, sq), "squared");
   int32_t v = norm(b, KILN_OP_RMS_NORM, T(r), 1, 0);
   static const kiln_op_kind six[6] = {KILN_OP_NEG, KILN_OP_TANH, KILN_OP_SIGMOID,
@@ -263,18 +309,23 @@ static void g_residual(kiln_builder *b, kiln_dtype dt) {
   int32_t x = in(b, "x", dt, 2, D(3, 6)), r = in(b, "r", dt, 2, D(3, 4));
   int32_t w = kiln_builder_add_constant(b, KILN_F32, 2, D(4, 6), wdata, sizeof wdata, &err);
   int32_t bias = kiln_builder_add_constant(b, KILN_F32, 1, D(4), bdata, sizeof bdata, &err);
-  CHECK(w >= 0 && bias >= 0);
+  /* more weights: linears of one weight and input would merge into one */
+  for (int i = 0; i < 24; i++) wdata[i] = (float)(i % 5) / 8.0f - 0.25f;
+  int32_t w2 = kiln_builder_add_constant(b, KILN_F32, 2, D(4, 6), wdata, sizeof wdata, &err);
+  for (int i = 0; i < 24; i++) wdata[i] = (float)(i % 3) / 4.0f - 0.125f;
+  int32_t w3 = kiln_builder_add_constant(b, KILN_F32, 2, D(4, 6), wdata, sizeof wdata, &err);
+  CHECK(w >= 0 && bias >= 0 && w2 >= 0 && w3 >= 0);
   out(b, binary(b, KILN_OP_ADD, op(b, KILN_OP_LINEAR, T(x, w, bias), 3, 0, 1, NULL, 0), r), "a");
   int32_t y = binary(b, KILN_OP_LINEAR, x, w);
   int32_t r2 = unary(b, KILN_OP_TANH, r);
   out(b, binary(b, KILN_OP_ADD, r2, y), "b");
   int32_t g = op(b, KILN_OP_LINEAR, T(x, w), 2, KILN_ACT_RELU, 1, NULL, 0);
   out(b, binary(b, KILN_OP_ADD, g, r), "c");
-  int32_t twice = binary(b, KILN_OP_LINEAR, x, w);
+  int32_t twice = binary(b, KILN_OP_LINEAR, x, w2);
   out(b, twice, "d");
   out(b, binary(b, KILN_OP_ADD, twice, r), "e");
   int32_t row = in(b, "row", dt, 1, D(4)); /* broadcast: not a residual */
-  out(b, binary(b, KILN_OP_ADD, binary(b, KILN_OP_LINEAR, x, w), row), "f");
+  out(b, binary(b, KILN_OP_ADD, binary(b, KILN_OP_LINEAR, x, w3), row), "f");
 }
 
 
@@ -1055,6 +1106,28 @@ static void test_norm_refusals(void) {
 
 /* ---------------------------------------------------------------- residual epilogues */
 
+static uint32_t count_ops(const built *x, kiln_op_kind kind) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < x->plan.n_ops; i++) n += plan_op(x, i)->kind == kind;
+  return n;
+}
+
+static void test_common_ops_merge(void) {
+  built x;
+  if (build(g_common, KILN_F32, 1, &x)) {
+    /* one linear; softmaxes: s1, the one over dim 0, and both outputs */
+    CHECK(count_ops(&x, KILN_OP_LINEAR) == 1 && count_ops(&x, KILN_OP_SOFTMAX) == 4);
+  }
+  release(&x);
+  if (build(g_common, KILN_F32, 0, &x)) /* the unfused plan is the graph as recorded */
+    CHECK(count_ops(&x, KILN_OP_LINEAR) == 3 && count_ops(&x, KILN_OP_SOFTMAX) == 5);
+  release(&x);
+  check_same_as_unfused(g_common, KILN_F32, -2.0, 2.0);
+  if (build(g_common_state, KILN_F32, 1, &x)) CHECK(count_ops(&x, KILN_OP_RESHAPE) == 2);
+  release(&x);
+  check_same_as_unfused(g_common_state, KILN_F32, -2.0, 2.0);
+}
+
 static void test_residual_fuses(void) {
   built x;
   if (build(g_residual, KILN_F32, 1, &x)) {
@@ -1514,6 +1587,7 @@ int main(void) {
   test_norm_fuses();
   test_norm_refusals();
   test_residual_fuses();
+  test_common_ops_merge();
   test_views();
   test_packed_attention();
   test_grouped_kv();
