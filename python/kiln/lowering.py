@@ -193,6 +193,26 @@ def _unary(name):
     return lambda ctx, node: ctx.op(name, [ctx.promoted(node.args[0], _val(node).dtype)])
 
 
+def _lower_neg(ctx, node):
+    """neg; of an integer tensor (T5's relative position buckets) 0 - x, which integers take."""
+    dtype = _val(node).dtype
+    if dtype.is_floating_point:
+        return ctx.op("neg", [ctx.tensor(node.args[0])])
+    return ctx.op("sub", [ctx.operand(0, dtype), ctx.tensor(node.args[0])], (), [1.0])
+
+
+def _lower_log1p(ctx, node):
+    """log1p(x) to full precision from log: with u = 1 + x rounded, log(u) * x / (u - 1), or x
+    where u rounds to 1 (the rounding error of u cancels; Mamba's softplus reads it)."""
+    dtype = _val(node).dtype
+    x = ctx.promoted(node.args[0], dtype)
+    u = ctx.op("add", [x, ctx.operand(1.0, dtype)], (), [1.0])
+    d = ctx.op("sub", [u, ctx.operand(1.0, dtype)], (), [1.0])
+    ratio = ctx.op("div", [ctx.op("mul", [ctx.op("log", [u]), x]), d])
+    exact = ctx.op("compare", [d, ctx.operand(0.0, dtype)], [_lib.COMPARE["eq"]])
+    return ctx.op("where", [exact, x, ratio])
+
+
 def _operand_kind(value):
     """What torch.result_type needs to know of an operand: a number, or a tensor's dtype and
     whether it is 0-dim (which promotes like a number of its category)."""
@@ -957,10 +977,12 @@ def _table():
     add(["aten::sub.Tensor", "aten::sub.Scalar"], Lowering(_binary("sub", True)))
     add(["aten::mul.Tensor", "aten::mul.Scalar"], Lowering(_binary("mul", False)))
     add(["aten::div.Tensor", "aten::div.Scalar"], Lowering(_binary("div", False)))
-    for name in ("relu", "silu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt", "neg"):
+    for name in ("relu", "silu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt"):
         add([f"aten::{name}.default"], Lowering(_unary(name)))
     for name in ("abs", "log", "cos", "sin", "erf", "hardswish", "hardsigmoid"):
         add([f"aten::{name}.default"], Lowering(_unary(name)))
+    add(["aten::neg.default"], Lowering(_lower_neg))
+    add(["aten::log1p.default"], Lowering(_lower_log1p))
     for which in ("eq", "ne", "lt", "le", "gt", "ge"):
         add([f"aten::{which}.Tensor", f"aten::{which}.Scalar"], Lowering(_compare(which)))
     for which in ("and", "or", "xor", "not"):

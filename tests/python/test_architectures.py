@@ -33,6 +33,22 @@ class MelFeaturesOf(nn.Module):
         return self.model(input_features=input_features).last_hidden_state
 
 
+class Seq2SeqLogitsOf(nn.Module):
+    """An encoder-decoder called on input_ids and decoder_input_ids, returning its logits."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, decoder_input_ids):
+        return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits
+
+
+def _ids_and_decoder_ids(seed):
+    (ids,) = ids_only(seed)
+    return ids, ids[:, :8].flip(1)
+
+
 class PooledImageOf(ImageFeaturesOf):
     def forward(self, pixel_values):
         return self.model(pixel_values=pixel_values).pooler_output
@@ -86,7 +102,23 @@ ARCHITECTURES = {
     "opt": (_hf(hf.OPTForCausalLM, hf.OPTConfig(num_hidden_layers=LAYERS, hidden_size=WIDTH, ffn_dim=FEED_FORWARD,
                                                 num_attention_heads=HEADS, vocab_size=VOCAB,
                                                 word_embed_proj_dim=WIDTH), LogitsOf), ids_only),
-    # encoders: factorized embeddings, relative position buckets
+    # a state-space model: its selective scan unrolled over the sequence, softplus through log1p
+    "mamba": (_hf(hf.MambaForCausalLM, hf.MambaConfig(num_hidden_layers=LAYERS, hidden_size=WIDTH, vocab_size=VOCAB,
+                                                       state_size=8, intermediate_size=FEED_FORWARD), LogitsOf),
+              ids_only),
+    # encoder-decoders: cross attention, T5's relative position buckets (integer neg)
+    "bart": (_hf(hf.BartForConditionalGeneration,
+                 hf.BartConfig(encoder_layers=LAYERS, decoder_layers=LAYERS, d_model=WIDTH, encoder_attention_heads=HEADS,
+                               decoder_attention_heads=HEADS, encoder_ffn_dim=FEED_FORWARD,
+                               decoder_ffn_dim=FEED_FORWARD, vocab_size=VOCAB, max_position_embeddings=64),
+                 Seq2SeqLogitsOf), _ids_and_decoder_ids),
+    "t5": (_hf(hf.T5ForConditionalGeneration, hf.T5Config(num_layers=LAYERS, d_model=WIDTH, d_ff=FEED_FORWARD,
+                                                          num_heads=HEADS, d_kv=16, vocab_size=VOCAB),
+               Seq2SeqLogitsOf), _ids_and_decoder_ids),
+    # encoders: factorized embeddings, disentangled relative attention, relative position buckets
+    "deberta_v2": _encoder(hf.DebertaV2Model, hf.DebertaV2Config(**_SIZES, vocab_size=VOCAB, max_position_embeddings=64,
+                                                                  relative_attention=True,
+                                                                  pos_att_type=["p2c", "c2p"])),
     "roberta": _encoder(hf.RobertaModel, hf.RobertaConfig(**_SIZES, vocab_size=VOCAB)),
     "albert": _encoder(hf.AlbertModel, hf.AlbertConfig(**_SIZES, vocab_size=VOCAB, embedding_size=32)),
     "t5_encoder": _encoder(hf.T5EncoderModel, hf.T5Config(num_layers=LAYERS, d_model=WIDTH, d_ff=FEED_FORWARD,
@@ -101,6 +133,10 @@ ARCHITECTURES = {
                                              num_mel_bins=16, max_source_positions=32, vocab_size=VOCAB,
                                              pad_token_id=0, bos_token_id=0, eos_token_id=1,
                                              decoder_start_token_id=0), MelFeaturesOf), _seeded(1, 16, 64, scale=8.0)),
+    "segformer": (_hf(hf.SegformerModel, hf.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                                                             hidden_sizes=[16, 32], num_attention_heads=[1, 2],
+                                                             patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2]),
+                      ImageFeaturesOf), _seeded(1, 3, 32, 32)),
     "efficientnet_b0": _torchvision("efficientnet_b0"),
     "shufflenet_v2": _torchvision("shufflenet_v2_x0_5"),
     "squeezenet": _torchvision("squeezenet1_0"),

@@ -100,6 +100,15 @@ class PadsAndGroupNorms(nn.Module):
         return self.plain(h.reshape(2, 8, -1) * 1.5)
 
 
+class SoftplusAndIntegerNeg(nn.Module):
+    """Mamba's softplus (through log1p) and T5's relative position buckets (neg of integers)."""
+
+    def forward(self, x, positions):
+        relative = positions[None, :] - positions[:, None]
+        buckets = -torch.minimum(relative, torch.zeros_like(relative))
+        return F.softplus(x * 4.0) + torch.log1p(x.abs()), buckets
+
+
 def ids_and_mask():
     ids = torch.tensor([[3, 7, 1, 0, 0, 9], [5, 2, 8, 4, 6, 1]])
     mask = torch.tensor([[1, 1, 1, 0, 0, 1], [1, 1, 1, 1, 1, 0]])
@@ -120,6 +129,9 @@ CASES = [
     ("pads_and_group_norms", PadsAndGroupNorms,
      lambda: (torch.randn(2, 8, 5, 5, generator=torch.Generator().manual_seed(3)) * 3.0 + 1.0,),
      {"aten.constant_pad_nd", "aten.native_group_norm"}),
+    ("softplus_and_integer_neg", SoftplusAndIntegerNeg,
+     lambda: (torch.randn(3, 10, generator=torch.Generator().manual_seed(4)) * 2.0, torch.arange(6)),
+     {"aten.log1p", "aten.neg"}),
 ]
 
 
@@ -136,6 +148,24 @@ def test_model_runs_whole_on_kiln_and_matches_eager(name, make, inputs, ops, tmp
     with torch.no_grad():
         actual = flat(interpreter.run(*args))
     assert_close(actual, expected, models.F32_TOLERANCE, name)
+
+
+class _Log1p(nn.Module):
+    def forward(self, x):
+        return torch.log1p(x)
+
+
+def test_log1p_keeps_full_precision_near_zero(tmp_path):
+    """log(1 + x) rounds 1 + x and loses x's digits near zero; Kiln's log1p must not."""
+    x = torch.tensor([1e-10, -3e-9, 2e-7, -5e-6, 1e-4, 0.0, 0.75, -0.5, 1e5])
+    model = _Log1p().eval()
+    program = kiln.export(model, (x,), tmp_path / "log1p.pte")
+    assert cpu_ops(program) == set()
+    (actual,) = flat(KilnInterpreter(program).run(x))
+    expected = torch.log1p(x.double())
+    relative = ((actual.double() - expected).abs() / expected.abs().clamp_min(1e-300))[expected != 0]
+    assert relative.max().item() < 1e-6, relative
+    assert actual[x == 0].eq(0).all()
 
 
 def test_hard_activations_fuse_into_one_pointwise_op(tmp_path):
