@@ -165,3 +165,26 @@ kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err) {
   }
   return KILN_OK;
 }
+
+kiln_status kiln_drop_copies(kiln_graph *g, kiln_error *err) {
+  uint8_t *from_state = kiln_malloc(g->n_tensors ? g->n_tensors : 1);
+  if (!from_state)
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "builder: out of memory for %u tensors while dropping copies; free memory and "
+                     "retry",
+                     (unsigned)g->n_tensors);
+  kiln_graph_mark_state_derived(g, from_state);
+  for (uint32_t i = 0; i < g->n_ops; i++) {
+    const kiln_op *op = &g->ops[i];
+    int32_t src = (int32_t)op->inputs[0], out = (int32_t)op->output;
+    if (g->dead[i] || op->kind != KILN_OP_COPY || from_state[src] || kiln_graph_is_output(g, out) ||
+        !kiln_same_desc(&g->tensors[src].desc, &g->tensors[out].desc))
+      continue;
+    for (uint32_t j = i + 1; j < g->n_ops; j++)
+      for (uint32_t k = 0; !g->dead[j] && k < g->ops[j].n_inputs; k++)
+        if ((int32_t)g->ops[j].inputs[k] == out) g->ops[j].inputs[k] = (uint32_t)src;
+    g->dead[i] = 1;
+  }
+  free(from_state);
+  return KILN_OK;
+}

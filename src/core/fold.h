@@ -16,4 +16,8 @@ kiln_status kiln_recognize_gemm(kiln_graph *g, kiln_error *err);
  * tensor no view can alias (a state). */
 kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err);
 
+/* A COPY (clone, alias) that is no output binding or state value, of a tensor no state's write
+ * can change, goes; its readers read the source. */
+kiln_status kiln_drop_copies(kiln_graph *g, kiln_error *err);
+
 #endif

@@ -104,6 +104,15 @@ int kiln_graph_is_output(const kiln_graph *g, int32_t t) {
   return 0;
 }
 
+void kiln_graph_mark_state_derived(const kiln_graph *g, uint8_t *from_state) {
+  for (uint32_t t = 0; t < g->n_tensors; t++) from_state[t] = g->tensors[t].node == KILN_NODE_STATE;
+  for (uint32_t i = 0; i < g->n_ops; i++) {
+    const kiln_op *op = &g->ops[i];
+    for (uint32_t k = 0; !g->dead[i] && k < op->n_inputs; k++)
+      from_state[op->output] |= from_state[op->inputs[k]];
+  }
+}
+
 kiln_status kiln_graph_remove_dead(kiln_graph *g, kiln_error *err) {
   uint8_t *needed = kiln_calloc(g->n_tensors, 1);
   if (!needed)

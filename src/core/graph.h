@@ -69,6 +69,10 @@ int32_t kiln_graph_producer(const kiln_graph *g, uint32_t t, const uint32_t *use
                             uint32_t readers);
 /* 1 when tensor t is named by an output binding or is a state's value after the run. */
 int kiln_graph_is_output(const kiln_graph *g, int32_t t);
+/* from_state[t] = 1 for each state tensor and each live op's output downstream of one: bytes a
+ * state's in-place write may change during the run, so two reads of one such tensor at
+ * different places may differ. */
+void kiln_graph_mark_state_derived(const kiln_graph *g, uint8_t *from_state);
 /* Marks dead every op whose output reaches no output binding. */
 kiln_status kiln_graph_remove_dead(kiln_graph *g, kiln_error *err);
 

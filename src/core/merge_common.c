@@ -63,17 +63,17 @@ kiln_status kiln_merge_common_ops(kiln_graph *g, kiln_error *err) {
   while (slots < 2 * (size_t)g->n_ops || slots < 2 * (size_t)g->n_tensors) slots *= 2;
   uint32_t *table = kiln_calloc(slots, sizeof *table); /* 1 + constant, then 1 + op; 0 empty */
   uint32_t *replace = kiln_malloc(sizeof *replace * (g->n_tensors ? g->n_tensors : 1));
-  uint8_t *from_state = kiln_calloc(g->n_tensors ? g->n_tensors : 1, 1);
+  uint8_t *from_state = kiln_malloc(g->n_tensors ? g->n_tensors : 1);
   if (!table || !replace || !from_state) {
     free(table), free(replace), free(from_state);
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "builder: out of memory merging the common ops of %u; free memory and retry",
                      (unsigned)g->n_ops);
   }
+  kiln_graph_mark_state_derived(g, from_state);
   for (uint32_t t = 0; t < g->n_tensors; t++) {
     const kiln_gtensor *c = &g->tensors[t];
     replace[t] = t;
-    from_state[t] = c->node == KILN_NODE_STATE;
     if (c->node != KILN_NODE_CONSTANT || c->desc.nbytes > KILN_MERGE_CONSTANT_MAX || !c->data) continue;
     size_t at = (size_t)constant_hash(c) & (slots - 1);
     for (; table[at]; at = (at + 1) & (slots - 1))
@@ -85,15 +85,8 @@ kiln_status kiln_merge_common_ops(kiln_graph *g, kiln_error *err) {
   for (uint32_t i = 0; i < g->n_ops; i++) {
     kiln_op *op = &g->ops[i];
     if (g->dead[i]) continue;
-    int stateful = 0;
-    for (uint32_t k = 0; k < op->n_inputs; k++) {
-      op->inputs[k] = replace[op->inputs[k]];
-      stateful |= from_state[op->inputs[k]];
-    }
-    if (stateful || op->kind == KILN_OP_INDEX_COPY) {
-      from_state[op->output] = 1;
-      continue;
-    }
+    for (uint32_t k = 0; k < op->n_inputs; k++) op->inputs[k] = replace[op->inputs[k]];
+    if (from_state[op->output] || op->kind == KILN_OP_INDEX_COPY) continue;
     size_t at = (size_t)op_hash(op) & (slots - 1);
     for (; table[at]; at = (at + 1) & (slots - 1))
       if (same_op(g, &g->ops[table[at] - 1], op)) break;

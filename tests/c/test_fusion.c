@@ -80,6 +80,26 @@ static void g_common(kiln_builder *b, kiln_dtype dt) {
   out(b, op(b, KILN_OP_SOFTMAX, T(x), 1, 1, 1, NULL, 0), "o2");
 }
 
+/* Copies: of an op's output read by another op (goes), as an output (stays), and of a view of
+ * a state before its write (stays: it holds the bytes the in-place write replaces). */
+static void g_copies(kiln_builder *b, kiln_dtype dt) {
+  kiln_error err = {KILN_OK, ""};
+  float initial[8];
+  int64_t slot = 1;
+  for (int i = 0; i < 8; i++) initial[i] = 0.5f * (float)i - 1.0f;
+  int32_t x = in(b, "x", dt, 2, D(4, 2)), v = in(b, "v", dt, 2, D(1, 2));
+  int32_t y = unary(b, KILN_OP_EXP, x);
+  out(b, op(b, KILN_OP_SOFTMAX, T(unary(b, KILN_OP_COPY, y)), 1, 1, 1, NULL, 0), "a");
+  out(b, unary(b, KILN_OP_COPY, y), "b");
+  int32_t cache = kiln_builder_add_state(b, dt, 2, D(4, 2), initial, sizeof initial, &err);
+  int32_t index = kiln_builder_add_constant(b, KILN_I64, 1, D(1), &slot, sizeof slot, &err);
+  CHECK(cache >= 0 && index >= 0);
+  int32_t before = unary(b, KILN_OP_COPY, op(b, KILN_OP_RESHAPE, T(cache), 1, 8, 1, NULL, 0));
+  int32_t written = op(b, KILN_OP_INDEX_COPY, T(cache, index, v), 3, 0, 1, NULL, 0);
+  CHECK(kiln_builder_write_state(b, cache, written, &err) == KILN_OK);
+  out(b, op(b, KILN_OP_SOFTMAX, T(before), 1, 0, 1, NULL, 0), "c");
+}
+
 /* Two equal reshapes of a state, one before and one after the INDEX_COPY that writes it: a
  * reshape is a view of the state's buffer, so merging the second into the first would let
  * its readers see the written bytes. */
@@ -1128,6 +1148,15 @@ static void test_common_ops_merge(void) {
   check_same_as_unfused(g_common_state, KILN_F32, -2.0, 2.0);
 }
 
+static void test_copies_drop(void) {
+  built x;
+  if (build(g_copies, KILN_F32, 1, &x)) CHECK(count_ops(&x, KILN_OP_COPY) == 2);
+  release(&x);
+  if (build(g_copies, KILN_F32, 0, &x)) CHECK(count_ops(&x, KILN_OP_COPY) == 3);
+  release(&x);
+  check_same_as_unfused(g_copies, KILN_F32, -2.0, 2.0);
+}
+
 static void test_residual_fuses(void) {
   built x;
   if (build(g_residual, KILN_F32, 1, &x)) {
@@ -1588,6 +1617,7 @@ int main(void) {
   test_norm_refusals();
   test_residual_fuses();
   test_common_ops_merge();
+  test_copies_drop();
   test_views();
   test_packed_attention();
   test_grouped_kv();
