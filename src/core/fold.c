@@ -145,6 +145,15 @@ kiln_status kiln_recognize_gemm(kiln_graph *g, kiln_error *err) {
   return KILN_OK;
 }
 
+/* Op i goes: the live ops after it read src where they read its output. */
+static void bypass(kiln_graph *g, uint32_t i, int32_t src) {
+  uint32_t out = g->ops[i].output;
+  for (uint32_t j = i + 1; j < g->n_ops; j++)
+    for (uint32_t k = 0; !g->dead[j] && k < g->ops[j].n_inputs; k++)
+      if (g->ops[j].inputs[k] == out) g->ops[j].inputs[k] = (uint32_t)src;
+  g->dead[i] = 1;
+}
+
 kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err) {
   (void)err;
   for (uint32_t i = 0; i < g->n_ops; i++) {
@@ -158,10 +167,7 @@ kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err) {
     /* an output binding or a state's written value must stay an op's output */
     if (!kiln_same_desc(&g->tensors[src].desc, &g->tensors[out].desc) || kiln_graph_is_output(g, out))
       continue;
-    for (uint32_t j = i + 1; j < g->n_ops; j++)
-      for (uint32_t k = 0; !g->dead[j] && k < g->ops[j].n_inputs; k++)
-        if ((int32_t)g->ops[j].inputs[k] == out) g->ops[j].inputs[k] = (uint32_t)src;
-    g->dead[i] = 1;
+    bypass(g, i, src);
   }
   return KILN_OK;
 }
@@ -180,10 +186,7 @@ kiln_status kiln_drop_copies(kiln_graph *g, kiln_error *err) {
     if (g->dead[i] || op->kind != KILN_OP_COPY || from_state[src] || kiln_graph_is_output(g, out) ||
         !kiln_same_desc(&g->tensors[src].desc, &g->tensors[out].desc))
       continue;
-    for (uint32_t j = i + 1; j < g->n_ops; j++)
-      for (uint32_t k = 0; !g->dead[j] && k < g->ops[j].n_inputs; k++)
-        if ((int32_t)g->ops[j].inputs[k] == out) g->ops[j].inputs[k] = (uint32_t)src;
-    g->dead[i] = 1;
+    bypass(g, i, src);
   }
   free(from_state);
   return KILN_OK;

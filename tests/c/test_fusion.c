@@ -80,23 +80,36 @@ static void g_common(kiln_builder *b, kiln_dtype dt) {
   out(b, op(b, KILN_OP_SOFTMAX, T(x), 1, 1, 1, NULL, 0), "o2");
 }
 
+/* A f32 [4,2] state with non-zero initial values. */
+static int32_t small_cache(kiln_builder *b) {
+  kiln_error err = {KILN_OK, ""};
+  float initial[8];
+  for (int i = 0; i < 8; i++) initial[i] = 0.25f * (float)i - 0.5f;
+  int32_t cache = kiln_builder_add_state(b, KILN_F32, 2, D(4, 2), initial, sizeof initial, &err);
+  CHECK(cache >= 0);
+  return cache;
+}
+
+/* Writes v [1,2] into slot 1 of small_cache's state, in place (the write is its last reader). */
+static void write_slot(kiln_builder *b, int32_t cache, int32_t v) {
+  kiln_error err = {KILN_OK, ""};
+  int64_t slot = 1;
+  int32_t index = kiln_builder_add_constant(b, KILN_I64, 1, D(1), &slot, sizeof slot, &err);
+  CHECK(index >= 0);
+  int32_t written = op(b, KILN_OP_INDEX_COPY, T(cache, index, v), 3, 0, 1, NULL, 0);
+  CHECK(kiln_builder_write_state(b, cache, written, &err) == KILN_OK);
+}
+
 /* Copies: of an op's output read by another op (goes), as an output (stays), and of a view of
  * a state before its write (stays: it holds the bytes the in-place write replaces). */
 static void g_copies(kiln_builder *b, kiln_dtype dt) {
-  kiln_error err = {KILN_OK, ""};
-  float initial[8];
-  int64_t slot = 1;
-  for (int i = 0; i < 8; i++) initial[i] = 0.5f * (float)i - 1.0f;
-  int32_t x = in(b, "x", dt, 2, D(4, 2)), v = in(b, "v", dt, 2, D(1, 2));
+  int32_t x = in(b, "x", dt, 2, D(4, 2)), v = in(b, "v", KILN_F32, 2, D(1, 2));
   int32_t y = unary(b, KILN_OP_EXP, x);
   out(b, op(b, KILN_OP_SOFTMAX, T(unary(b, KILN_OP_COPY, y)), 1, 1, 1, NULL, 0), "a");
   out(b, unary(b, KILN_OP_COPY, y), "b");
-  int32_t cache = kiln_builder_add_state(b, dt, 2, D(4, 2), initial, sizeof initial, &err);
-  int32_t index = kiln_builder_add_constant(b, KILN_I64, 1, D(1), &slot, sizeof slot, &err);
-  CHECK(cache >= 0 && index >= 0);
+  int32_t cache = small_cache(b);
   int32_t before = unary(b, KILN_OP_COPY, op(b, KILN_OP_RESHAPE, T(cache), 1, 8, 1, NULL, 0));
-  int32_t written = op(b, KILN_OP_INDEX_COPY, T(cache, index, v), 3, 0, 1, NULL, 0);
-  CHECK(kiln_builder_write_state(b, cache, written, &err) == KILN_OK);
+  write_slot(b, cache, v);
   out(b, op(b, KILN_OP_SOFTMAX, T(before), 1, 0, 1, NULL, 0), "c");
 }
 
@@ -104,18 +117,11 @@ static void g_copies(kiln_builder *b, kiln_dtype dt) {
  * reshape is a view of the state's buffer, so merging the second into the first would let
  * its readers see the written bytes. */
 static void g_common_state(kiln_builder *b, kiln_dtype dt) {
-  kiln_error err = {KILN_OK, ""};
-  float initial[8];
-  int64_t slot = 2;
-  for (int i = 0; i < 8; i++) initial[i] = 0.25f * (float)i - 0.5f;
   (void)dt;
-  int32_t cache = kiln_builder_add_state(b, KILN_F32, 2, D(4, 2), initial, sizeof initial, &err);
-  int32_t index = kiln_builder_add_constant(b, KILN_I64, 1, D(1), &slot, sizeof slot, &err);
+  int32_t cache = small_cache(b);
   int32_t v = in(b, "v", KILN_F32, 2, D(1, 2));
-  CHECK(cache >= 0 && index >= 0);
   int32_t before = op(b, KILN_OP_RESHAPE, T(cache), 1, 8, 1, NULL, 0);
-  int32_t written = op(b, KILN_OP_INDEX_COPY, T(cache, index, v), 3, 0, 1, NULL, 0);
-  CHECK(kiln_builder_write_state(b, cache, written, &err) == KILN_OK);
+  write_slot(b, cache, v);
   int32_t after = op(b, KILN_OP_RESHAPE, T(cache), 1, 8, 1, NULL, 0);
   out(b, unary(b, KILN_OP_EXP, before), "a");
   out(b, unary(b, KILN_OP_NEG, after), "b");
