@@ -830,6 +830,56 @@ def _lower_argmax(ctx, node):
     return ctx.op("argmax", [ctx.tensor(x)], [args["dim"], int(bool(args["keepdim"]))])
 
 
+_TOPK_MAX = 8
+
+
+def _check_topk(node):
+    args = node_args(node)
+    x, k = args["self"], args["k"]
+    dim = args["dim"] % max(_val(x).dim(), 1)
+    if not isinstance(k, int) or not 1 <= k <= _TOPK_MAX:
+        return f"topk with k = {k} (Kiln selects 1 to {_TOPK_MAX} elements, one argmax each)"
+    if not _val(x).dtype.is_floating_point:
+        return f"topk of {_val(x).dtype} (Kiln selects from float tensors)"
+    if not isinstance(_val(x).shape[dim], int):
+        return "topk along a dim of dynamic size"
+    return None
+
+
+def _lower_topk(ctx, node):
+    """topk for small k (an MoE router picking its experts): k rounds of argmax, each masking
+    what it took to -inf; the values gathered from x. Where only -inf is left, a round takes the
+    first element not taken yet, so no index comes twice. Largest first, as sorted=True asks."""
+    args = node_args(node)
+    x, k, largest = args["self"], args["k"], args["largest"]
+    val = _val(x)
+    dim = args["dim"] % val.dim()
+    dtype = val.dtype
+    xs = ctx.tensor(x)
+    cur = xs if largest else ctx.op("neg", [xs])
+    along = [1] * val.dim()
+    along[dim] = val.shape[dim]
+    positions = ctx.builder.add_constant(torch.arange(val.shape[dim]).reshape(along))
+    low = ctx.operand(float("-inf"), dtype)
+    taken = None
+    values, indices = [], []
+    for _ in range(k):
+        pick = ctx.op("argmax", [cur], [dim, 1])
+        if taken is not None:
+            untaken = ctx.op("where", [taken, ctx.operand(0.0, dtype), ctx.operand(1.0, dtype)])
+            first = ctx.op("argmax", [untaken], [dim, 1])
+            exhausted = ctx.op("compare", [ctx.op("gather", [cur, pick], [dim]), low], [_lib.COMPARE["eq"]])
+            pick = ctx.op("where", [exhausted, first, pick])
+        hit = ctx.op("compare", [positions, pick], [_lib.COMPARE["eq"]])
+        taken = hit if taken is None else ctx.op("logical", [taken, hit], [_lib.BOOL_OPS["or"]])
+        cur = ctx.op("where", [hit, low, cur])
+        values.append(ctx.op("gather", [xs, pick], [dim]))
+        indices.append(pick)
+    if k == 1:
+        return values[0], indices[0]
+    return ctx.op("cat", values, [dim]), ctx.op("cat", indices, [dim])
+
+
 def _lower_split(ctx, node):
     """split and split_with_sizes: one slice per piece, sized as PyTorch sized the outputs."""
     args = node_args(node)
@@ -1043,6 +1093,7 @@ def _table():
     add(["aten::gather.default"], Lowering(_lower_gather))
     add(["aten::index.Tensor"], Lowering(_lower_index, _check_index))
     add(["aten::argmax.default"], Lowering(_lower_argmax))
+    add(["aten::topk.default"], Lowering(_lower_topk, _check_topk))
     add(["aten::index_put.default"], Lowering(_lower_index_put, _check_index_put))
     add(["aten::index_copy.default"], Lowering(_lower_index_copy))
     add(["aten::copy.default"], Lowering(_lower_copy_into, compute=False))

@@ -171,17 +171,18 @@ class OpMix(nn.Module):
 
 
 class Mixed(nn.Module):
-    """Kiln ops split by two ops Kiln lacks (flip, topk): three blobs, two CPU ops between."""
+    """Kiln ops split by two ops Kiln does not take (flip, and topk of more than 8): three
+    blobs, two CPU ops between."""
 
     def __init__(self, width=16):
         super().__init__()
         self.fc1 = nn.Linear(width, width)
         self.fc2 = nn.Linear(width, width)
-        self.fc3 = nn.Linear(4, 8)
+        self.fc3 = nn.Linear(9, 8)
 
     def forward(self, x):
         h = torch.flip(self.fc1(x).relu(), dims=[-1])
-        values, _ = torch.topk(self.fc2(h), 4, dim=-1)
+        values, _ = torch.topk(self.fc2(h), 9, dim=-1)
         return self.fc3(values.relu())
 
 

@@ -102,6 +102,15 @@ ARCHITECTURES = {
     "opt": (_hf(hf.OPTForCausalLM, hf.OPTConfig(num_hidden_layers=LAYERS, hidden_size=WIDTH, ffn_dim=FEED_FORWARD,
                                                 num_attention_heads=HEADS, vocab_size=VOCAB,
                                                 word_embed_proj_dim=WIDTH), LogitsOf), ids_only),
+    # mixtures of experts, routed by topk; transformers' batched experts (every expert on every
+    # token, weighted by the router), as its default grouped ones export an op outside Core ATen
+    "mixtral": (_hf(lambda config: hf.MixtralForCausalLM._from_config(config, experts_implementation="batched_mm"),
+                    hf.MixtralConfig(**_decoder_sizes(), num_local_experts=4, num_experts_per_tok=2,
+                                     sliding_window=None), LogitsOf), ids_only),
+    "qwen2_moe": (_hf(lambda config: hf.Qwen2MoeForCausalLM._from_config(config, experts_implementation="batched_mm"),
+                      hf.Qwen2MoeConfig(**_decoder_sizes(), num_experts=4, num_experts_per_tok=2,
+                                        moe_intermediate_size=32, shared_expert_intermediate_size=64),
+                      LogitsOf), ids_only),
     # a state-space model: its selective scan unrolled over the sequence, softplus through log1p
     "mamba": (_hf(hf.MambaForCausalLM, hf.MambaConfig(num_hidden_layers=LAYERS, hidden_size=WIDTH, vocab_size=VOCAB,
                                                        state_size=8, intermediate_size=FEED_FORWARD), LogitsOf),

@@ -312,18 +312,18 @@ def test_rank_above_limit_stays_on_cpu():
     assert any("rank 9" in reason for reason in partitioner.refusals.values())
 
 
-class WideCat(nn.Module):
+class IntegerRelu(nn.Module):
     def forward(self, x):
-        return torch.cat([x * float(k) for k in range(_lib.MAX_OP_INPUTS + 1)], dim=0)
+        return torch.relu(x * 3)
 
 
 def test_builder_refusal_keeps_node_on_cpu_with_its_message():
-    edge, partitioner = lower(WideCat(), (torch.randn(2, 3),))
-    reasons = refusals_of(partitioner, "aten_cat")
+    edge, partitioner = lower(IntegerRelu(), (torch.arange(6).reshape(2, 3),))
+    reasons = refusals_of(partitioner, "aten_relu")
     assert reasons, partitioner.refusals
-    # The message is the C builder's own, which names the op.
-    assert "cat" in reasons[0]
-    assert "aten.cat" in cpu_ops_of_edge(edge)
+    # The message is the C builder's own, which names the op and the remedy.
+    assert "relu" in reasons[0] and "i64" in reasons[0] and "cast it first" in reasons[0]
+    assert "aten.relu" in cpu_ops_of_edge(edge)
 
 
 def cpu_ops_of_edge(edge):
@@ -862,6 +862,13 @@ OP_CASES = [
     ("arange_start", aten.arange.start, (2, 9), {}),
     ("arange_start_step", aten.arange.start_step, (0, 16, 3), {"dtype": torch.float32}),
     ("arange_fractional", aten.arange.start_step, (0.5, 2.0, 0.25), {}),
+    ("cat_many", aten.cat.default, ([rand(2, k + 1, seed=k) for k in range(11)], 1), {}),
+    ("constant_pad", aten.constant_pad_nd.default, (rand(2, 3, 4), [1, 2, -1, 1], 0.5), {}),
+    ("group_norm", aten.native_group_norm.default,
+     (rand(2, 6, 5), rand(6, seed=1), rand(6, seed=2), 2, 6, 5, 3, 1e-5), {}),
+    ("log1p", aten.log1p.default, (rand(3, 4, positive=True),), {}),
+    ("neg_int", aten.neg.default, (ids(3, 4, high=9),), {}),
+    ("topk", aten.topk.default, (rand(3, 7), 2), {}),
 ]
 
 
