@@ -783,14 +783,15 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
   return KILN_OK;
 }
 
-/* Rewrites g: ops computing what an earlier op computed merged into it, constants folded, GEMMs recognized, batch norms folded into convolutions,
- * epilogues fused, dead code removed, convolutions laid out channels-last, then SwiGLU's gate and up projections joined into one
+/* Rewrites g: ops computing what an earlier op computed merged into it, constants folded,
+ * GEMMs recognized, batch norms folded into convolutions, epilogues fused, dead code removed,
+ * convolutions laid out channels-last, then SwiGLU's gate and up projections joined into one
  * GEMM, repeated k and v heads dropped (grouped-query attention), attention's head split and
  * merge taken into the SDPA, the reshape chains those leave folded and copies of what nothing
- * writes dropped, written-out RMSNorms made RMS_NORM ops, pointwise chains fused (after the epilogues, so a GEMM keeps its
- * activation), pointwise ops next to a norm fused into it, then what remains of pointwise ops,
- * casts and views grouped into FUSED ops (static plans only: a group's index maps are fixed
- * sizes). */
+ * writes dropped, written-out RMSNorms made RMS_NORM ops, pointwise chains fused (after the
+ * epilogues, so a GEMM keeps its activation), pointwise ops next to a norm fused into it, then
+ * what remains of pointwise ops, casts and views grouped into FUSED ops (static plans only: a
+ * group's index maps are fixed sizes). */
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, int dynamic,
                               kiln_error *err) {
   kiln_status s;

@@ -165,7 +165,8 @@ kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err) {
       op->inputs[0] = g->ops[in->producer].inputs[0];
     int32_t src = (int32_t)op->inputs[0], out = (int32_t)op->output;
     /* an output binding or a state's written value must stay an op's output */
-    if (!kiln_same_desc(&g->tensors[src].desc, &g->tensors[out].desc) || kiln_graph_is_output(g, out))
+    if (!kiln_same_desc(&g->tensors[src].desc, &g->tensors[out].desc) ||
+        kiln_graph_is_output(g, out))
       continue;
     bypass(g, i, src);
   }

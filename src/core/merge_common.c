@@ -74,7 +74,8 @@ kiln_status kiln_merge_common_ops(kiln_graph *g, kiln_error *err) {
   for (uint32_t t = 0; t < g->n_tensors; t++) {
     const kiln_gtensor *c = &g->tensors[t];
     replace[t] = t;
-    if (c->node != KILN_NODE_CONSTANT || c->desc.nbytes > KILN_MERGE_CONSTANT_MAX || !c->data) continue;
+    if (c->node != KILN_NODE_CONSTANT || c->desc.nbytes > KILN_MERGE_CONSTANT_MAX || !c->data)
+      continue;
     size_t at = (size_t)constant_hash(c) & (slots - 1);
     for (; table[at]; at = (at + 1) & (slots - 1))
       if (same_constant(&g->tensors[table[at] - 1], c)) break;

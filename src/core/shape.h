@@ -32,7 +32,8 @@ static inline int kiln_same_dims(const kiln_tensor_desc *a, const kiln_tensor_de
   if (a->rank != b->rank) return 0;
   for (int32_t d = 0; d < a->rank; d++)
     if (a->dims[d] != b->dims[d] || a->sym[d].symbol != b->sym[d].symbol ||
-        (a->sym[d].symbol && (a->sym[d].coeff != b->sym[d].coeff || a->sym[d].offset != b->sym[d].offset)))
+        (a->sym[d].symbol &&
+         (a->sym[d].coeff != b->sym[d].coeff || a->sym[d].offset != b->sym[d].offset)))
       return 0;
   return 1;
 }

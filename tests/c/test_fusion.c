@@ -74,7 +74,8 @@ static void g_common(kiln_builder *b, kiln_dtype dt) {
   int32_t s2 = op(b, KILN_OP_SOFTMAX, T(l2), 1, 1, 1, NULL, 0);
   out(b, binary(b, KILN_OP_SUB, s1, op(b, KILN_OP_SOFTMAX, T(l1), 1, 0, 1, NULL, 0)), "d");
   out(b, binary(b, KILN_OP_MUL, s2, l2), "m");
-  int32_t same_bytes = kiln_builder_add_constant(b, KILN_F32, 2, D(5, 6), wdata, sizeof wdata, &err);
+  int32_t same_bytes =
+      kiln_builder_add_constant(b, KILN_F32, 2, D(5, 6), wdata, sizeof wdata, &err);
   out(b, binary(b, KILN_OP_MUL, binary(b, KILN_OP_LINEAR, x, same_bytes), s1), "c");
   out(b, op(b, KILN_OP_SOFTMAX, T(x), 1, 1, 1, NULL, 0), "o1");
   out(b, op(b, KILN_OP_SOFTMAX, T(x), 1, 1, 1, NULL, 0), "o2");
