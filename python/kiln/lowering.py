@@ -729,16 +729,14 @@ def _lower_constant_pad(ctx, node):
             start, end = max(-before, 0), shape[dim] - max(-after, 0)
             y = ctx.op("slice", [y], [dim, start, end, 1])
             shape[dim] = end - start
-        pieces = []
-        for width in (before, after):
-            if width > 0:
-                side = list(shape)
-                side[dim] = width
-                pieces.append(ctx.op("expand", [fill], side))
-            else:
-                pieces.append(None)
-        if pieces[0] is not None or pieces[1] is not None:
-            y = ctx.op("cat", [p for p in (pieces[0], y, pieces[1]) if p is not None], [dim])
+        def side(width):
+            dims = list(shape)
+            dims[dim] = width
+            return ctx.op("expand", [fill], dims)
+
+        parts = ([side(before)] if before > 0 else []) + [y] + ([side(after)] if after > 0 else [])
+        if len(parts) > 1:
+            y = ctx.op("cat", parts, [dim])
             shape[dim] = shape[dim] + max(before, 0) + max(after, 0)
     return y
 
@@ -836,7 +834,9 @@ _TOPK_MAX = 8
 def _check_topk(node):
     args = node_args(node)
     x, k = args["self"], args["k"]
-    dim = args["dim"] % max(_val(x).dim(), 1)
+    if _val(x).dim() == 0:
+        return "topk of a 0-d tensor"
+    dim = args["dim"] % _val(x).dim()
     if not isinstance(k, int) or not 1 <= k <= _TOPK_MAX:
         return f"topk with k = {k} (Kiln selects 1 to {_TOPK_MAX} elements, one argmax each)"
     if not _val(x).dtype.is_floating_point:
@@ -860,15 +860,16 @@ def _lower_topk(ctx, node):
     along = [1] * val.dim()
     along[dim] = val.shape[dim]
     positions = ctx.builder.add_constant(torch.arange(val.shape[dim]).reshape(along))
-    low = ctx.operand(float("-inf"), dtype)
+    low, zero, one = (ctx.operand(v, dtype) for v in (float("-inf"), 0.0, 1.0))
     taken = None
     values, indices = [], []
     for _ in range(k):
         pick = ctx.op("argmax", [cur], [dim, 1])
         if taken is not None:
-            untaken = ctx.op("where", [taken, ctx.operand(0.0, dtype), ctx.operand(1.0, dtype)])
+            untaken = ctx.op("where", [taken, zero, one])
             first = ctx.op("argmax", [untaken], [dim, 1])
-            exhausted = ctx.op("compare", [ctx.op("gather", [cur, pick], [dim]), low], [_lib.COMPARE["eq"]])
+            left = ctx.op("gather", [cur, pick], [dim])
+            exhausted = ctx.op("compare", [left, low], [_lib.COMPARE["eq"]])
             pick = ctx.op("where", [exhausted, first, pick])
         hit = ctx.op("compare", [positions, pick], [_lib.COMPARE["eq"]])
         taken = hit if taken is None else ctx.op("logical", [taken, hit], [_lib.BOOL_OPS["or"]])
@@ -1088,7 +1089,8 @@ def _table():
         Lowering(_lower_upsample_nearest))
     add(["aten::upsample_bilinear2d.vec", "aten::upsample_bilinear2d.default"],
         Lowering(_lower_upsample_bilinear))
-    add(["aten::constant_pad_nd.default"], Lowering(_lower_constant_pad, _check_constant_pad, compute=False))
+    add(["aten::constant_pad_nd.default"],
+        Lowering(_lower_constant_pad, _check_constant_pad, compute=False))
     add(["aten::cumsum.default"], Lowering(_lower_cumsum))
     add(["aten::gather.default"], Lowering(_lower_gather))
     add(["aten::index.Tensor"], Lowering(_lower_index, _check_index))

@@ -28,7 +28,8 @@ static void fuse_residuals(kiln_graph *g, uint32_t *uses) {
       kiln_op lin = g->ops[p];
       const kiln_tensor_desc *t = &g->tensors[y].desc;
       if (lin.kind != KILN_OP_LINEAR || lin.iattr[0] != KILN_ACT_NONE || lin.n_iattr > 1 ||
-          !kiln_same_desc(&g->tensors[r].desc, t) || !kiln_same_desc(t, &g->tensors[add->output].desc))
+          !kiln_same_desc(&g->tensors[r].desc, t) ||
+          !kiln_same_desc(t, &g->tensors[add->output].desc))
         continue;
       g->dead[p] = 1;
       uses[y] = 0;

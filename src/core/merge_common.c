@@ -67,7 +67,7 @@ kiln_status kiln_merge_common_ops(kiln_graph *g, kiln_error *err) {
   if (!table || !replace || !from_state) {
     free(table), free(replace), free(from_state);
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
-                     "builder: out of memory merging the common ops of %u; free memory and retry",
+                     "builder: out of memory merging repeated ops among %u; free memory and retry",
                      (unsigned)g->n_ops);
   }
   kiln_graph_mark_state_derived(g, from_state);

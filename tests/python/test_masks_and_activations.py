@@ -176,6 +176,17 @@ def test_topk_takes_each_index_once_where_only_minus_infinity_is_left(tmp_path):
     assert all(len(set(row)) == 3 for row in indices.tolist()), indices
 
 
+def test_topk_refusals_name_their_cause():
+    from test_export import _graph_of
+
+    aten = torch.ops.aten
+    for args, cause in (((torch.randn(3, 12), 9), "k = 9"), ((torch.arange(6), 2), "torch.int64"),
+                        ((torch.tensor(2.5), 1), "0-d")):
+        _, node, _, _ = _graph_of(aten.topk.default, args, {})
+        reason = lowering.refusal(node)
+        assert reason is not None and cause in reason, reason
+
+
 class _Top3(nn.Module):
     def forward(self, x):
         values, indices = torch.topk(x, 3)
