@@ -5,10 +5,10 @@
 #include "mapped_file.h"
 #include "pte_reader.h"
 
-#include "core/fused_program.h"
-#include "core/linear_inputs.h"
-#include "core/load_checks.h"
-#include "core/pointwise_steps.h"
+#include "runtime/fused_program.h"
+#include "runtime/linear_inputs.h"
+#include "runtime/load_checks.h"
+#include "runtime/pointwise_steps.h"
 #include "kiln/kiln.h"
 
 #include <stdio.h>

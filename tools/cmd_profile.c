@@ -6,7 +6,7 @@
 #include "mapped_file.h"
 #include "pte_reader.h"
 
-#include "core/device.h"
+#include "runtime/device.h"
 #include "cuda/cuda_backend.h"
 #include "kiln/kiln.h"
 

@@ -3,7 +3,7 @@
  * checked before use. */
 #include "elf_read.h"
 
-#include "core/internal.h"
+#include "runtime/internal.h"
 
 #include <elf.h>
 #include <stdlib.h>

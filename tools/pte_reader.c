@@ -3,7 +3,7 @@
  * follow ExecuTorch's schema/program.fbs. The walk has a fixed depth and every read is bounded. */
 #include "pte_reader.h"
 
-#include "core/internal.h"
+#include "runtime/internal.h"
 
 #include <string.h>
 

@@ -3,7 +3,7 @@
  * checked against their recorded size and CRC-32. */
 #include "zip_read.h"
 
-#include "core/internal.h"
+#include "runtime/internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -2,9 +2,9 @@
  * the arena, the per-tensor pointer table and the ops' scratch; execute resolves pointers,
  * runs the ops in order and copies aliased outputs back into their inputs, allocating
  * nothing. */
-#include "core/alloc.h"
-#include "core/device.h"
-#include "core/view.h"
+#include "runtime/alloc.h"
+#include "runtime/device.h"
+#include "runtime/view.h"
 #include "cpu/cpu_ops.h"
 
 #include <stdlib.h>

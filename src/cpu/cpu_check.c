@@ -1,12 +1,12 @@
 /* Init-time checks of what the CPU kernels rely on beyond the engine's shape validation:
  * storage bounds, input counts, dtypes and the attributes used as indices. After them,
  * execute can fail only on data. Also sizes the scratch the ops share. */
-#include "core/fused_program.h"
-#include "core/index_layout.h"
-#include "core/internal.h"
-#include "core/linear_inputs.h"
-#include "core/pointwise_steps.h"
-#include "core/vision_shape.h"
+#include "runtime/fused_program.h"
+#include "runtime/index_layout.h"
+#include "runtime/internal.h"
+#include "runtime/linear_inputs.h"
+#include "runtime/pointwise_steps.h"
+#include "runtime/vision_shape.h"
 #include "cpu/cpu_ops.h"
 
 typedef enum out_class {

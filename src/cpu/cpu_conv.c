@@ -1,7 +1,7 @@
 /* CONV, CONV_TRANSPOSE and BATCH_NORM, computed directly from their definitions. Sums
  * accumulate in double and round once, so the oracle's rounding stays far below any tolerance
  * a GPU result is held to. */
-#include "core/vision_shape.h"
+#include "runtime/vision_shape.h"
 #include "cpu/cpu_ops.h"
 
 /* The geometry of one convolution, with a 1-d op read as 2-d of height 1, and the element

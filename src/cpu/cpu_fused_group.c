@@ -1,7 +1,7 @@
 /* FUSED: a group's register program, run once per output element with reference semantics:
  * f32 registers, the unfused ops' own math (kiln_cpu_unary_f32, kiln_cpu_binary_f32), and a
  * rounding wherever the program says an unfused op's output or a cast would round. */
-#include "core/fused_program.h"
+#include "runtime/fused_program.h"
 #include "cpu/cpu_ops.h"
 
 static float round_as(kiln_dtype dt, float v) {

@@ -1,7 +1,7 @@
 /* EMBEDDING, INDEX_SELECT, GATHER and INDEX: elements picked by data-dependent indices. Every
  * index is checked against its dim before anything is written, so a refused run leaves the
  * output as it was. */
-#include "core/index_layout.h"
+#include "runtime/index_layout.h"
 #include "cpu/cpu_ops.h"
 
 static kiln_status check_indices(const kiln_cpu_run *r, uint32_t index, const kiln_op *op,

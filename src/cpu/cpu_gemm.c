@@ -1,7 +1,7 @@
 /* LINEAR (with its fused bias and activation epilogue) and MATMUL with broadcast batch dims.
  * Dot products accumulate in double so the oracle's own rounding stays far below any
  * tolerance a GPU result is held to. */
-#include "core/linear_inputs.h"
+#include "runtime/linear_inputs.h"
 #include "cpu/cpu_ops.h"
 
 /* y = silu(x gate^T) * (x up^T), w = [gate; up] of 2n rows: each product rounded to f32 and

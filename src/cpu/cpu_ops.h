@@ -4,8 +4,8 @@
 #ifndef KILN_CPU_OPS_H
 #define KILN_CPU_OPS_H
 
-#include "core/engine_internal.h"
-#include "core/pointwise_steps.h"
+#include "runtime/engine_internal.h"
+#include "runtime/pointwise_steps.h"
 #include "cpu/half.h"
 
 #include <math.h>

@@ -1,6 +1,6 @@
 /* MAX_POOL2D, AVG_POOL2D and ADAPTIVE_AVG_POOL2D over the last two dims, every leading dim a
  * plane (NCHW), or over H and W of [N,H,W,C] (channels_last), with PyTorch's window rules. */
-#include "core/vision_shape.h"
+#include "runtime/vision_shape.h"
 #include "cpu/cpu_ops.h"
 
 /* Element (b, y, x, c) of one image batch, NCHW being C = 1 (see kiln_planes). */

@@ -1,7 +1,7 @@
 /* UPSAMPLE_NEAREST2D and UPSAMPLE_BILINEAR2D over the last two dims (NCHW) or H and W of
  * [N,H,W,C] (channels_last), source indices computed in f32 by PyTorch's rules so that the same
  * pixels are chosen. */
-#include "core/vision_shape.h"
+#include "runtime/vision_shape.h"
 #include "cpu/cpu_ops.h"
 
 /* Element (b, y, x, c) of an image batch of rows of `w`, NCHW being C = 1 (see kiln_planes). */

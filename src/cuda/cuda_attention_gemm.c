@@ -4,7 +4,7 @@
  * dtype over the scores, then O = P V (cuBLASLt) straight into the output. */
 #include "cuda_attention_gemm.h"
 
-#include "core/internal.h"
+#include "runtime/internal.h"
 
 #include <string.h>
 

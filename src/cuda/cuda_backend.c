@@ -16,11 +16,11 @@
  * memory sized at init for the bounds, through per-shape graph slots: see kcu_run_shape. */
 #include "cuda_backend.h"
 
-#include "core/engine_internal.h"
+#include "runtime/engine_internal.h"
 #include "cuda_attention_gemm.h"
-#include "core/symbolic.h"
-#include "core/view.h"
-#include "core/vision_shape.h"
+#include "runtime/symbolic.h"
+#include "runtime/view.h"
+#include "runtime/vision_shape.h"
 #include "cuda_check.h"
 #include "cuda_conv.h"
 #include "cuda_gemm.h"

@@ -4,7 +4,7 @@
 #ifndef KILN_CUDA_CHAIN_CUH
 #define KILN_CUDA_CHAIN_CUH
 
-#include "core/pointwise_steps.h"
+#include "runtime/pointwise_steps.h"
 #include "cuda_device.cuh"
 
 /* The steps decoded for the device, passed by value: operand pointers and their broadcast

@@ -3,10 +3,10 @@
  * while a refusal here is an ordinary error that loses nothing. */
 #include "cuda_check.h"
 
-#include "core/fused_program.h"
-#include "core/linear_inputs.h"
-#include "core/pointwise_steps.h"
-#include "core/shape.h"
+#include "runtime/fused_program.h"
+#include "runtime/linear_inputs.h"
+#include "runtime/pointwise_steps.h"
+#include "runtime/shape.h"
 #include "cuda_conv.h"
 #include "cuda_ops.h"
 

@@ -3,7 +3,7 @@
  * followed by the epilogue kernel. */
 #include "cuda_conv.h"
 
-#include "core/vision_shape.h"
+#include "runtime/vision_shape.h"
 
 #include <limits.h>
 #include <string.h>

@@ -8,7 +8,7 @@
  * in place on it); a register read later than the next instruction goes through a
  * shared-memory register file. Outputs under 2^32 elements whose inputs are under 2^31 use
  * 32-bit coordinates and addresses (wrapping sums whose in-box total is exact). */
-#include "core/fused_program.h"
+#include "runtime/fused_program.h"
 #include "cuda_device.cuh"
 
 #include <string.h>

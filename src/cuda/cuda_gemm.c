@@ -6,7 +6,7 @@
 
 #include "cuda_choice_cache.h"
 
-#include "core/linear_inputs.h"
+#include "runtime/linear_inputs.h"
 
 #include <math.h>
 #include <string.h>

@@ -4,8 +4,8 @@
 #ifndef KILN_CUDA_OPS_H
 #define KILN_CUDA_OPS_H
 
-#include "core/index_layout.h"
-#include "core/vision_shape.h"
+#include "runtime/index_layout.h"
+#include "runtime/vision_shape.h"
 #include "kiln/kiln.h"
 
 #include <cuda_runtime_api.h>

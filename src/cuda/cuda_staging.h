@@ -6,7 +6,7 @@
 #ifndef KILN_CUDA_STAGING_H
 #define KILN_CUDA_STAGING_H
 
-#include "core/stage_ring.h"
+#include "runtime/stage_ring.h"
 
 #include <cuda_runtime_api.h>
 #include <stddef.h>

@@ -2,7 +2,7 @@
  * exact message. */
 #include "kiln/kiln.h"
 #include "check.h"
-#include "core/alloc.h"
+#include "runtime/alloc.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -2,8 +2,8 @@
  * and what build writes (dead-code removal, constant folding, GEMM recognition, epilogue
  * fusion, COPY for outputs, metadata), with every allocation failure injected. */
 #include "check.h"
-#include "core/alloc.h"
-#include "core/shape.h"
+#include "runtime/alloc.h"
+#include "runtime/shape.h"
 #include "kiln/kiln.h"
 
 #include <math.h>

@@ -1,7 +1,7 @@
 /* The CPU backend as an engine: plans of several ops through arena and weight storage,
  * repeated runs, aliased outputs copied into inputs, init refusals with their exact messages,
  * injected allocation failures, and no allocation during execute. */
-#include "core/alloc.h"
+#include "runtime/alloc.h"
 #include "test_cpu_harness.h"
 
 static kiln_error err;

@@ -4,7 +4,7 @@
 #define KILN_TEST_CPU_HARNESS_H
 
 #include "check.h"
-#include "core/engine_internal.h"
+#include "runtime/engine_internal.h"
 #include "cpu/half.h"
 
 #include <math.h>

@@ -3,8 +3,8 @@
  * of that size does, refusing sizes outside with the input, dim, value and bound, allocating
  * nothing. */
 #include "check.h"
-#include "core/alloc.h"
-#include "core/view.h"
+#include "runtime/alloc.h"
+#include "runtime/view.h"
 #include "kiln/kiln.h"
 
 #include <stdlib.h>

@@ -1,9 +1,9 @@
 /* The engine front end: load and execute of built blobs on the CPU reference engine, device
  * selection, binding checks at load, view checks at execute, allocation failures at load. */
 #include "check.h"
-#include "core/alloc.h"
-#include "core/device.h"
-#include "core/engine_internal.h"
+#include "runtime/alloc.h"
+#include "runtime/device.h"
+#include "runtime/engine_internal.h"
 #include "kiln/kiln.h"
 
 #include <errno.h>

@@ -4,8 +4,8 @@
  * unfused one does on the CPU engine (f32 bit for bit; f16 rounded once instead of per op),
  * and that malformed fused ops are refused by the plan parser and by the CPU engine's init. */
 #include "check.h"
-#include "core/alloc.h"
-#include "core/pointwise_steps.h"
+#include "runtime/alloc.h"
+#include "runtime/pointwise_steps.h"
 #include "test_cpu_harness.h"
 
 #include "kiln/kiln.h"

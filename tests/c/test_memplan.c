@@ -1,7 +1,7 @@
 /* Memory planning: tensors live at the same time never share bytes, offsets are aligned,
  * and tensors that are never live together reuse memory. */
 #include "check.h"
-#include "core/memplan.h"
+#include "builder/memplan.h"
 #include "kiln/kiln.h"
 
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* The strict metadata reader: every rule of the schema refuses with its exact message, and the
  * writer's output reads back to the same metadata. */
-#include "core/alloc.h"
-#include "core/utf8.h"
+#include "runtime/alloc.h"
+#include "runtime/utf8.h"
 #include "kiln/kiln.h"
 #include "check.h"
 

@@ -1,6 +1,6 @@
 /* The plan format: round trip, and every refusal of the parser with its exact message. */
 #include "check.h"
-#include "core/internal.h"
+#include "runtime/internal.h"
 #include "kiln/kiln.h"
 
 #include <math.h>

@@ -7,9 +7,9 @@
  * the allocation count is not taken. */
 #include "check.h"
 
-#include "core/alloc.h"
-#include "core/stage_pool.h"
-#include "core/stage_ring.h"
+#include "runtime/alloc.h"
+#include "runtime/stage_pool.h"
+#include "runtime/stage_ring.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -5,7 +5,7 @@
 #define KILN_TEST_GPU_HARNESS_H
 
 #include "check.h"
-#include "core/engine_internal.h"
+#include "runtime/engine_internal.h"
 #include "cpu/half.h"
 #include "cuda/cuda_backend.h"
 

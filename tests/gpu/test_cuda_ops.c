@@ -12,8 +12,8 @@
 #include "fused_programs.h"
 #include "gpu_harness.h"
 
-#include "core/pointwise_steps.h"
-#include "core/vision_shape.h"
+#include "runtime/pointwise_steps.h"
+#include "runtime/vision_shape.h"
 #include "cuda/cuda_attention_gemm.h"
 #include "cuda/cuda_conv.h"
 #include "cuda/cuda_ops.h"

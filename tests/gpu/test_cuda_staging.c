@@ -6,8 +6,8 @@
  * times a 64 MiB round trip for every thread count and chunk size instead. */
 #include "gpu_harness.h"
 
-#include "core/stage_pool.h"
-#include "core/stage_ring.h"
+#include "runtime/stage_pool.h"
+#include "runtime/stage_ring.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -211,7 +211,7 @@ def formats():
 def test_the_collector_finds_the_formats(formats):
     assert len(formats) >= MIN_FORMATS, f"only {len(formats)} kiln_fail formats found"
     files = {where.rsplit(":", 1)[0] for where, _ in formats}
-    for expected in ["src/core/blob.c", "src/core/metadata.c", "tools/pte_reader.c",
+    for expected in ["src/runtime/blob.c", "src/runtime/metadata.c", "tools/pte_reader.c",
                      "tools/cmd_inspect.c"]:
         assert expected in files
 

@@ -1,0 +1,23 @@
+/* Build passes that rewrite a graph around its constants. */
+#ifndef KILN_FOLD_H
+#define KILN_FOLD_H
+
+#include "builder/graph.h"
+
+/* PERMUTE and RESHAPE of a constant become constants (a transposed weight stays a weight). */
+kiln_status kiln_fold_constants(kiln_graph *g, kiln_error *err);
+/* MATMUL by a 2-D constant b[K,N] becomes LINEAR with the weight stored as [N,K], and an ADD
+ * of a 1-D constant [N] to a LINEAR output read by nothing else becomes the LINEAR's bias. */
+kiln_status kiln_recognize_gemm(kiln_graph *g, kiln_error *err);
+
+/* A RESHAPE of a RESHAPE reads the first one's input; a RESHAPE to its input's own shape
+ * goes, its readers reading the input. What the fusions leave of a view chain (grouped-query
+ * attention's reshape, expand, reshape without the expand) then costs nothing, even on a
+ * tensor no view can alias (a state). */
+kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err);
+
+/* A COPY (clone, alias) that is no output binding or state value, of a tensor no state's write
+ * can change, goes; its readers read the source. */
+kiln_status kiln_drop_copies(kiln_graph *g, kiln_error *err);
+
+#endif
