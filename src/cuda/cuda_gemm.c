@@ -168,8 +168,8 @@ static void kcu_gemm_geometry(kcu_gemm *g, const kiln_plan *plan, uint32_t op_in
     g->K = K;
     g->glu_bytes = g->swiglu ? (uint64_t)M * (uint64_t)N * es : 0;
     /* A few rows: reading the weight once is all the work; the GEMV kernel does it with the
-     * bias and every activation (erf GELU included) in its epilogue. */
-    g->gemv_ok = kcu_test_gemv_choice != 0 && !g->residual && kcu_gemv_fits(M, K) &&
+     * bias, every activation (erf GELU included) and the residual in its epilogue. */
+    g->gemv_ok = kcu_test_gemv_choice != 0 && kcu_gemv_fits(M, K) &&
                  kcu_gemm_align(x, 0) >= 16 && kcu_gemm_align(w, 0) >= 16;
     g->act = act;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
@@ -243,6 +243,7 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
     g->gemv_ok = g->gemv = 1;
     g->act = only.act;
     g->has_bias = only.has_bias;
+    g->residual = only.residual;
     g->calls = 1;
     g->M = only.M, g->N = only.N, g->K = only.K;
     g->swiglu = only.swiglu; /* the GEMV combines gate and up itself: no scratch */
@@ -328,8 +329,9 @@ cudaError_t kcu_gemm_run(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
                          const kcu_tensor *in, uint32_t n_in, const kcu_tensor *out,
                          void *workspace, size_t workspace_size) {
   if (g->gemv)
-    return kcu_gemv(s, in[0].data, in[1].data, g->has_bias ? in[2].data : NULL, out->data,
-                    out->dtype, g->M, g->N, g->K, g->act);
+    return kcu_gemv(s, in[0].data, in[1].data, g->has_bias ? in[2].data : NULL,
+                    g->residual ? in[n_in - 1].data : NULL, out->data, out->dtype, g->M, g->N,
+                    g->K, g->act);
   if (g->swiglu) { /* gate and up into the scratch, then silu(gate) * up into out */
     kcu_tensor t = *out;
     t.data = g->glu_scratch;

@@ -5,7 +5,7 @@
  * slice in 16-byte loads, several issued before any is used, multiply them with every input
  * row in f32 and reduce by warp shuffles; the slices meet in shared memory, and one warp per
  * column applies bias and activation (erf GELU included, which no cuBLASLt epilogue
- * computes) before the one store. SwiGLU (w = [gate; up], 2N rows) pairs a gate and an up
+ * computes), then adds the residual, before the one store. SwiGLU (w = [gate; up], 2N rows) pairs a gate and an up
  * column in one block and stores silu(gate) * up. */
 #include "cuda_device.cuh"
 
@@ -43,10 +43,13 @@ static __device__ __forceinline__ float kcu_gemv_act(int act, float v) {
 /* Warps a launch should have for memory to stay busy: a full H200 holds 132 x 64. */
 #define KCU_GEMV_TARGET_WARPS 8192
 
-/* dt is a compile-time constant at each call below, so the dtype branches fold away. */
-static __device__ __forceinline__ void kcu_gemv_body(int dt, const void *x, const void *w,
-                                                     const void *bias, void *y, int M, int64_t N,
-                                                     int64_t K, int act, int cols) {
+/* dt and rows (the most input rows the kernel takes: 1 or KCU_GEMV_MAX_ROWS) are compile-time
+ * constants at each call below, so the dtype branches fold away and a one-row kernel keeps one
+ * accumulator: fewer registers, more warps resident, more weight bytes in flight. */
+static __device__ __forceinline__ void kcu_gemv_body(int dt, int rows, const void *x, const void *w,
+                                                     const void *bias, const void *res, void *y,
+                                                     int M, int64_t N, int64_t K, int act,
+                                                     int cols) {
   __shared__ float part[KCU_GEMV_WARPS][KCU_GEMV_MAX_ROWS];
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int col = warp % cols, slice = warp / cols, slices = KCU_GEMV_WARPS / cols;
@@ -61,7 +64,7 @@ static __device__ __forceinline__ void kcu_gemv_body(int dt, const void *x, cons
   const int64_t c_begin = slice * span, c_end = c_begin + span < chunks ? c_begin + span : chunks;
   float acc[KCU_GEMV_MAX_ROWS];
 #pragma unroll
-  for (int m = 0; m < KCU_GEMV_MAX_ROWS; m++) acc[m] = 0.0f;
+  for (int m = 0; m < rows; m++) acc[m] = 0.0f;
   if (n < N) {
     const uint4 *wrow = (const uint4 *)w + row * chunks;
     const uint4 *xv = (const uint4 *)x;
@@ -79,7 +82,7 @@ static __device__ __forceinline__ void kcu_gemv_body(int dt, const void *x, cons
           float wf[8], xf[8];
           kcu_unpack16(wv[u], dt, wf);
 #pragma unroll
-          for (int m = 0; m < KCU_GEMV_MAX_ROWS; m++) {
+          for (int m = 0; m < rows; m++) {
             if (m < M) {
               kcu_unpack16(__ldg(xv + m * chunks + c), dt, xf);
 #pragma unroll
@@ -91,7 +94,7 @@ static __device__ __forceinline__ void kcu_gemv_body(int dt, const void *x, cons
     }
   }
 #pragma unroll
-  for (int m = 0; m < KCU_GEMV_MAX_ROWS; m++) {
+  for (int m = 0; m < rows; m++) {
     float v = kcu_warp_sum(acc[m]);
     if (lane == 0) part[warp][m] = v;
   }
@@ -103,19 +106,23 @@ static __device__ __forceinline__ void kcu_gemv_body(int dt, const void *x, cons
     for (int k = 0; k < slices; k++) v += part[k * cols + col][lane];
     for (int k = 0; glu && k < slices; k++) up += part[k * cols + col + outs][lane];
     v = glu ? kcu_unop(KILN_OP_SILU, v, 0.0f) * up : kcu_gemv_act(act, v + b);
+    if (res) v += kcu_ld(res, dt, (int64_t)lane * N + n);
     kcu_st(y, dt, (int64_t)lane * N + n, v);
   }
 }
 
-#define KCU_GEMV_KERNEL(name, dt)                                                              \
+#define KCU_GEMV_KERNEL(name, dt, rows)                                                        \
   __global__ void __launch_bounds__(KCU_GEMV_WARPS * 32)                                       \
-      name(const void *x, const void *w, const void *bias, void *y, int M, int64_t N,          \
-           int64_t K, int act, int cols) {                                                     \
-    kcu_gemv_body(dt, x, w, bias, y, M, N, K, act, cols);                                      \
+      name(const void *x, const void *w, const void *bias, const void *res, void *y, int M,    \
+           int64_t N, int64_t K, int act, int cols) {                                          \
+    kcu_gemv_body(dt, rows, x, w, bias, res, y, M, N, K, act, cols);                           \
   }
-KCU_GEMV_KERNEL(kcu_gemv_f32, KILN_F32)
-KCU_GEMV_KERNEL(kcu_gemv_f16, KILN_F16)
-KCU_GEMV_KERNEL(kcu_gemv_bf16, KILN_BF16)
+KCU_GEMV_KERNEL(kcu_gemv_f32, KILN_F32, KCU_GEMV_MAX_ROWS)
+KCU_GEMV_KERNEL(kcu_gemv_f16, KILN_F16, KCU_GEMV_MAX_ROWS)
+KCU_GEMV_KERNEL(kcu_gemv_bf16, KILN_BF16, KCU_GEMV_MAX_ROWS)
+KCU_GEMV_KERNEL(kcu_gemv_f32_row, KILN_F32, 1)
+KCU_GEMV_KERNEL(kcu_gemv_f16_row, KILN_F16, 1)
+KCU_GEMV_KERNEL(kcu_gemv_bf16_row, KILN_BF16, 1)
 
 int kcu_gemv_columns(int64_t N) {
   int cols = KCU_GEMV_WARPS;
@@ -123,8 +130,9 @@ int kcu_gemv_columns(int64_t N) {
   return cols;
 }
 
-cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias, void *y,
-                     kiln_dtype dt, int64_t M, int64_t N, int64_t K, kiln_activation act) {
+cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias,
+                     const void *residual, void *y, kiln_dtype dt, int64_t M, int64_t N,
+                     int64_t K, kiln_activation act) {
   if (N == 0) return cudaSuccess;
   int glu = act == KILN_ACT_SWIGLU;
   int cols = kcu_gemv_columns(glu ? 2 * N : N);
@@ -132,11 +140,17 @@ cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *b
   int outs = glu ? cols / 2 : cols;
   unsigned blocks = (unsigned)((N + outs - 1) / outs);
   int threads = KCU_GEMV_WARPS * 32;
-  if (dt == KILN_F32)
-    kcu_gemv_f32<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act, cols);
+  if (M == 1 && dt == KILN_F32)
+    kcu_gemv_f32_row<<<blocks, threads, 0, s>>>(x, w, bias, residual, y, 1, N, K, (int)act, cols);
+  else if (M == 1 && dt == KILN_F16)
+    kcu_gemv_f16_row<<<blocks, threads, 0, s>>>(x, w, bias, residual, y, 1, N, K, (int)act, cols);
+  else if (M == 1)
+    kcu_gemv_bf16_row<<<blocks, threads, 0, s>>>(x, w, bias, residual, y, 1, N, K, (int)act, cols);
+  else if (dt == KILN_F32)
+    kcu_gemv_f32<<<blocks, threads, 0, s>>>(x, w, bias, residual, y, (int)M, N, K, (int)act, cols);
   else if (dt == KILN_F16)
-    kcu_gemv_f16<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act, cols);
+    kcu_gemv_f16<<<blocks, threads, 0, s>>>(x, w, bias, residual, y, (int)M, N, K, (int)act, cols);
   else
-    kcu_gemv_bf16<<<blocks, threads, 0, s>>>(x, w, bias, y, (int)M, N, K, (int)act, cols);
+    kcu_gemv_bf16<<<blocks, threads, 0, s>>>(x, w, bias, residual, y, (int)M, N, K, (int)act, cols);
   return cudaGetLastError();
 }

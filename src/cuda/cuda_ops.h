@@ -204,15 +204,17 @@ cudaError_t kcu_resize(cudaStream_t s, const kiln_op *op, const kiln_planes *d,
 cudaError_t kcu_batch_norm(cudaStream_t s, const kiln_op *op, const kcu_tensor *in,
                            const kcu_tensor *out);
 
-/* cuda_gemv.cu: y[M,N] = act(x[M,K] w[N,K]^T + bias) for a few rows, f32 accumulation, bias
- * (may be NULL) and activation fused; operands contiguous and 16-byte aligned. With
- * KILN_ACT_SWIGLU, w has 2N rows (gate over up), no bias: y = silu(x gate^T) * (x up^T). */
+/* cuda_gemv.cu: y[M,N] = act(x[M,K] w[N,K]^T + bias) + residual for a few rows, f32
+ * accumulation, bias and residual (y's shape and dtype; either may be NULL) and activation
+ * fused; x and w contiguous and 16-byte aligned. With KILN_ACT_SWIGLU, w has 2N rows (gate over
+ * up), no bias or residual: y = silu(x gate^T) * (x up^T). */
 #define KCU_GEMV_MAX_ROWS 8
 static inline int kcu_gemv_fits(int64_t M, int64_t K) {
   return M >= 1 && M <= KCU_GEMV_MAX_ROWS && K > 0 && K % 8 == 0;
 }
-cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias, void *y,
-                     kiln_dtype dt, int64_t M, int64_t N, int64_t K, kiln_activation act);
+cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias,
+                     const void *residual, void *y, kiln_dtype dt, int64_t M, int64_t N,
+                     int64_t K, kiln_activation act);
 /* The output columns one GEMV block of 8 warps takes for N columns (8, 4, 2 or 1; the warps
  * split each column's K 8 / columns ways): enough warps for memory to stay busy. */
 int kcu_gemv_columns(int64_t N);
