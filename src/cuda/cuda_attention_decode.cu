@@ -2,7 +2,8 @@
  * A block takes one query row and a split of the keys, one key per thread: each thread reads
  * its key's whole row (16-byte loads) against the row of q in shared memory, each warp keeps
  * an online softmax over its keys and the weighted sum of their value rows (a lane per value
- * dim), and the block's warps merge at the end. With several splits the block leaves its
+ * dim), and the block's warps merge at the end. Keys the mask removes are never read, so a
+ * static cache costs only its filled part. With several splits the block leaves its
  * running max, sum and unnormalized row in the scratch and a second kernel merges the splits,
  * so a handful of rows still fills the GPU. */
 #include "cuda_device.cuh"
@@ -44,8 +45,14 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
   for (int c = 0; c < KCU_DEC_MAXC; c++) acc[c] = 0.0f;
   for (int64_t c0 = k0; c0 < k1; c0 += KCU_DEC_KEYS) {
     int64_t key = c0 + threadIdx.x;
-    float sc = -INFINITY;
-    if (key < k1) {
+    float sc = -INFINITY, bias = 0.0f;
+    int live = key < k1;
+    if (live && a->g.mask_kind) { /* a masked key's row is never read: a static cache's tail */
+      int64_t mi = mo + i * a->g.m_row + key * a->g.m_col;
+      if (a->g.mask_kind == 1) live = ((const unsigned char *)mask)[mi] != 0;
+      else live = (bias = kcu_ld(mask, a->g.dm, mi)) != -INFINITY;
+    }
+    if (live) {
       int64_t kr = ko + key * a->g.k_row;
       float dot = 0.0f;
       if (a->kvec == 8) { /* constant trip counts keep f in registers and the loads in flight */
@@ -67,12 +74,7 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
       } else {
         for (int e = 0; e < E; e++) dot += qs[e] * kcu_ld(k, dk, kr + e);
       }
-      sc = dot;
-      if (a->g.mask_kind) {
-        int64_t mi = mo + i * a->g.m_row + key * a->g.m_col;
-        if (a->g.mask_kind == 1) sc = ((const unsigned char *)mask)[mi] ? sc : -INFINITY;
-        else sc += kcu_ld(mask, a->g.dm, mi);
-      }
+      sc = dot + bias;
     }
     float m_new = fmaxf(m, kcu_warp_max(sc)); /* the same in every lane: no divergence below */
     if (m_new == -INFINITY) continue;
@@ -86,6 +88,7 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
 #pragma unroll 8
     for (int j = 0; j < n; j++) {
       float pj = __shfl_sync(0xffffffffu, p, j);
+      if (pj == 0.0f) continue; /* the same in every lane: a masked key's value row is not read */
       int64_t vr = vo + (first + j) * a->g.v_row;
 #pragma unroll
       for (int c = 0; c < KCU_DEC_MAXC; c++) {

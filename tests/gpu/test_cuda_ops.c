@@ -144,10 +144,13 @@ static void test_gemm(void) {
         compare(p, name, NULL);
       }
     }
-    /* A residual added in the epilogue (cuBLASLt's C, beta 1), with and without a bias; one
-     * row too, which the GEMV kernel would take without the residual. */
+    /* A residual added in the epilogue (cuBLASLt's C, beta 1, or the GEMV kernel's last add),
+     * with and without a bias: 37 rows on cuBLASLt; 1, 3 and 8 rows on each. */
+    static const int res_rows[4] = {1, 3, 8, 37};
     for (int bias = 0; bias < 2; bias++) {
-      for (int rows = 1; rows <= 37; rows += 36) {
+      for (int c = 0; c < 7; c++) {
+        int rows = res_rows[c % 4];
+        kcu_test_gemv_choice = c < 3 ? 1 : c < 6 ? 0 : -1;
         prog *p = p_new();
         uint32_t x = IN(p, dt, 3, 2, rows, 256), r = IN(p, dt, 3, 2, rows, 192);
         uint32_t w = p_weight(p, dt, 2, DIMS(192, 256), -0.1, 0.1);
@@ -155,11 +158,12 @@ static void test_gemm(void) {
         uint32_t y = OUT(p, dt, 3, 2, rows, 192);
         if (bias) p_op(p, KILN_OP_LINEAR, 4, OPS(x, w, b, r), y, 2, ATTR(0, 1), 0);
         else p_op(p, KILN_OP_LINEAR, 3, OPS(x, w, r), y, 2, ATTR(0, 1), 0);
-        snprintf(name, sizeof name, "linear + residual %d rows %s bias %d", rows,
-                 kiln_dtype_name(dt), bias);
+        snprintf(name, sizeof name, "linear + residual %d rows %s bias %d on %s", rows,
+                 kiln_dtype_name(dt), bias, c < 3 ? "gemv" : "cublaslt");
         compare(p, name, NULL);
       }
     }
+    kcu_test_gemv_choice = -1;
     /* A few rows: the GEMV kernel, with each activation and bias fused; K = 520 leaves a
      * partial last round of 16-byte loads and N = 100 a partial last block of columns. The
      * same cases on cuBLASLt, which init may pick instead when it times faster. */
@@ -2048,9 +2052,12 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
 }
 
 /* Decoding's attention (one query row per head over a long cache) on the decoding kernel
- * (keys split among blocks) and on the tiled fused kernel: microseconds per call, agreement. */
-static void time_sdpa_decode(int64_t heads, int64_t kv_heads, int64_t S, int64_t E, kiln_dtype dt) {
-  kcu_tensor t[4];
+ * (keys split among blocks) and on the tiled fused kernel: microseconds per call, agreement.
+ * keep < S: a bool mask keeps the first keep keys, as a static cache filled that far. */
+static void time_sdpa_decode(int64_t heads, int64_t kv_heads, int64_t S, int64_t E, kiln_dtype dt,
+                             int64_t keep) {
+  kcu_tensor t[4], m;
+  unsigned char *mask_host = NULL;
   const int64_t rows[4] = {heads, kv_heads, kv_heads, heads}, len[4] = {1, S, S, 1};
   void *outs[2] = {NULL, NULL}, *part = NULL;
   size_t part_bytes = kcu_attention_part_bytes(E, 132 * 2);
@@ -2068,6 +2075,17 @@ static void time_sdpa_decode(int64_t heads, int64_t kv_heads, int64_t S, int64_t
     cudaMemcpy(t[i].data, host, n * kiln_dtype_size(dt), cudaMemcpyHostToDevice);
     free(host);
   }
+  memset(&m, 0, sizeof m);
+  m.dtype = KILN_BOOL;
+  m.rank = 4;
+  m.dims[0] = m.dims[1] = m.dims[2] = 1, m.dims[3] = S;
+  m.numel = S;
+  if (!(mask_host = malloc((size_t)S))) die("out of memory");
+  for (int64_t j = 0; j < S; j++) mask_host[j] = j < keep;
+  if (!cuda_ok(cudaMalloc(&m.data, (size_t)S), "cudaMalloc")) die("device");
+  cudaMemcpy(m.data, mask_host, (size_t)S, cudaMemcpyHostToDevice);
+  free(mask_host);
+  const kcu_tensor *mask = keep < S ? &m : NULL;
   outs[0] = t[3].data;
   if (!cuda_ok(cudaMalloc(&outs[1], (size_t)t[3].numel * 4), "cudaMalloc") ||
       !cuda_ok(cudaMalloc(&part, part_bytes), "cudaMalloc"))
@@ -2084,20 +2102,22 @@ static void time_sdpa_decode(int64_t heads, int64_t kv_heads, int64_t S, int64_t
     float scale = 1.0f / sqrtf((float)E), ms = 0.0f;
     cudaError_t rc = cudaSuccess;
     for (int i = 0; i < 3 && rc == cudaSuccess; i++)
-      rc = kcu_attention(st, &t[0], &t[1], &t[2], NULL, &o, 0, scale, NULL, split ? part : NULL, part_bytes);
+      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, split ? part : NULL, part_bytes);
     cudaEventRecord(e0, st);
     for (int i = 0; i < 100 && rc == cudaSuccess; i++)
-      rc = kcu_attention(st, &t[0], &t[1], &t[2], NULL, &o, 0, scale, NULL, split ? part : NULL, part_bytes);
+      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, split ? part : NULL, part_bytes);
     cudaEventRecord(e1, st);
     if (rc == cudaSuccess) rc = cudaEventSynchronize(e1);
     cudaEventElapsedTime(&ms, e0, e1);
     us[split] = rc == cudaSuccess ? ms * 10.0 : -1.0;
   }
   double e = device_rel_error(outs[0], outs[1], dt, (uint64_t)t[3].numel);
-  printf("time-sdpa decode %lld/%lld heads S %lld E %lld %-4s tiled kernel %8.1f us  decoding kernel %8.1f us  agree %.1e\n",
-         (long long)heads, (long long)kv_heads, (long long)S, (long long)E, kiln_dtype_name(dt), us[0], us[1], e);
+  printf("time-sdpa decode %lld/%lld heads S %lld keep %lld E %lld %-4s tiled kernel %8.1f us  decoding kernel %8.1f us  agree %.1e\n",
+         (long long)heads, (long long)kv_heads, (long long)S, (long long)keep, (long long)E,
+         kiln_dtype_name(dt), us[0], us[1], e);
   CHECK(us[0] > 0.0 && us[1] > 0.0 && e <= dtype_tolerance(dt));
   for (int i = 0; i < 4; i++) cudaFree(t[i].data);
+  cudaFree(m.data);
   cudaFree(outs[1]);
   cudaFree(part);
   cudaEventDestroy(e0);
@@ -2118,8 +2138,10 @@ static int time_sdpa(void) {
       time_sdpa_shape("gpt_block", b, 16, 16, 512, 128, 1, float_types[t]);
       time_sdpa_shape("llama_gqa", b, 32, 8, 128, 128, 1, float_types[t]);
     }
-    time_sdpa_decode(16, 4, 1152, 128, float_types[t]);
-    time_sdpa_decode(32, 8, 4096, 128, float_types[t]);
+    time_sdpa_decode(16, 4, 1152, 128, float_types[t], 1152);
+    time_sdpa_decode(16, 4, 1152, 128, float_types[t], 150);
+    time_sdpa_decode(32, 8, 4096, 128, float_types[t], 4096);
+    time_sdpa_decode(32, 8, 4096, 128, float_types[t], 600);
   }
   return check_report("test_cuda_ops --time-sdpa");
 }
