@@ -154,14 +154,25 @@ static void bypass(kiln_graph *g, uint32_t i, int32_t src) {
   g->dead[i] = 1;
 }
 
+/* 1 when op gives its input back unchanged whenever its output has the input's shape: an
+ * expand or a slice can only be the identity then (a permute of equal dims could swap them).
+ * Not when a size follows a symbol: output dims are known at the bounds only, here. */
+static int identity_when_same_shape(const kiln_op *op) {
+  if (op->kind == KILN_OP_RESHAPE) return 1;
+  if (op->kind != KILN_OP_EXPAND && !(op->kind == KILN_OP_SLICE && op->iattr[3] == 1)) return 0;
+  for (uint32_t k = 0; k < op->n_iattr; k++)
+    if (op->iattr_sym[k].symbol) return 0;
+  return 1;
+}
+
 kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err) {
   (void)err;
   for (uint32_t i = 0; i < g->n_ops; i++) {
     kiln_op *op = &g->ops[i];
-    if (g->dead[i] || op->kind != KILN_OP_RESHAPE) continue;
+    if (g->dead[i] || !identity_when_same_shape(op)) continue;
     const kiln_gtensor *in = &g->tensors[op->inputs[0]];
-    if (in->node == KILN_NODE_OP && in->producer >= 0 && !g->dead[in->producer] &&
-        g->ops[in->producer].kind == KILN_OP_RESHAPE)
+    if (op->kind == KILN_OP_RESHAPE && in->node == KILN_NODE_OP && in->producer >= 0 &&
+        !g->dead[in->producer] && g->ops[in->producer].kind == KILN_OP_RESHAPE)
       op->inputs[0] = g->ops[in->producer].inputs[0];
     int32_t src = (int32_t)op->inputs[0], out = (int32_t)op->output;
     /* an output binding or a state's written value must stay an op's output */

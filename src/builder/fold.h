@@ -10,10 +10,11 @@ kiln_status kiln_fold_constants(kiln_graph *g, kiln_error *err);
  * of a 1-D constant [N] to a LINEAR output read by nothing else becomes the LINEAR's bias. */
 kiln_status kiln_recognize_gemm(kiln_graph *g, kiln_error *err);
 
-/* A RESHAPE of a RESHAPE reads the first one's input; a RESHAPE to its input's own shape
- * goes, its readers reading the input. What the fusions leave of a view chain (grouped-query
- * attention's reshape, expand, reshape without the expand) then costs nothing, even on a
- * tensor no view can alias (a state). */
+/* A RESHAPE of a RESHAPE reads the first one's input; a RESHAPE, EXPAND or step-1 SLICE to its
+ * input's own shape goes, its readers reading the input. What the fusions leave of a view chain
+ * (grouped-query attention's reshape, expand, reshape without the expand) then costs nothing,
+ * even on a tensor no view can alias (a state), and so does a mask expanded to the shape it
+ * has (a launch of its own on a GPU otherwise). */
 kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err);
 
 /* A COPY (clone, alias) that is no output binding or state value, of a tensor no state's write
