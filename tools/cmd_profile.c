@@ -1,7 +1,8 @@
 /* kiln profile FILE [--reps N]: loads each Kiln blob of a blob or .pte file on the GPU and
  * prints how long each op of its plan takes run alone, to find where a program's time goes.
  * The sum of the ops is more than a graph replay of the whole plan costs (each timed launch
- * pays its own start), but the shares show which ops to work on. */
+ * pays its own start), so the replay's own time is printed too; the shares show which ops to
+ * work on. */
 #include "commands.h"
 #include "mapped_file.h"
 #include "pte_reader.h"
@@ -13,10 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifndef KILN_WITH_CUDA
-kiln_status kiln_cuda_profile_ops(kiln_engine *e, int reps, double *ms, kiln_error *err) {
-  (void)e, (void)reps, (void)ms;
+kiln_status kiln_cuda_profile_ops(kiln_engine *e, int reps, double *ms, double *graph_ms,
+                                  kiln_error *err) {
+  (void)e, (void)reps, (void)ms, (void)graph_ms;
   return kiln_fail(err, KILN_ERR_UNAVAILABLE,
                    "this kiln was built without the CUDA engine; build with the CUDA toolkit to "
                    "profile on a GPU");
@@ -45,6 +48,56 @@ static kiln_status need_gpu(kiln_error *err) {
                    reason);
 }
 
+static int by_value(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+/* Median microseconds of reps synchronized kiln_engine_execute calls on zeroed host buffers at
+ * the plan's (upper-bound) shapes: what a caller's call costs, host work and copies included.
+ * Zeros are valid indices and positions, so a plan with a KV cache runs as a step at 0. */
+static kiln_status time_calls(kiln_engine *e, int reps, double *us, kiln_error *err) {
+  const kiln_plan *p = kiln_engine_plan(e);
+  uint32_t n = p->n_inputs + p->n_outputs;
+  kiln_tensor_view *views = calloc(n ? n : 1, sizeof *views);
+  double *t = calloc((size_t)reps, sizeof *t);
+  kiln_status st = views && t ? KILN_OK
+                              : kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                                          "out of host memory for %u call buffers", (unsigned)n);
+  for (uint32_t i = 0; st == KILN_OK && i < n; i++) {
+    const kiln_tensor_desc *d = &p->tensors[i < p->n_inputs ? p->inputs[i] : p->outputs[i - p->n_inputs]];
+    kiln_tensor_view *v = &views[i];
+    v->nbytes = (size_t)d->nbytes;
+    v->dtype = d->dtype;
+    v->rank = d->rank;
+    int64_t stride = 1;
+    for (int32_t k = d->rank - 1; k >= 0; stride *= d->dims[k], k--)
+      v->sizes[k] = d->dims[k], v->strides[k] = stride;
+    if (!(v->data = calloc(v->nbytes ? v->nbytes : 1, 1)))
+      st = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY, "out of host memory for %zu bytes of binding %u",
+                     v->nbytes, (unsigned)i);
+  }
+  for (int r = -3; st == KILN_OK && r < reps; r++) { /* three untimed: graphs captured */
+    double t0 = now_us();
+    st = kiln_engine_execute(e, views, p->n_inputs, views + p->n_inputs, p->n_outputs, err);
+    if (r >= 0) t[r] = now_us() - t0;
+  }
+  if (st == KILN_OK) {
+    qsort(t, (size_t)reps, sizeof *t, by_value);
+    *us = t[reps / 2];
+  }
+  for (uint32_t i = 0; views && i < n; i++) free(views[i].data);
+  free(views);
+  free(t);
+  return st;
+}
+
 static kiln_status profile_blob(const uint8_t *data, size_t size, const char *what,
                                 profile_run *run, kiln_error *err) {
   kiln_engine_options opts;
@@ -56,17 +109,26 @@ static kiln_status profile_blob(const uint8_t *data, size_t size, const char *wh
   kiln_status st = kiln_engine_load(data, size, &opts, &e, err);
   if (st != KILN_OK) return st;
   const kiln_plan *p = kiln_engine_plan(e);
-  double *ms = calloc(p->n_ops ? p->n_ops : 1, sizeof *ms), total = 0.0;
+  double *ms = calloc(p->n_ops ? p->n_ops : 1, sizeof *ms), total = 0.0, graph_ms = 0.0;
   if (!ms) {
     kiln_engine_destroy(e);
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY, "out of host memory for %u op timings",
                      (unsigned)p->n_ops);
   }
-  st = kiln_cuda_profile_ops(e, run->reps, ms, err);
+  st = kiln_cuda_profile_ops(e, run->reps, ms, &graph_ms, err);
   if (st == KILN_OK) {
     for (uint32_t i = 0; i < p->n_ops; i++) total += ms[i];
     printf("%s on %s: %u ops, %.1f us in all (each op alone, mean of %d runs)\n", what,
            kiln_engine_device_name(e), (unsigned)p->n_ops, total * 1e3, run->reps);
+    printf("  one graph of the whole plan: %.1f us per replay (mean of %d back to back)\n",
+           graph_ms * 1e3, run->reps);
+    double call_us = 0.0;
+    kiln_error call_err = {KILN_OK, ""};
+    if (time_calls(e, run->reps, &call_us, &call_err) == KILN_OK)
+      printf("  one synchronized call on host buffers: %.1f us (median of %d)\n", call_us,
+             run->reps);
+    else
+      printf("  one synchronized call on host buffers: not timed (%s)\n", call_err.message);
     printf("  %4s %10s %6s  %s\n", "op", "us", "share", "what");
     for (uint32_t i = 0; i < p->n_ops; i++) {
       printf("  %4u %10.1f %5.1f%%  %s -> ", (unsigned)i, ms[i] * 1e3,

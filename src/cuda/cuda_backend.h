@@ -35,9 +35,11 @@ void kiln_cuda_fail_allocations_after(long n);
 
 /* Times each op of the plan alone: one untimed launch, then `reps` timed ones, on the engine's
  * own device buffers (inputs hold whatever they last held). ms[i] (one entry per op) gets op
- * i's mean milliseconds. It synchronizes the engine's stream and takes no lock: call it only
- * while no other thread executes the engine. */
-kiln_status kiln_cuda_profile_ops(kiln_engine *e, int reps, double *ms, kiln_error *err);
+ * i's mean milliseconds; *graph_ms the mean of `reps` back-to-back replays of one graph of the
+ * whole plan (what a run costs on the GPU, without the call's host work). It synchronizes the
+ * engine's stream and takes no lock: call it only while no other thread executes the engine. */
+kiln_status kiln_cuda_profile_ops(kiln_engine *e, int reps, double *ms, double *graph_ms,
+                                  kiln_error *err);
 
 /* Device address of the engine's arena (NULL when the plan needs none). */
 const void *kiln_cuda_engine_arena(const kiln_engine *e);
