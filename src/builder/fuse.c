@@ -7,12 +7,57 @@
 #include "runtime/shape.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* The LINEAR activation an op becomes, or KILN_ACT_NONE when it cannot fuse. */
 static kiln_activation epilogue_of(const kiln_op *op) {
   if (op->kind == KILN_OP_RELU) return KILN_ACT_RELU;
   if (op->kind == KILN_OP_GELU) return op->iattr[0] ? KILN_ACT_GELU_TANH : KILN_ACT_GELU_ERF;
   return KILN_ACT_NONE;
+}
+
+/* y = reshape(linear(x)) with the last dim kept, each read once (a linear run on rows
+ * flattened to 2-D, as GPT-2's are): the reshape moves to x (y's leading dims and x's own last),
+ * so the LINEAR writes y itself and can take a residual of y's shape. The two ops swap slots, so
+ * each still comes after what it reads. Returns the LINEAR's new index, or -1; uses has room
+ * for one more tensor. */
+static int32_t hoist_reshape(kiln_graph *g, uint32_t y, uint32_t *uses) {
+  int32_t r = kiln_graph_producer(g, y, uses, 1), p;
+  if (r < 0 || g->ops[r].kind != KILN_OP_RESHAPE) return -1;
+  uint32_t z = g->ops[r].inputs[0];
+  if ((p = kiln_graph_producer(g, z, uses, 1)) < 0 || g->ops[p].kind != KILN_OP_LINEAR ||
+      g->ops[p].iattr[0] != KILN_ACT_NONE || g->ops[p].n_iattr > 1)
+    return -1;
+  kiln_op re = g->ops[r], lin = g->ops[p];
+  kiln_tensor_desc d = g->tensors[lin.inputs[0]].desc;
+  const kiln_tensor_desc *yd = &g->tensors[y].desc, *zd = &g->tensors[z].desc;
+  int32_t rank = yd->rank;
+  if (rank < 1 || yd->dims[rank - 1] != zd->dims[zd->rank - 1] ||
+      re.iattr_sym[rank - 1].symbol || d.sym[d.rank - 1].symbol)
+    return -1;
+  int64_t k = d.dims[d.rank - 1];
+  d.rank = rank;
+  d.nbytes = kiln_dtype_size(d.dtype);
+  for (int32_t j = 0; j < rank; j++) {
+    d.dims[j] = j + 1 < rank ? yd->dims[j] : k;
+    memset(&d.sym[j], 0, sizeof d.sym[j]);
+    if (j + 1 < rank) d.sym[j] = yd->sym[j];
+    d.nbytes *= (uint64_t)d.dims[j];
+  }
+  int32_t xr = kiln_graph_add_tensor(g, KILN_NODE_OP, &d);
+  if (xr < 0) return -1;
+  re.inputs[0] = lin.inputs[0];
+  re.output = (uint32_t)xr;
+  re.iattr[rank - 1] = k;
+  lin.inputs[0] = (uint32_t)xr;
+  lin.output = y;
+  g->ops[p] = re;
+  g->ops[r] = lin;
+  g->tensors[xr].producer = p;
+  g->tensors[y].producer = r;
+  uses[xr] = 1;
+  uses[z] = 0;
+  return r;
 }
 
 /* y = linear(x) read only by y + r (alpha 1), r of y's shape and dtype: the LINEAR takes r as
@@ -24,6 +69,10 @@ static void fuse_residuals(kiln_graph *g, uint32_t *uses) {
     for (uint32_t side = 0; side < 2; side++) {
       uint32_t y = add->inputs[side], r = add->inputs[1 - side];
       int32_t p = kiln_graph_producer(g, y, uses, 1);
+      if (p >= 0 && y != r && g->ops[p].kind == KILN_OP_RESHAPE &&
+          kiln_same_desc(&g->tensors[r].desc, &g->tensors[y].desc))
+        p = hoist_reshape(g, y, uses);
+      add = &g->ops[i];
       if (p < 0 || y == r) continue;
       kiln_op lin = g->ops[p];
       const kiln_tensor_desc *t = &g->tensors[y].desc;
@@ -44,7 +93,8 @@ static void fuse_residuals(kiln_graph *g, uint32_t *uses) {
 }
 
 kiln_status kiln_fuse_epilogues(kiln_graph *g, kiln_error *err) {
-  uint32_t *uses = kiln_malloc(sizeof *uses * (g->n_tensors ? g->n_tensors : 1));
+  /* room for the tensor each residual fusion through a reshape adds */
+  uint32_t *uses = kiln_calloc((size_t)g->n_tensors + g->n_ops + 1, sizeof *uses);
   if (!uses)
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "builder: out of memory for %u tensors while fusing epilogues; free memory "

@@ -395,6 +395,52 @@ static void mha(kiln_builder *b, kiln_dtype dt, int mask, int peek, int swap) {
   if (peek == 1) out(b, part[1], "k");
   if (peek == 2) out(b, a, "attention");
 }
+/* GPT-2's attention: x [2,5,384] sliced along its last dim into q, k and v (order `order`: 0
+ * q k v, 1 k q v), each reshaped to [2,5,2,64] and permuted (0,2,1,3); causal SDPA; a reshape
+ * to the shape it has, permuted back, reshaped to [2,5,128]. */
+static void sliced_mha(kiln_builder *b, kiln_dtype dt, int order) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t x = in(b, "x", dt, 3, D(2, 5, 384)), part[3];
+  for (int k = 0; k < 3; k++) {
+    int64_t at = order && k < 2 ? 1 - k : k;
+    int32_t sl = kiln_builder_add_op(b, KILN_OP_SLICE, T(x), 1, D(2, 128 * at, 128 * at + 128, 1),
+                                     4, NULL, 0, &err);
+    int32_t h = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(sl), 1, D(2, 5, 2, 64), 4, NULL, 0, &err);
+    part[k] = kiln_builder_add_op(b, KILN_OP_PERMUTE, T(h), 1, D(0, 2, 1, 3), 4, NULL, 0, &err);
+  }
+  int32_t a = kiln_builder_add_op(b, KILN_OP_SDPA, T(part[0], part[1], part[2]), 3, D(1, 0), 2,
+                                  NULL, 0, &err);
+  int32_t same = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(a), 1, D(2, 2, 5, 64), 4, NULL, 0, &err);
+  int32_t back = kiln_builder_add_op(b, KILN_OP_PERMUTE, T(same), 1, D(0, 2, 1, 3), 4, NULL, 0, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(back), 1, D(2, 5, 128), 3, NULL, 0, &err);
+  if (y < 0) fprintf(stderr, "sliced_mha: %s\n", err.message);
+  CHECK(y >= 0);
+  out(b, y, "y");
+}
+static void g_sliced_mha(kiln_builder *b, kiln_dtype dt) { sliced_mha(b, dt, 0); }
+static void g_sliced_mha_swapped(kiln_builder *b, kiln_dtype dt) { sliced_mha(b, dt, 1); }
+
+/* A linear on rows flattened to 2-D, as GPT-2's: x [1,3,6] reshaped to [3,6], linear to
+ * [3,4], reshaped to [1,3,4], plus r [1,3,4]; and the same with the 2-D result also read. */
+static void g_residual_flat(kiln_builder *b, kiln_dtype dt) {
+  kiln_error err = {KILN_OK, ""};
+  float wdata[24];
+  for (int i = 0; i < 24; i++) wdata[i] = (float)(i % 7) / 8.0f - 0.375f;
+  int32_t x = in(b, "x", dt, 3, D(1, 3, 6)), r = in(b, "r", dt, 3, D(1, 3, 4));
+  int32_t w = kiln_builder_add_constant(b, KILN_F32, 2, D(4, 6), wdata, sizeof wdata, &err);
+  for (int i = 0; i < 24; i++) wdata[i] = (float)(i % 5) / 8.0f - 0.25f;
+  int32_t w2 = kiln_builder_add_constant(b, KILN_F32, 2, D(4, 6), wdata, sizeof wdata, &err);
+  int32_t flat = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(x), 1, D(3, 6), 2, NULL, 0, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(binary(b, KILN_OP_LINEAR, flat, w)), 1,
+                                  D(1, 3, 4), 3, NULL, 0, &err);
+  int32_t y2d = binary(b, KILN_OP_LINEAR, flat, w2);
+  int32_t y2 = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(y2d), 1, D(1, 3, 4), 3, NULL, 0, &err);
+  CHECK(w >= 0 && w2 >= 0 && y >= 0 && y2 >= 0);
+  out(b, binary(b, KILN_OP_ADD, y, r), "a");
+  out(b, binary(b, KILN_OP_ADD, r, y2), "b");
+  out(b, y2d, "c");
+}
+
 static void g_mha_causal(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 0, 0); }
 static void g_mha_mask(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 1, 0, 0); }
 static void g_mha_peek(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 1, 0); }
@@ -1253,6 +1299,51 @@ static void test_packed_attention(void) {
   }
 }
 
+/* GPT-2's slices of one projection are packed heads too: one SDPA reads x as [2,5,3,2,64] and
+ * writes [2,5,2,64], with no slice, permute or copy left. Not when q and k come swapped, and
+ * not in f32 (the matmul path's heads). */
+static void test_sliced_attention(void) {
+  built x;
+  for (int t = 1; t < 3; t++) {
+    kiln_dtype dt = t == 1 ? KILN_F16 : KILN_BF16;
+    if (build(g_sliced_mha, dt, 1, &x)) {
+      const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+      CHECK(a && a->n_inputs == 1 && a->n_iattr == 3 && a->iattr[0] == 1 && a->iattr[2] == 1);
+      CHECK(a && x.plan.tensors[a->inputs[0]].rank == 5 && x.plan.tensors[a->inputs[0]].dims[2] == 3);
+      CHECK(!find_op(&x, KILN_OP_SLICE, 0) && !find_op(&x, KILN_OP_PERMUTE, 0) &&
+            !find_op(&x, KILN_OP_FUSED, 0));
+    }
+    release(&x);
+    check_same_as_unfused(g_sliced_mha, dt, -2.0, 2.0);
+    check_same_as_unfused(g_sliced_mha_swapped, dt, -2.0, 2.0);
+  }
+  static const graph_fn apart[2] = {g_sliced_mha_swapped, g_sliced_mha};
+  for (int c = 0; c < 2; c++) {
+    if (build(apart[c], c == 1 ? KILN_F32 : KILN_F16, 1, &x)) {
+      const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+      CHECK(a && a->n_inputs == 3 && (a->n_iattr < 3 || a->iattr[2] == 0));
+    }
+    release(&x);
+  }
+}
+
+/* A linear whose rows were flattened to 2-D takes the residual of the reshaped result: the
+ * reshape moves to its input. Not when its 2-D result is read elsewhere. */
+static void test_residual_through_reshape(void) {
+  built x;
+  if (build(g_residual_flat, KILN_F32, 1, &x)) {
+    const kiln_op *a = find_op(&x, KILN_OP_LINEAR, 0), *b = find_op(&x, KILN_OP_LINEAR, 1);
+    CHECK(a && b && count_ops(&x, KILN_OP_ADD) == 1);
+    if (a && b) {
+      const kiln_op *fused = a->n_inputs == 3 ? a : b;
+      CHECK(fused->n_inputs == 3 && fused->iattr[1] == 1 && fused->output == x.plan.outputs[0]);
+      CHECK(x.plan.tensors[fused->inputs[0]].rank == 3 && x.plan.tensors[fused->output].rank == 3);
+    }
+  }
+  release(&x);
+  check_same_as_unfused(g_residual_flat, KILN_F32, -2.0, 2.0);
+}
+
 /* ---------------------------------------------------------------- grouped-query attention */
 
 static void test_grouped_kv(void) {
@@ -1630,6 +1721,8 @@ int main(void) {
   test_copies_drop();
   test_views();
   test_packed_attention();
+  test_sliced_attention();
+  test_residual_through_reshape();
   test_grouped_kv();
   test_swiglu();
   test_groups_fuse();
