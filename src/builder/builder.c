@@ -784,7 +784,8 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
 }
 
 /* Rewrites g: ops computing what an earlier op computed merged into it, constants folded,
- * GEMMs recognized, batch norms folded into convolutions, epilogues fused, dead code removed,
+ * GEMMs recognized, outer products made multiplies, batch norms folded into convolutions,
+ * epilogues fused, dead code removed,
  * convolutions laid out channels-last, then SwiGLU's gate and up projections joined into one
  * GEMM, repeated k and v heads dropped (grouped-query attention), attention's head split and
  * merge taken into the SDPA, the reshape chains those leave folded and copies of what nothing
@@ -797,6 +798,7 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, int
   kiln_status s;
   if (opts->fuse && (s = kiln_merge_common_ops(g, err))) return s;
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
+  if (opts->fuse && (s = kiln_outer_products_to_mul(g, err))) return s;
   if (opts->fuse && (s = kiln_fold_batch_norm(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_epilogues(g, err))) return s;
   if ((s = kiln_graph_remove_dead(g, err))) return s;

@@ -10,6 +10,11 @@ kiln_status kiln_fold_constants(kiln_graph *g, kiln_error *err);
  * of a 1-D constant [N] to a LINEAR output read by nothing else becomes the LINEAR's bias. */
 kiln_status kiln_recognize_gemm(kiln_graph *g, kiln_error *err);
 
+/* A MATMUL whose inner dim is 1 (an outer product, as transformers' rotary embedding takes its
+ * frequencies times the positions) becomes the broadcast MUL it is: one product per element,
+ * the same bytes, and a pointwise op the fused groups take in. */
+kiln_status kiln_outer_products_to_mul(kiln_graph *g, kiln_error *err);
+
 /* A RESHAPE of a RESHAPE reads the first one's input; a RESHAPE, EXPAND or step-1 SLICE to its
  * input's own shape goes, its readers reading the input. What the fusions leave of a view chain
  * (grouped-query attention's reshape, expand, reshape without the expand) then costs nothing,

@@ -441,6 +441,15 @@ static void g_residual_flat(kiln_builder *b, kiln_dtype dt) {
   out(b, y2d, "c");
 }
 
+/* Rotary frequencies as transformers computes them: inv_freq [1,6,1] @ positions [1,1,3] (an
+ * outer product), then cos; and a matmul with an inner dim of 2, which stays one. */
+static void g_outer(kiln_builder *b, kiln_dtype dt) {
+  int32_t f = in(b, "f", dt, 3, D(1, 6, 1)), p = in(b, "p", dt, 3, D(1, 1, 3));
+  out(b, unary(b, KILN_OP_COS, binary(b, KILN_OP_MATMUL, f, p)), "cos");
+  int32_t a = in(b, "a", dt, 3, D(1, 6, 2)), c = in(b, "c", dt, 3, D(1, 2, 3));
+  out(b, binary(b, KILN_OP_MATMUL, a, c), "mm");
+}
+
 static void g_mha_causal(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 0, 0); }
 static void g_mha_mask(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 1, 0, 0); }
 static void g_mha_peek(kiln_builder *b, kiln_dtype dt) { mha(b, dt, 0, 1, 0); }
@@ -1327,6 +1336,18 @@ static void test_sliced_attention(void) {
   }
 }
 
+/* An outer product by MATMUL becomes a multiply, which joins cos in one group; a matmul with a
+ * real inner dim stays. The same bytes as the unfused plan's in every float dtype. */
+static void test_outer_product(void) {
+  built x;
+  if (build(g_outer, KILN_F32, 1, &x))
+    CHECK(count_ops(&x, KILN_OP_MATMUL) == 1 && count_ops(&x, KILN_OP_FUSED) == 1 &&
+          x.plan.n_ops == 2);
+  release(&x);
+  for (int t = 0; t < 3; t++)
+    check_same_as_unfused(g_outer, t == 0 ? KILN_F32 : t == 1 ? KILN_F16 : KILN_BF16, -2.0, 2.0);
+}
+
 /* A linear whose rows were flattened to 2-D takes the residual of the reshaped result: the
  * reshape moves to its input. Not when its 2-D result is read elsewhere. */
 static void test_residual_through_reshape(void) {
@@ -1722,6 +1743,7 @@ int main(void) {
   test_views();
   test_packed_attention();
   test_sliced_attention();
+  test_outer_product();
   test_residual_through_reshape();
   test_grouped_kv();
   test_swiglu();
