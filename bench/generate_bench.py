@@ -13,6 +13,11 @@ and the decode steps after it, on host I/O (ids, positions and tokens in host
 memory, as a runner has them) and on device I/O (the same slots in GPU memory). The state is reset
 between runs by unloading and reloading forward (the delegate's handle owns the cache).
 
+The same blob also runs through Kiln's C API alone (libkiln.so through ctypes, as kiln._lib loads
+it, in the same process as libkiln_bench.so): one engine, its state reset between runs, the same
+prompt, positions and slots, host and device I/O, each call timed around kiln_engine_execute. The
+Module median minus the C API's is what ExecuTorch's Module and the delegate add to a decode step.
+
 Baselines on the same GPU: transformers eager with the same static cache (prefill in one call, and
 token by token for the shorter prompts), and torch.compile(mode="reduce-overhead", fullgraph) of
 the same step (decode steps; the prompt token by token, or in one call with --compile-prefill).
@@ -28,6 +33,7 @@ import argparse
 import ctypes
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -78,8 +84,9 @@ def greedy_step(model, cache_len, device):
 
 
 def export_program(model, cache_len, path, dynamic_max=None):
-    """The greedy step as one Kiln blob holding its cache; with dynamic_max, its sequence
-    dimension is exported as Dim(1..dynamic_max), for prefill in calls of several tokens."""
+    """The greedy step as one Kiln blob holding its cache, written to path; returns the program's
+    blobs. With dynamic_max, its sequence dimension is exported as Dim(1..dynamic_max), for
+    prefill in calls of several tokens."""
     ids, positions, dynamic = torch.tensor([[3]]), torch.tensor([0]), None
     if dynamic_max:
         seq = torch.export.Dim("seq", min=1, max=dynamic_max)
@@ -89,7 +96,7 @@ def export_program(model, cache_len, path, dynamic_max=None):
         warnings.simplefilter("ignore")
         program = kiln.export(greedy_step(model, cache_len, "cpu"), (ids, positions), path, strict=True,
                               require_whole=True, dynamic_shapes=dynamic)
-    return len(kiln.blobs(program))
+    return kiln.blobs(program)
 
 
 def weight_bytes(model):
@@ -112,6 +119,36 @@ def cache_bytes(config, cache_len, dtype):
 
 def prompt_of(length, vocab, seed=1):
     return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def mapped_libraries(names=("libkiln.so", "libexecutorch_backend_kiln.so", "libkiln_bench.so")):
+    """{library name: [files]} of these libraries mapped into this process (relative to the
+    repository inside it): which builds the C API (libkiln.so) and the Module path (the delegate
+    library) ran."""
+    found = {}
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(None, 5)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if os.path.basename(path) in names:
+                path = os.path.realpath(path)
+                if path.startswith(os.path.realpath(bench.ROOT) + os.sep):
+                    path = os.path.relpath(path, os.path.realpath(bench.ROOT))
+                found.setdefault(os.path.basename(path), set()).add(path)
+    return {name: sorted(paths) for name, paths in found.items()}
+
+
+def slot_layout(prompt, new_tokens, device, chunk=1, spaced=None, start=0):
+    """The ids and positions slots of one generation (see KilnGenerator.generate): (seq,
+    positions, stride, first); slot p is seq[first + p * stride], the prompt in its first slots."""
+    slots = len(prompt) + new_tokens
+    spaced = device != "cpu" if spaced is None else spaced
+    stride, first = (2, 1) if spaced and chunk == 1 else (1, 0)
+    seq = torch.zeros(slots * stride + first, dtype=torch.long)
+    seq[first::stride][:len(prompt)] = torch.tensor(prompt)
+    positions = torch.zeros_like(seq)
+    positions[first::stride] = torch.arange(start, start + slots)
+    return seq.to(device), positions.to(device), stride, first
 
 
 def load_library(path=None):
@@ -163,14 +200,7 @@ class KilnGenerator:
         if device != "cpu" and not self.device_inputs:
             raise RuntimeError("the program's inputs are in ExecuTorch's memory plan, which copies them on the "
                                "host: generate from host memory")
-        slots = len(prompt) + new_tokens
-        spaced = device != "cpu" if spaced is None else spaced
-        stride, first = (2, 1) if spaced and chunk == 1 else (1, 0)
-        seq = torch.zeros(slots * stride + first, dtype=torch.long)
-        seq[first::stride][:len(prompt)] = torch.tensor(prompt)
-        positions = torch.zeros_like(seq)
-        positions[first::stride] = torch.arange(start, start + slots)
-        seq, positions = seq.to(device), positions.to(device)
+        seq, positions, stride, first = slot_layout(prompt, new_tokens, device, chunk, spaced, start)
         n_prefill = -(-len(prompt) // chunk)
         times = (ctypes.c_double * (n_prefill + new_tokens - 1))()
         rc = self.lib.kb_gen_run(self.handle, seq.data_ptr() + 8 * first, positions.data_ptr() + 8 * first,
@@ -178,6 +208,62 @@ class KilnGenerator:
         if rc != 0:
             raise RuntimeError(f"kb_gen_run: {self.msg.value.decode()}")
         times = [round(t, 1) for t in times]
+        return seq[first::stride][len(prompt):].tolist(), times[:n_prefill], times[n_prefill:]
+
+
+class KilnCGenerator:
+    """The program's blob through Kiln's C API alone (libkiln.so, kiln._lib): one engine on
+    engine_device kept across runs, each run from reset_state(), calling on the slots exactly as
+    kb_gen_run does; each call is timed around kiln_engine_execute, its views built beforehand."""
+
+    def __init__(self, blob, engine_device="cuda"):
+        from kiln import _lib
+
+        self._lib = _lib
+        self.engine = _lib.Engine(blob, engine_device)
+        inputs = [name for name, kind, _, _ in self.engine.bindings() if kind == _lib.IO_INPUT]
+        # Bindings are named after forward's parameters, ordered as the graph first reads them.
+        self.order = [next(i for i, key in enumerate(("input_ids", "cache_position")) if key in name)
+                      for name in inputs]
+        if sorted(self.order) != [0, 1]:
+            raise RuntimeError(f"the blob's inputs {inputs} are not input_ids and cache_position")
+
+    def close(self):
+        self.engine.close()
+
+    def _view(self, address, shape):
+        """A contiguous int64 view of shape at address."""
+        view = self._lib.TensorView()
+        view.data, view.nbytes, view.dtype, view.rank = address, 8 * math.prod(shape), self._lib.I64, len(shape)
+        for d, size in enumerate(shape):
+            view.sizes[d], view.strides[d] = size, math.prod(shape[d + 1:])
+        return view
+
+    def generate(self, prompt, new_tokens, device="cpu", chunk=1, spaced=None, start=0):
+        """As KilnGenerator.generate, on the C API: (new token ids, prefill call times, decode step
+        times), microseconds."""
+        lib = self._lib
+        self.engine.reset_state()
+        seq, positions, stride, first = slot_layout(prompt, new_tokens, device, chunk, spaced, start)
+        ids_at = lambda p: seq.data_ptr() + 8 * (first + p * stride)
+        pos_at = lambda p: positions.data_ptr() + 8 * (first + p * stride)
+        calls = [(at, min(chunk, len(prompt) - at), len(prompt)) for at in range(0, len(prompt), chunk)]
+        calls += [(p, 1, p + 1) for p in range(len(prompt), len(prompt) + new_tokens - 1)]
+        prepared = []
+        for at, n, out in calls:
+            fed = (self._view(ids_at(at), (1, n)), self._view(pos_at(at), (n,)))
+            prepared.append(((lib.TensorView * 2)(*[fed[k] for k in self.order]),
+                             (lib.TensorView * 1)(self._view(ids_at(out), (1,)))))
+        execute, handle, error = lib.lib.kiln_engine_execute, self.engine._handle, lib.Error()
+        error_ref, times = ctypes.byref(error), []
+        for ins, outs in prepared:
+            t0 = time.perf_counter()
+            status = execute(handle, ins, 2, outs, 1, error_ref)
+            t1 = time.perf_counter()
+            if status != lib.OK:
+                raise lib.KilnError(status, error.message.decode("utf-8", "replace"))
+            times.append(round((t1 - t0) * 1e6, 1))
+        n_prefill = len(calls) - (new_tokens - 1)
         return seq[first::stride][len(prompt):].tolist(), times[:n_prefill], times[n_prefill:]
 
 
@@ -248,7 +334,8 @@ def run_dtype(lib, args, dtype, rate, workdir, log):
     result["floor_us"] = result["weight_bytes"] / rate * 1e6
     path = os.path.join(workdir, f"llama_{args.layers}l_{name}.pte")
     t0 = time.perf_counter()
-    result["blobs"] = export_program(model, args.cache, path, args.cache if args.dynamic_prefill else None)
+    blobs = export_program(model, args.cache, path, args.cache if args.dynamic_prefill else None)
+    result["blobs"] = len(blobs)
     result["export_s"] = time.perf_counter() - t0
     result["pte_bytes"] = os.path.getsize(path)
     gc.collect()
@@ -287,6 +374,28 @@ def run_dtype(lib, args, dtype, rate, workdir, log):
         result["reset_repeats_tokens"] = again == result["runs"][str(args.prompts[0])]["kiln_host"]["tokens"]
     finally:
         kiln_gen.close()
+    gc.collect()
+
+    # The same blob through Kiln's C API alone, on the same prompts, positions and slots.
+    if len(blobs) == 1:
+        capi = KilnCGenerator(blobs[0], GPU)
+        try:
+            capi.generate(warm, 8, "cpu", chunk)
+            for length in args.prompts:
+                prompt = prompt_of(length, args.vocab)
+                run = result["runs"][str(length)]
+                for io in ("host", "device"):
+                    tokens, prefill, steps = capi.generate(prompt, args.steps, "cpu" if io == "host" else GPU, chunk)
+                    run[f"capi_{io}"] = {"tokens": tokens, "prefill_us": sum(prefill), "prefill_calls": prefill,
+                                         "steps_us": steps, "vs_module": agreement(tokens, run["kiln_host"]["tokens"])}
+                capi_steps = {io: median(run[f"capi_{io}"]["steps_us"]) for io in ("host", "device")}
+                extra = {io: median(run[f"kiln_{io}"]["steps_us"]) - capi_steps[io] for io in ("host", "device")}
+                run["module_minus_capi_us"] = extra
+                log(f"{name} prompt {length}: Kiln C API decode {capi_steps['host']:.1f} us (device I/O "
+                    f"{capi_steps['device']:.1f}); Module minus C API {extra['host']:.1f} us (device I/O {extra['device']:.1f})")
+        finally:
+            capi.close()
+    del blobs
     gc.collect()
 
     # transformers eager with its static cache, and torch.compile of the same step, on the GPU.
@@ -358,10 +467,22 @@ def decode_cells(run, floor):
     """Decode medians and the goal ratios of one prompt length."""
     kiln_host, kiln_dev = median(run["kiln_host"]["steps_us"]), median(run["kiln_device"]["steps_us"])
     comp = median(run["compile"]["steps_us"])
+    # The C API alone (absent from reports older than its columns).
+    capi_host, capi_dev = (median(run[key]["steps_us"]) if key in run else float("nan")
+                           for key in ("capi_host", "capi_device"))
     mark = lambda ratio, goal: f"{ratio:.2f} ({'met' if ratio <= goal else 'missed'})"
     return {"kiln_host": num(kiln_host), "kiln_device": num(kiln_dev), "eager": num(median(run["eager"]["steps_us"])),
             "compile": num(comp), "floor": mark(kiln_host / floor, GOAL_FLOOR) + f", dev {num(kiln_dev / floor, 2)}",
-            "vs_compile": mark(kiln_host / comp, GOAL_COMPILE) + f", dev {num(kiln_dev / comp, 2)}"}
+            "vs_compile": mark(kiln_host / comp, GOAL_COMPILE) + f", dev {num(kiln_dev / comp, 2)}",
+            "capi_host": num(capi_host), "capi_device": num(capi_dev),
+            "module_minus_capi_host": num(kiln_host - capi_host), "module_minus_capi_device": num(kiln_dev - capi_dev)}
+
+
+def capi_tokens(result):
+    """How many of the C API's new tokens (host I/O / dev I/O) equal Module's on host I/O, by prompt."""
+    cells = [f"{length}: {run['capi_host']['vs_module']['equal']} / {run['capi_device']['vs_module']['equal']} of "
+             f"{run['capi_host']['vs_module']['of']}" for length, run in result["runs"].items() if "capi_host" in run]
+    return f" Kiln C API tokens equal to Module's (host / dev I/O), by prompt: {', '.join(cells)}." if cells else ""
 
 
 def table(report):
@@ -374,7 +495,8 @@ def table(report):
         f"{args['kv_heads']} key/value heads, {args['layers']} layers, vocabulary {args['vocab']}, static KV cache of "
         f"{args['cache']} slots, batch 1; {args['steps']} new tokens after each prompt (the first from the prefill, then "
         f"{args['steps'] - 1} decode steps). Device-to-device copy rate "
-        f"measured in the same run: {report['copy_rate'] / 1e12:.2f} TB/s (read + write).",
+        f"measured in the same run: {report['copy_rate'] / 1e12:.2f} TB/s (read + write)."
+        + "".join(f" {name}: {', '.join(paths)}." for name, paths in report.get("libraries", {}).items()),
         "",
         "Prefill (ms): the prompt's latency until the first new token. Kiln: through ExecuTorch's Module, "
         + ("in calls of %d tokens (a program with a dynamic sequence dimension)" % args["prefill_chunk"]
@@ -387,14 +509,19 @@ def table(report):
         " floor: the bytes of the weights one step reads (the embedding table excluded, the LM head included) over"
         f" the copy rate; Kiln/floor (goal <= {GOAL_FLOOR}) and Kiln/compile (goal <= {GOAL_COMPILE}) for host I/O,"
         " met or missed, then for device I/O. tokens: how many of Kiln's (host I/O) new tokens equal eager's from the"
-        " first on, then in all, and the same against compile; distinct: distinct tokens eager generated.",
+        " first on, then in all, and the same against compile; distinct: distinct tokens eager generated."
+        " Kiln C API decode (us): the same blob through Kiln's C API alone (libkiln.so through ctypes, one engine,"
+        " its state reset between runs), on the same prompt, positions and slots, host and dev I/O as above, the"
+        " median step timed around kiln_engine_execute; Module - C API: Kiln decode minus Kiln C API decode, what"
+        " ExecuTorch's Module and the delegate add to a step (the two runs one after the other, not call for call).",
         "",
         "| dtype | prompt | Kiln prefill host | Kiln prefill dev | eager prefill | eager/token | compile prefill"
         + (" | compile/whole" if args["compile_prefill"] else "")
         + " | Kiln decode host | Kiln decode dev | eager decode | compile decode | floor | Kiln/floor | Kiln/compile"
-        " | tokens = eager | tokens = compile | distinct |",
+        " | tokens = eager | tokens = compile | distinct | Kiln C API decode host | Kiln C API decode dev"
+        " | Module - C API host | Module - C API dev |",
         "| --- | --- | --- | --- | --- | --- | ---" + (" | ---" if args["compile_prefill"] else "")
-        + " | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        + " | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for result in report["results"]:
         for length, run in result["runs"].items():
@@ -407,7 +534,8 @@ def table(report):
                 + (f" | {ms('compile_whole_prefill')}" if args["compile_prefill"] else "")
                 + f" | {d['kiln_host']} | {d['kiln_device']} | {d['eager']} | {d['compile']} "
                 f"| {result['floor_us']:.1f} | {d['floor']} | {d['vs_compile']} | {eq(run['kiln_host']['vs_eager'])} "
-                f"| {eq(run['kiln_host']['vs_compile'])} | {run['distinct_tokens']} |")
+                f"| {eq(run['kiln_host']['vs_compile'])} | {run['distinct_tokens']} | {d['capi_host']} "
+                f"| {d['capi_device']} | {d['module_minus_capi_host']} | {d['module_minus_capi_device']} |")
     lines.append("")
     for result in report["results"]:
         resets = result.get("reset_us", [])
@@ -421,7 +549,7 @@ def table(report):
             f" {result['cache_bytes'] / 2**20:.1f} MiB; state reset by reloading forward, {median(resets) / 1e3:.0f} ms"
             f" (median of {len(resets)}); the same prompt after a reset gives the same tokens:"
             f" {'yes' if result['reset_repeats_tokens'] else 'NO'}; Kiln's first prefill call after the reset"
-            f" and the median one (ms, host I/O), by prompt: {', '.join(first)}.")
+            f" and the median one (ms, host I/O), by prompt: {', '.join(first)}.{capi_tokens(result)}")
     return "\n".join(lines) + "\n"
 
 
@@ -467,11 +595,14 @@ def main(argv=None):
     lib = load_library()
     started = time.perf_counter()
     log = lambda text: print(f"[{time.perf_counter() - started:5.0f} s] {text}", flush=True)
+    libraries = mapped_libraries()  # the C API's libkiln.so and the delegate the Module path runs
+    log(f"libraries: {libraries}")
     device = torch.cuda.get_device_name(0)
     rate = bench.copy_rate()
     log(f"copy rate {rate / 1e12:.2f} TB/s on {device}")
     settings = {k: v for k, v in vars(args).items() if k not in ("dtypes", "out", "workdir")}
-    report = {"device": device, "date": args.date, "copy_rate": rate, "settings": settings, "results": []}
+    report = {"device": device, "date": args.date, "copy_rate": rate, "settings": settings, "libraries": libraries,
+              "results": []}
     stem = os.path.join(args.out, f"generate_{args.date}_h200")
     for dtype in args.dtypes:
         result = run_dtype(lib, args, dtype, rate, args.workdir, log)

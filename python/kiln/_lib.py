@@ -142,6 +142,18 @@ class EngineOptions(ctypes.Structure):
     _fields_ = [("device", ctypes.c_int), ("device_id", ctypes.c_int32)]
 
 
+# kiln_cuda_stats (src/cuda/cuda_backend.h), field for field: the CUDA engine's counters.
+CUDA_STATS_FIELDS = (
+    "staged", "bound", "graph_replays", "graph_updates", "direct_runs", "init_allocs", "stage_chunks",
+    "stage_threads", "stage_slot_bytes", "state_resets", "host_out_bytes", "shape_captures",
+    "shape_evictions", "choices_measured", "choices_reused",
+)
+
+
+class CudaStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in CUDA_STATS_FIELDS]
+
+
 def _library_path():
     path = os.environ.get(LIBRARY_ENV)
     if path:
@@ -212,6 +224,9 @@ def _load():
             ) from exc
         fn.restype = restype
         fn.argtypes = argtypes
+    if hasattr(lib, "kiln_cuda_engine_stats"):  # only in a library built with the CUDA engine
+        lib.kiln_cuda_engine_stats.restype = ctypes.c_int
+        lib.kiln_cuda_engine_stats.argtypes = [vp, p(CudaStats), err]
     return lib
 
 
@@ -430,6 +445,18 @@ class Engine(_Owned):
         error = Error()
         if lib.kiln_engine_reset_state(self._handle, ctypes.byref(error)) != OK:
             _raise(error)
+
+    def cuda_stats(self):
+        """The CUDA engine's counters (kiln_cuda_stats) as a dict: how caller buffers were bound or
+        staged, output bytes copied to host memory, graph replays, state resets."""
+        if not hasattr(lib, "kiln_cuda_engine_stats"):
+            raise KilnError(ERR_UNSUPPORTED, "this libkiln.so exports no kiln_cuda_engine_stats (built without "
+                                             "the CUDA engine, or an older build); rebuild it with the CUDA "
+                                             "toolkit (nvcc) on the path")
+        error, stats = Error(), CudaStats()
+        if lib.kiln_cuda_engine_stats(self._handle, ctypes.byref(stats), ctypes.byref(error)) != OK:
+            _raise(error)
+        return {name: getattr(stats, name) for name in CUDA_STATS_FIELDS}
 
     def output_shape(self, index):
         """The shape output index had in the last execute (a dynamic output follows the inputs)."""

@@ -26,8 +26,9 @@ typedef struct kiln_cuda_stats {
   uint64_t choices_reused;   /* ones it took from an earlier load in the process instead */
 } kiln_cuda_stats;
 
-/* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend. */
-kiln_status kiln_cuda_engine_stats(const kiln_engine *e, kiln_cuda_stats *out, kiln_error *err);
+/* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend.
+ * Exported from libkiln.so: the Python tests read it through ctypes. */
+KILN_API kiln_status kiln_cuda_engine_stats(const kiln_engine *e, kiln_cuda_stats *out, kiln_error *err);
 
 /* Test hook: after `n` more successful allocations every allocation the CUDA engine makes
  * fails; n < 0 turns failures off. Process-wide, for single-threaded tests only. */

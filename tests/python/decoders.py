@@ -28,6 +28,18 @@ class GreedyStep(torch.nn.Module):
         return torch.argmax(logits[:, -1, :], dim=-1)
 
 
+class LogitsStep(torch.nn.Module):
+    """One decode step of a static-cache decoder: the last position's logits [1, vocab], so that an
+    engine's numbers can be compared with eager's, not only their argmax."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, input_ids, cache_position):
+        return self.decoder(input_ids=input_ids, cache_position=cache_position)[:, -1, :]
+
+
 def llama(seed=0, dtype=torch.float32):
     """A two-layer Llama (grouped-query attention, rotary embeddings) with seeded random weights."""
     torch.manual_seed(seed)
@@ -64,6 +76,13 @@ def family(name, seed=0):
 def greedy_step(model, device="cpu"):
     """A fresh GreedyStep with its own empty cache of CACHE slots."""
     step = GreedyStep(TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=CACHE,
+                                                           device=torch.device(device)))
+    return step.eval()
+
+
+def logits_step(model, device="cpu"):
+    """A fresh LogitsStep with its own empty cache of CACHE slots."""
+    step = LogitsStep(TorchExportableModuleWithStaticCache(model, batch_size=1, max_cache_len=CACHE,
                                                            device=torch.device(device)))
     return step.eval()
 
@@ -108,3 +127,87 @@ def generate(step, prompt, new_tokens, device="cpu"):
 def prompt_of(length, seed=1):
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (length,), generator=generator).tolist()
+
+
+def engine_step(engine, device="cpu"):
+    """step(input_ids, cache_position) -> the output of a loaded blob (_lib.Engine) whose state,
+    the cache, persists across calls; inputs are matched to its bindings by name, tensors live on
+    device ("cpu" or "cuda")."""
+    from kiln import _lib
+
+    inputs = [name for name, kind, _, _ in engine.bindings() if kind == _lib.IO_INPUT]
+    (out_dtype, out_shape), = [(dt, shape) for _, kind, dt, shape in engine.bindings() if kind == _lib.IO_OUTPUT]
+
+    def step(ids, pos):
+        feeds = {"input_ids": ids.to(device), "cache_position": pos.to(device)}
+        ordered = [next(t for key, t in feeds.items() if key in name) for name in inputs]
+        out = torch.empty(out_shape, dtype=_lib.torch_dtype(out_dtype), device=device)
+        engine.execute(ordered, [out])
+        return out
+
+    return step
+
+
+def greedy_logits(step, prompt, new_tokens, device="cpu", tokens=None):
+    """new_tokens steps of step(input_ids, cache_position) -> logits [1, vocab]: the prompt token by
+    token from position 0, then after step i its argmax (greedy generation) or, given tokens,
+    tokens[i] (teacher forcing: two engines see one sequence and cannot diverge). Returns each
+    step's argmax and its logits as float32 [new_tokens, vocab] on the CPU."""
+    argmaxes, rows = [], []
+    for position in range(len(prompt) + new_tokens - 1):
+        if position < len(prompt):
+            fed = prompt[position]
+        else:
+            fed = argmaxes[-1] if tokens is None else tokens[position - len(prompt)]
+        logits = step(torch.tensor([[fed]], device=device), torch.tensor([position], device=device))
+        if position >= len(prompt) - 1:
+            argmaxes.append(int(torch.argmax(logits.reshape(-1))))
+            rows.append(logits.detach().reshape(-1).float().cpu())
+    return argmaxes, torch.stack(rows)
+
+
+# Per step, ||logits - eager's|| <= tolerance * ||eager's||. Unit roundoff is 2**-11 (4.9e-4) in
+# fp16 and 2**-8 (3.9e-3) in bf16: 1e-2 is 20 units of fp16, 3e-2 about 8 of bf16. The CPU engine
+# against eager on the CPU, teacher-forced for 64 steps, measured at most 9e-4 (fp16), 7.4e-3
+# (bf16) and 2.5e-7 (f32); one wrong token early in the cache moves eager's own logits by 7.5e-2
+# or more at every later step.
+LOGITS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+def near_tie(row, tolerance):
+    """Whether a row's top-2 margin is within tolerance times its largest magnitude: rounding of
+    that order may flip its argmax."""
+    top = torch.topk(row, 2).values
+    return float(top[0] - top[1]) <= tolerance * float(row.abs().max())
+
+
+def logits_problems(got, want, tolerance, got_argmax=None):
+    """What is wrong with got's logits [steps, vocab] against eager's (want), teacher-forced on one
+    sequence: a step whose relative error exceeds tolerance, or whose argmax (got_argmax, else got's
+    own) differs from want's away from a near tie of want's. Empty when all is well."""
+    problems = []
+    got_argmax = got_argmax if got_argmax is not None else torch.argmax(got, dim=1).tolist()
+    for i, (g, w) in enumerate(zip(got, want)):
+        error = float((g - w).norm() / w.norm())
+        if error > tolerance:
+            problems.append(f"step {i}: relative error {error:.2e} above {tolerance:.0e}")
+        if got_argmax[i] != int(torch.argmax(w)) and not near_tie(w, tolerance):
+            problems.append(f"step {i}: argmax {got_argmax[i]} against eager's {int(torch.argmax(w))}, "
+                            f"whose top-2 margin is no near tie")
+    return problems
+
+
+def divergence_problems(tokens, want_tokens, want_logits, equal_steps, tolerance):
+    """What is wrong with free-running greedy tokens against eager's (want_tokens, whose logits are
+    want_logits): a difference within the first equal_steps, or a first difference after them
+    away from a near tie of eager's (later tokens follow another text and are not compared)."""
+    first = next((i for i, (a, b) in enumerate(zip(tokens, want_tokens)) if a != b), None)
+    if first is None:
+        return [] if len(tokens) == len(want_tokens) else [f"{len(tokens)} tokens against {len(want_tokens)}"]
+    if first < equal_steps:
+        return [f"token {first} differs ({tokens[first]} against eager's {want_tokens[first]}), within the "
+                f"first {equal_steps}"]
+    if not near_tie(want_logits[first], tolerance):
+        return [f"token {first} differs ({tokens[first]} against eager's {want_tokens[first]}) where eager's "
+                f"top-2 margin is no near tie"]
+    return []

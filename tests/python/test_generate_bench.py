@@ -1,6 +1,7 @@
 """bench/generate_bench.py without a GPU: its model building, export and generation through
-ExecuTorch's Module (libkiln_bench's kb_gen_* entry points) at a tiny size on the CPU engine, and its
-report, so that the GPU-only benchmark cannot rot."""
+ExecuTorch's Module (libkiln_bench's kb_gen_* entry points) and through Kiln's C API (libkiln.so
+through ctypes, in the same process) at a tiny size on the CPU engine, and its report, so that the
+GPU-only benchmark cannot rot."""
 
 import importlib.util
 import json
@@ -19,7 +20,8 @@ import generate_bench as gb
 config = gb.llama_config(1, 24, width=64, ffn=128, heads=4, kv_heads=2, vocab=256)
 model = gb.build_model(config, torch.float32)
 path = {pte!r}
-out = {{"blobs": gb.export_program(model, 24, path)}}
+blobs = gb.export_program(model, 24, path)
+out = {{"blobs": len(blobs)}}
 generator = gb.KilnGenerator(gb.load_library({library!r}), path)
 prompt = gb.prompt_of(7, 256)
 tokens, prefill, steps = generator.generate(prompt, 12)
@@ -41,6 +43,24 @@ try:
 except RuntimeError as error:
     out["past_the_end"] = str(error)
 out["after_refusal"] = generator.generate(prompt, 12)[0]
+# The same blob through the C API while Module's engine is loaded: each run from a reset state.
+capi = gb.KilnCGenerator(blobs[0], "cpu")
+tokens, prefill, steps = capi.generate(prompt, 12)
+out.update(capi=tokens, capi_calls=[len(prefill), len(steps)], capi_positive=min(prefill + steps) > 0)
+out["capi_again"] = capi.generate(prompt, 12)[0]
+out["capi_spaced"] = capi.generate(prompt, 12, spaced=True)[0]
+try:
+    capi.generate(gb.prompt_of(20, 256), 8)  # 28 positions in 24 slots
+except RuntimeError as error:
+    out["capi_past_the_end"] = error.message
+out["capi_after_refusal"] = capi.generate(prompt, 12)[0]
+capi.close()
+dynamic = gb.export_program(model, 24, {pte!r} + ".dynamic.pte", dynamic_max=24)
+capi = gb.KilnCGenerator(dynamic[0], "cpu")
+tokens, prefill, steps = capi.generate(prompt, 12, chunk=3)
+out.update(capi_chunked=tokens, capi_chunked_calls=[len(prefill), len(steps)])
+capi.close()
+out["libraries"] = gb.mapped_libraries()
 generator.close()
 step = gb.greedy_step(model, 24, "cpu")
 out["eager"] = gb.torch_generate(step, prompt, 12, "cpu", whole_prompt=False)[0]
@@ -85,13 +105,26 @@ def test_a_tiny_decoder_generates_eager_tokens_through_module(bench_library, tmp
     assert out["spaced"] == out["tokens"]
     assert "kb_gen_run: forward failed at position 24" in out["past_the_end"]
     assert out["after_refusal"] == out["tokens"]
+    assert out["capi"] == out["capi_again"] == out["capi_spaced"] == out["capi_after_refusal"] == out["tokens"]
+    assert "position 24 " in out["capi_past_the_end"] and "nothing was written" in out["capi_past_the_end"]
+    assert out["capi_calls"] == [7, 11] and out["capi_positive"]
+    assert out["capi_chunked"] == out["tokens"] and out["capi_chunked_calls"] == [3, 11]
+    # One libkiln.so for the C API and the bench library; the delegate beside them for Module.
+    libraries = out["libraries"]
+    assert len(libraries["libkiln.so"]) == 1, libraries
+    assert len(libraries["libkiln_bench.so"]) == 1 and len(libraries["libexecutorch_backend_kiln.so"]) == 1, libraries
 
 
-def run_of(kiln_step, compile_step, tokens, eager_tokens):
+def run_of(kiln_step, compile_step, tokens, eager_tokens, capi_step=None):
     timing = {"prefill_us": 1000.0, "prefill_calls": [700.0, 100.0, 200.0], "steps_us": [kiln_step] * 3}
-    return {"kiln_host": dict(timing, tokens=tokens), "kiln_device": dict(timing, tokens=tokens),
+    run_ = {"kiln_host": dict(timing, tokens=tokens), "kiln_device": dict(timing, tokens=tokens),
             "eager": {"prefill_us": 500.0, "steps_us": [400.0] * 3, "tokens": eager_tokens},
             "compile": {"prefill_us": 900.0, "steps_us": [compile_step] * 3, "tokens": eager_tokens}}
+    if capi_step is not None:  # the C API: host I/O capi_step, device I/O 5 us less
+        for io, step in (("host", capi_step), ("device", capi_step - 5)):
+            run_[f"capi_{io}"] = dict(timing, steps_us=[step, step + 1, step - 1], tokens=tokens,
+                                      vs_module={"prefix": 3, "equal": 3, "of": 3})
+    return run_
 
 
 def test_report_marks_the_goals_and_counts_agreeing_tokens():
@@ -101,8 +134,8 @@ def test_report_marks_the_goals_and_counts_agreeing_tokens():
     assert gb.num(float("nan")) == "-" and gb.num(2.345, 2) == "2.35"  # a column not measured, one that was
     args = gb.parse(["out"])
     settings = {k: v for k, v in vars(args).items() if k not in ("dtypes", "out", "workdir")}
-    met = run_of(100.0, 200.0, [5, 6, 7], [5, 6, 7])  # 0.5 of compile, 1.25 of the floor
-    missed = run_of(190.0, 200.0, [5, 8, 7], [5, 6, 7])  # 0.95 of compile, 2.375 of the floor
+    met = run_of(100.0, 200.0, [5, 6, 7], [5, 6, 7], 60.0)  # 0.5 of compile, 1.25 of the floor
+    missed = run_of(190.0, 200.0, [5, 8, 7], [5, 6, 7])  # 0.95 of compile, 2.375 of the floor; no C API
     result = {"dtype": "float16", "floor_us": 80.0, "weight_bytes": 1 << 20, "cache_bytes": 1 << 20, "blobs": 1,
               "pte_bytes": 1 << 20, "export_s": 1.0, "compile_s": 1.0, "compile_fullgraph": True,
               "reset_us": [2000.0], "reset_repeats_tokens": True, "runs": {"128": met, "1024": missed}}
@@ -112,10 +145,22 @@ def test_report_marks_the_goals_and_counts_agreeing_tokens():
         run_["kiln_host"]["vs_compile"] = gb.agreement(run_["kiln_host"]["tokens"], run_["compile"]["tokens"])
         run_["distinct_tokens"] = 3
     text = gb.table({"device": "GPU", "date": "2026-12-01", "copy_rate": 4e12, "settings": settings,
-                     "results": [result]})
-    rows = [line for line in text.splitlines() if line.startswith("| float16")]
-    assert "| 1.25 (met), dev 1.25 | 0.50 (met), dev 0.50 | 3 / 3 of 3 |" in rows[0]
+                     "libraries": {"libkiln.so": ["build/libkiln.so"]}, "results": [result]})
+    lines = text.splitlines()
+    rows = [line for line in lines if line.startswith("| float16")]
+    header = next(line for line in lines if line.startswith("| dtype"))
+    # The existing columns keep their places; the C API's four follow them.
+    assert header.endswith("| tokens = eager | tokens = compile | distinct | Kiln C API decode host "
+                           "| Kiln C API decode dev | Module - C API host | Module - C API dev |"), header
+    assert header.count("|") == lines[lines.index(header) + 1].count("|") == rows[0].count("|") == rows[1].count("|")
+    assert ("| 100.0 | 100.0 | 400.0 | 200.0 | 80.0 | 1.25 (met), dev 1.25 | 0.50 (met), dev 0.50 | 3 / 3 of 3 "
+            in rows[0])
+    assert rows[0].endswith("| 3 / 3 of 3 | 3 | 60.0 | 55.0 | 40.0 | 45.0 |"), rows[0]
     assert "| 2.38 (missed), dev 2.38 | 0.95 (missed), dev 0.95 | 1 / 2 of 3 |" in rows[1]
+    assert rows[1].endswith("| 3 | - | - | - | - |"), rows[1]  # a report from before the C API columns
+    assert "Kiln C API decode (us): the same blob through Kiln's C API alone" in text
+    assert "libkiln.so: build/libkiln.so." in text
+    assert "Kiln C API tokens equal to Module's (host / dev I/O), by prompt: 128: 3 / 3 of 3." in text
     assert "state reset by reloading forward, 2 ms" in text
     assert "the median one (ms, host I/O), by prompt: 128: 0.7 / 0.20, 1024: 0.7 / 0.20." in text
 

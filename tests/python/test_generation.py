@@ -1,6 +1,7 @@
 """Greedy generation with a static KV cache held by the Kiln blob, through ExecuTorch's runtime on
 the CPU reference engine: tokens equal eager's, the cache stays in the engine across calls, and
-a write past the cache end is refused without harming the program."""
+a write past the cache end is refused without harming the program. The engine's logits along
+eager's token sequence stay within each dtype's tolerance of eager's for 64 steps."""
 
 import os
 import warnings
@@ -258,3 +259,78 @@ def test_other_decoder_families_prefill_and_decode_equal_to_eager(name, tmp_path
     expected = _eager(model, prompt, 16)
     assert len(set(expected)) > 1, f"{name}: eager repeats one token, which any result would match"
     assert decoders.prefill_generate(_step(method), prompt, 16) == expected
+
+
+# ---------------------------------------------------------------- logits against eager's
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+def test_logits_teacher_forced_on_eager_tokens_are_within_tolerance(dtype):
+    """The CPU engine's logits along eager's greedy sequence, for 64 steps, within the dtype's
+    tolerance of eager's on the CPU; its own greedy tokens equal eager's for 32 steps and differ
+    after only at a near tie of eager's. tests/gpu runs the same on the CUDA engine."""
+    model = decoders.llama(dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.to_executorch(decoders.logits_step(model), decoders.example_inputs(), strict=True,
+                                     require_whole=True)
+    (blob,) = kiln.blobs(program)
+    prompt, tolerance = decoders.prompt_of(7), decoders.LOGITS_TOLERANCE[dtype]
+    with torch.no_grad():
+        eager_tokens, eager = decoders.greedy_logits(decoders.logits_step(model), prompt, NEW_TOKENS)
+    assert len(set(eager_tokens)) > 4  # the text moves: the cache matters
+    with _lib.Engine(blob, device="cpu") as engine:
+        step = decoders.engine_step(engine)
+        argmax, logits = decoders.greedy_logits(step, prompt, NEW_TOKENS, tokens=eager_tokens)
+        engine.reset_state()
+        tokens, _ = decoders.greedy_logits(step, prompt, NEW_TOKENS)
+        engine.reset_state()
+
+        def one_wrong_token(ids, position):  # a cache holding another token at position 3
+            return step(ids + 1 if int(position[0]) == 3 else ids, position)
+
+        _, wrong = decoders.greedy_logits(one_wrong_token, prompt, NEW_TOKENS, tokens=eager_tokens)
+    errors = ((logits - eager).norm(dim=1) / eager.norm(dim=1))
+    print(f"{dtype}: relative error max {float(errors.max()):.2e}, median {float(errors.median()):.2e}; "
+          f"argmax differs at {[i for i, (a, b) in enumerate(zip(argmax, eager_tokens)) if a != b]}")
+    assert logits.shape == (NEW_TOKENS, model.config.vocab_size)
+    assert not decoders.logits_problems(logits, eager, tolerance, argmax)
+    assert not decoders.divergence_problems(tokens, eager_tokens, eager, 32, tolerance)
+    # The tolerance tells a wrong cache apart at every step.
+    assert len(decoders.logits_problems(wrong, eager, tolerance)) >= NEW_TOKENS
+
+
+def test_the_logits_checks_flag_what_rounding_cannot_explain():
+    tolerance = 1e-2
+    want = torch.tensor([[1.0, 0.999, 0.0], [1.0, 0.5, 0.0]])  # a near tie, then a clear winner
+    assert not decoders.logits_problems(want, want, tolerance)
+    assert not decoders.logits_problems(want, want, tolerance, got_argmax=[1, 0])  # flips at the tie
+    problems = decoders.logits_problems(want, want, tolerance, got_argmax=[0, 1])
+    assert len(problems) == 1 and problems[0].startswith("step 1: argmax 1 against eager's 0"), problems
+    problems = decoders.logits_problems(want + torch.tensor([0.0, 0.0, 0.02]), want, tolerance)
+    assert [p.split(":")[0] for p in problems] == ["step 0", "step 1"] and "relative error" in problems[0], problems
+    # Free-running tokens: equal for the first equal_steps, then different only at a near tie.
+    assert not decoders.divergence_problems([0, 1], [0, 0], want[[1, 0]], 1, tolerance)
+    assert "within the first 1" in decoders.divergence_problems([1, 1], [0, 0], want[[1, 0]], 1, tolerance)[0]
+    assert "no near tie" in decoders.divergence_problems([0, 1], [0, 0], want[[0, 1]], 1, tolerance)[0]
+    assert decoders.divergence_problems([0], [0, 0], want, 1, tolerance)
+
+
+def test_the_cuda_counters_binding_mirrors_the_header_and_refuses_a_cpu_engine(exported):
+    """tests/gpu counts the bytes the CUDA engine copies to the host through Engine.cuda_stats: its
+    fields are kiln_cuda_stats' in order, and an engine of the CPU asking for them is refused."""
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "src", "cuda", "cuda_backend.h")) as f:
+        header = f.read()
+    body = re.search(r"typedef struct kiln_cuda_stats \{(.*?)\} kiln_cuda_stats;", header, re.S).group(1)
+    fields = re.findall(r"^\s*uint64_t (\w+);", body, re.M)
+    assert len(fields) == body.count(";") > 10, body
+    assert tuple(fields) == _lib.CUDA_STATS_FIELDS
+    with _lib.Engine(kiln.blobs(exported[2])[0], device="cpu") as engine:
+        with pytest.raises(_lib.KilnError) as refused:
+            engine.cuda_stats()
+    if hasattr(_lib.lib, "kiln_cuda_engine_stats"):  # a library with the CUDA engine: the C refusal
+        assert "the engine does not run on CUDA" in refused.value.message
+    else:
+        assert "exports no kiln_cuda_engine_stats" in refused.value.message
