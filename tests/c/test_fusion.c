@@ -1667,13 +1667,12 @@ static uint32_t views_at(const built *x, int64_t n, double lo, double hi, kiln_t
     const kiln_tensor_desc *t =
         &x->plan.tensors[in ? x->plan.inputs[k] : x->plan.outputs[k - x->plan.n_inputs]];
     kiln_tensor_view *v = in ? &iv[n_in++] : &ov[(*n_out)++];
-    int64_t count = 1, stride = 1;
+    int64_t count = 1;
     memset(v, 0, sizeof *v);
     v->dtype = t->dtype;
     v->rank = t->rank;
     dyn_dims_at(t, n, v->sizes);
-    for (int32_t d = t->rank - 1; d >= 0; d--) v->strides[d] = stride, stride *= v->sizes[d];
-    count = stride;
+    for (int32_t d = t->rank - 1; d >= 0; d--) v->strides[d] = count, count *= v->sizes[d];
     v->nbytes = (size_t)count * kiln_dtype_size(t->dtype);
     v->data = calloc(1, t->nbytes ? (size_t)t->nbytes : 1);
     for (int64_t i = 0; in && i < count; i++)

@@ -2922,6 +2922,7 @@ static void test_dynamic_fused(void) {
       kiln_cuda_fail_allocations_after(-1);
       kiln_cuda_engine_stats(gpu, &before, &err);
       dynf_views(&io, 1, 1);
+      allocations = 0;
       for (int r = 0; r < 10; r++) { /* seen, captured (or replayed), then 8 replays */
         counting = r >= 2;
         noalloc &=
