@@ -1,6 +1,7 @@
 /* libFuzzer target: arbitrary bytes as a blob; every blob the loader accepts runs on the CPU
- * engine, twice, with inputs shaped by its bindings, and must give the same outputs both times.
- * The sanitizers see every kernel on whatever plan the parser lets through. */
+ * engine, twice, with inputs shaped by its bindings, and must give the same outputs both times;
+ * a dynamic plan then runs once more at symbol values within its bounds. The sanitizers see
+ * every kernel on whatever plan the parser lets through. */
 #include "kiln/kiln.h"
 
 #include <stdlib.h>
@@ -112,6 +113,36 @@ static int run_once(kiln_engine *e, const kiln_plan *p, uint64_t seed) {
   return s == KILN_OK;
 }
 
+/* A dynamic plan's run at symbol values from seed within their bounds, outputs given at their
+ * bounds: the front end checks this call's shapes (every FUSED program's addresses among them)
+ * before anything runs, so it runs or is refused with a message, never reading out of bounds. */
+static void run_at_other_sizes(kiln_engine *e, const kiln_plan *p, uint64_t seed) {
+  int64_t values[KILN_MAX_SYMBOLS];
+  kiln_tensor_view in[KILN_MAX_BINDINGS];
+  kiln_error err = {KILN_OK, ""};
+  uint64_t state = seed | 1u;
+  if (!p->n_symbols) return;
+  for (uint32_t k = 0; k < p->n_symbols; k++) {
+    uint64_t span = (uint64_t)(p->symbols[k].max - p->symbols[k].min) + 1;
+    values[k] = p->symbols[k].min + (int64_t)(next_random(&state) % span);
+  }
+  for (uint32_t k = 0; k < p->n_inputs; k++) {
+    const kiln_tensor_desc *t = &p->tensors[p->inputs[k]];
+    int64_t stride = 1;
+    in[k] = io.in[k];
+    for (int32_t d = t->rank; d-- > 0;) {
+      const kiln_sym_size *s = &t->sym[d];
+      in[k].sizes[d] = s->symbol ? s->coeff * values[s->symbol - 1] + s->offset : t->dims[d];
+      in[k].strides[d] = stride;
+      stride *= in[k].sizes[d];
+    }
+    in[k].nbytes = (size_t)stride * kiln_dtype_size(t->dtype);
+  }
+  if (kiln_engine_execute(e, in, p->n_inputs, io.out, p->n_outputs, &err) != KILN_OK &&
+      err.message[0] == '\0')
+    __builtin_trap();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   kiln_blob_view blob;
   kiln_plan probe;
@@ -154,6 +185,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         __builtin_trap();
       free(first[k]);
     }
+    run_at_other_sizes(e, p, seed);
   }
   for (uint32_t k = 0; k < p->n_inputs; k++) free(io.in_data[k]);
   for (uint32_t k = 0; k < p->n_outputs; k++) free(io.out_data[k]);

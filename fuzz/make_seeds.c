@@ -4,12 +4,34 @@
 
 #include <stdio.h>
 
-static int save(const char *dir, const char *name, kiln_builder *b, kiln_error *err) {
+/* 1 when blob's plan holds an op of kind. */
+static int holds(const void *blob, size_t size, kiln_op_kind kind, kiln_error *err) {
+  kiln_blob_view view;
+  kiln_plan plan;
+  int found = 0;
+  if (kiln_blob_parse(blob, size, &view, err) != KILN_OK ||
+      kiln_plan_parse(view.plan, view.plan_size, view.weights_size, &plan, err) != KILN_OK)
+    return 0;
+  for (uint32_t i = 0; i < plan.n_ops; i++) found |= plan.ops[i].kind == kind;
+  kiln_plan_release(&plan);
+  return found;
+}
+
+/* Builds b and writes its blob to dir/name; with `needs` (not KILN_OP_COUNT), the plan must
+ * hold an op of that kind, or the seed no longer reaches what it is for. */
+static int save_holding(const char *dir, const char *name, kiln_builder *b, kiln_op_kind needs,
+                        kiln_error *err) {
   kiln_build_options opts;
   kiln_build_options_default(&opts);
   void *blob = NULL;
   size_t size = 0;
   if (kiln_builder_build(b, &opts, &blob, &size, err) != KILN_OK) return -1;
+  if (needs != KILN_OP_COUNT && !holds(blob, size, needs, err)) {
+    snprintf(err->message, sizeof err->message, "%.64s: the plan holds no %.16s op", name,
+             kiln_op_name(needs));
+    kiln_free(blob);
+    return -1;
+  }
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   FILE *f = fopen(path, "wb");
@@ -18,6 +40,10 @@ static int save(const char *dir, const char *name, kiln_builder *b, kiln_error *
   kiln_free(blob);
   if (!ok) snprintf(err->message, sizeof err->message, "cannot write %.200s", path);
   return ok ? 0 : -1;
+}
+
+static int save(const char *dir, const char *name, kiln_builder *b, kiln_error *err) {
+  return save_holding(dir, name, b, KILN_OP_COUNT, err);
 }
 
 /* x[2,4] -> linear(w[8,4], bias[8]) + relu -> softmax -> two outputs. */
@@ -236,6 +262,36 @@ static int dynamic_seed(const char *dir, kiln_error *err) {
   return rc;
 }
 
+/* The rotary embedding of fused_group_seed at a dynamic sequence s in 1..6: x[1,s,16] split
+ * into heads [1,s,2,8], permuted to [1,2,s,8], with cos and sin [s,8]: one FUSED op in a dynamic
+ * plan, its output following s, so the fuzzers reach the per-call check of its program. */
+static int dynamic_fused_seed(const char *dir, kiln_error *err) {
+  kiln_builder *b = kiln_builder_create();
+  if (!b) return -1;
+  int64_t xd[3] = {1, 6, 16}, td[2] = {6, 8}, split[4] = {1, 6, 2, 8}, perm[4] = {0, 2, 1, 3};
+  int64_t hi[4] = {3, 4, 8, 1}, lo[4] = {3, 0, 4, 1}, cat3[1] = {3};
+  kiln_sym_size s = {1, 1, 0}, none = {0, 0, 0};
+  kiln_sym_size xs[3] = {none, s, none}, ts[2] = {s, none}, hs[4] = {none, s, none, none};
+  int rc = kiln_builder_add_symbol(b, "s", 1, 6, err) == 1 ? 0 : -1;
+  int32_t x = kiln_builder_add_input_sym(b, "x", KILN_F16, 3, xd, xs, err);
+  int32_t c = kiln_builder_add_input_sym(b, "cos", KILN_F16, 2, td, ts, err);
+  int32_t n = kiln_builder_add_input_sym(b, "sin", KILN_F16, 2, td, ts, err);
+  int32_t h = kiln_builder_add_op_sym(b, KILN_OP_RESHAPE, &x, 1, split, hs, 4, NULL, 0, err);
+  int32_t q = kiln_builder_add_op(b, KILN_OP_PERMUTE, &h, 1, perm, 4, NULL, 0, err);
+  int32_t a = kiln_builder_add_op(b, KILN_OP_SLICE, &q, 1, hi, 4, NULL, 0, err);
+  int32_t z = kiln_builder_add_op(b, KILN_OP_SLICE, &q, 1, lo, 4, NULL, 0, err);
+  int32_t g = kiln_builder_add_op(b, KILN_OP_NEG, &a, 1, NULL, 0, NULL, 0, err);
+  int32_t r = kiln_builder_add_op(b, KILN_OP_CAT, (int32_t[]){g, z}, 2, cat3, 1, NULL, 0, err);
+  int32_t m1 = kiln_builder_add_op(b, KILN_OP_MUL, (int32_t[]){q, c}, 2, NULL, 0, NULL, 0, err);
+  int32_t m2 = kiln_builder_add_op(b, KILN_OP_MUL, (int32_t[]){r, n}, 2, NULL, 0, NULL, 0, err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_ADD, (int32_t[]){m1, m2}, 2, NULL, 0, NULL, 0, err);
+  if (rc || y < 0 || kiln_builder_mark_output(b, y, "q", err) != KILN_OK ||
+      save_holding(dir, "dynamic_fused.blob", b, KILN_OP_FUSED, err) != 0)
+    rc = -1;
+  kiln_builder_destroy(b);
+  return rc;
+}
+
 /* A KV-cache step: a state written in place at a position input, then read. */
 static int state_seed(const char *dir, kiln_error *err) {
   kiln_builder *b = kiln_builder_create();
@@ -265,7 +321,7 @@ int main(int argc, char **argv) {
   if (linear_seed(argv[1], &err) != 0 || elementwise_seed(argv[1], &err) != 0 ||
       layers_seed(argv[1], &err) != 0 || later_kinds_seed(argv[1], &err) != 0 ||
       fused_group_seed(argv[1], &err) != 0 || dynamic_seed(argv[1], &err) != 0 ||
-      state_seed(argv[1], &err) != 0) {
+      dynamic_fused_seed(argv[1], &err) != 0 || state_seed(argv[1], &err) != 0) {
     fprintf(stderr, "make_seeds: %s\n", err.message);
     return 1;
   }

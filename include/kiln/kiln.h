@@ -350,7 +350,10 @@ typedef enum kiln_bool_op {
  * n_instrs instructions of two words: KILN_FX_INSTR(code, dst, a, b, arg) and an immediate. A
  * LOAD of map m (arg) reads input slot at offset + sum(coord[d] * stride[d]) when every output
  * coordinate lies in the map's box, else gives 0; the parser checks every box's addresses lie in
- * its input. Registers hold f32 and are written before they are read. UNARY: dst = arg(a)
+ * its input. In a dynamic plan the words hold at the upper bounds and a call runs them over its
+ * own output dims, each box (and SELECT bound) cut to them, its addresses checked again at the
+ * call's sizes (so a box covering a dim covers it at every size). Registers hold f32 and are
+ * written before they are read. UNARY: dst = arg(a)
  * (a KILN_OP_* pointwise kind; immediate = POW's exponent as double bits; flag GELU_TANH).
  * BINARY: dst = a arg b (ADD and SUB: a + alpha * b, alpha the immediate's double). ROUND: dst =
  * a rounded to dtype arg. SELECT: dst = coord[arg] < immediate ? a : b. STORE (last, once): a. */

@@ -560,10 +560,13 @@ static kiln_status number_tensors(const kiln_graph *g, build_parts *p, kiln_erro
   p->plan.n_inputs = g->n_inputs;
   p->plan.n_outputs = g->n_outputs;
   for (uint32_t i = 0; i < g->n_tensors; i++) {
+    int fused;
     if (p->map[i] < 0) continue;
     t = &p->plan.tensors[p->map[i]];
     *t = g->tensors[i].desc;
-    if (g->tensors[i].node != KILN_NODE_INPUT) memset(t->sym, 0, sizeof t->sym); /* derived */
+    /* derived, but a FUSED output's: its shape comes with its program, not from inference */
+    fused = g->tensors[i].node == KILN_NODE_OP && g->ops[g->tensors[i].producer].kind == KILN_OP_FUSED;
+    if (g->tensors[i].node != KILN_NODE_INPUT && !fused) memset(t->sym, 0, sizeof t->sym);
     t->storage = KILN_STORE_ARENA;
     t->io_index = 0;
     t->offset = 0;
@@ -791,10 +794,10 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
  * merge taken into the SDPA, the reshape chains those leave folded and copies of what nothing
  * writes dropped, written-out RMSNorms made RMS_NORM ops, pointwise chains fused (after the
  * epilogues, so a GEMM keeps its activation), pointwise ops next to a norm fused into it, then
- * what remains of pointwise ops, casts and views grouped into FUSED ops (static plans only: a
- * group's index maps are fixed sizes). */
-static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, int dynamic,
-                              kiln_error *err) {
+ * what remains of pointwise ops, casts and views grouped into FUSED ops (in a dynamic plan,
+ * those whose index maps hold at every size). */
+static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
+                              const kiln_builder *b, kiln_error *err) {
   kiln_status s;
   if (opts->fuse && (s = kiln_merge_common_ops(g, err))) return s;
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
@@ -812,7 +815,7 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts, int
   if (opts->fuse && (s = kiln_fuse_rms_norms(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_pointwise(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_norms(g, err))) return s;
-  return opts->fuse && !dynamic ? kiln_fuse_groups(g, err) : KILN_OK;
+  return opts->fuse ? kiln_fuse_groups(g, b->symbols, b->n_symbols, err) : KILN_OK;
 }
 
 kiln_status kiln_builder_build(kiln_builder *b, const kiln_build_options *opts, void **blob,
@@ -845,7 +848,7 @@ kiln_status kiln_builder_build(kiln_builder *b, const kiln_build_options *opts, 
                   (unsigned)b->graph.n_tensors, (unsigned)b->graph.n_ops);
     goto done;
   }
-  if ((s = run_passes(g, opts, b->n_symbols != 0, err)) || (s = place_states(g, err))) goto done;
+  if ((s = run_passes(g, opts, b, err)) || (s = place_states(g, err))) goto done;
   if (!(parts.map = kiln_calloc(g->n_tensors, sizeof *parts.map))) {
     s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                   "builder build: out of memory numbering %u tensors; free memory and retry",

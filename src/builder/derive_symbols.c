@@ -51,9 +51,15 @@ kiln_status kiln_derive_symbols(kiln_plan *plan, kiln_tensor_desc *min_tensors, 
                   (unsigned)plan->n_tensors);
     goto done;
   }
-  for (uint32_t t = 0; t < plan->n_tensors; t++)
-    if (plan->tensors[t].storage != KILN_STORE_INPUT)
+  for (uint32_t t = 0; t < plan->n_tensors; t++) /* a FUSED output's is back from ops below */
+    if (plan->tensors[t].storage != KILN_STORE_INPUT) {
+      memcpy(work[t].sym, plan->tensors[t].sym, sizeof work[t].sym);
       memset(plan->tensors[t].sym, 0, sizeof plan->tensors[t].sym);
+    }
+  for (uint32_t i = 0; i < plan->n_ops; i++) /* the fusion pass gave it */
+    if (plan->ops[i].kind == KILN_OP_FUSED)
+      memcpy(plan->tensors[plan->ops[i].output].sym, work[plan->ops[i].output].sym,
+             sizeof work[0].sym);
   for (uint32_t k = 0; k < plan->n_symbols && s == KILN_OK; k++) {
     if (plan->symbols[k].min == plan->symbols[k].max) continue;
     for (uint32_t j = 0; j < plan->n_symbols; j++) values[j] = plan->symbols[j].max;
@@ -61,6 +67,7 @@ kiln_status kiln_derive_symbols(kiln_plan *plan, kiln_tensor_desc *min_tensors, 
     if ((s = shapes_at(plan, values, 0, work, ops, err))) break;
     for (uint32_t i = 0; i < plan->n_ops && s == KILN_OK; i++) {
       uint32_t t = plan->ops[i].output;
+      if (plan->ops[i].kind == KILN_OP_FUSED) continue; /* its sym is given */
       for (int32_t d = 0; d < plan->tensors[t].rank && s == KILN_OK; d++)
         if (work[t].dims[d] != plan->tensors[t].dims[d])
           s = record_delta(plan, t, d, k, plan->tensors[t].dims[d] - work[t].dims[d], err);

@@ -5,7 +5,8 @@
 
 #include "kiln/kiln.h"
 
-/* Fills the sym of every op output of plan (its inputs' sym and ops' iattr_sym already set):
+/* Fills the sym of every op output of plan but a FUSED op's, which it keeps (its inputs' sym
+ * and ops' iattr_sym already set):
  * each dim must be coeff * s + offset of at most one symbol s, coeff >= 1, checked at the
  * lower bounds and midway. Writes the shapes at the lower bounds into min_tensors and min_ops
  * (n_tensors and n_ops entries), for placing views. */

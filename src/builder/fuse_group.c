@@ -1,13 +1,17 @@
 /* General fusion into FUSED ops (see fuse_group.h). A value of the group is wanted at
  * coordinates given by an affine frame of the output coordinate: value coord j = base[j] +
  * sum_d m[j][d] * out[d]. Views transform the frame on the way from the output to the inputs;
- * at an input the frame becomes the load's strides and offset. */
+ * at an input the frame becomes the load's strides and offset. In a dynamic graph the group is
+ * also compiled at the shapes of other symbol values (probes) and kept only where each probe's
+ * program is the bounds' program cut to the probe's sizes. */
 #include "builder/fuse_group.h"
 
+#include "builder/derive_symbols.h"
 #include "runtime/alloc.h"
 #include "runtime/fused_program.h"
 #include "runtime/pointwise_steps.h"
 #include "runtime/shape.h"
+#include "runtime/symbolic.h"
 #include "runtime/view.h"
 
 #include <stdlib.h>
@@ -16,6 +20,7 @@
 #define MAX_VALUES 96 /* distinct (value, frame, box) a program may compute */
 #define MAP_WORDS (2 + 3 * KILN_MAX_RANK)
 #define FAIL_GIVE_UP (-2)
+#define MAX_PROBES 12
 
 typedef struct frame {
   int32_t rank;
@@ -29,9 +34,24 @@ typedef struct box {
 
 typedef struct vinstr { /* an instruction on virtual registers */
   uint32_t code, dst, a, b, arg;
+  uint32_t via; /* the member whose value emitted it (a load: the member reading the input) */
   int gelu_tanh;
   int64_t imm;
 } vinstr;
+
+/* A dynamic graph at other symbol values: its tensors (by graph id) and live ops (by index in
+ * the probe plan, op_at giving it for a graph op), from kiln_plan_shapes_at. */
+typedef struct probe {
+  kiln_tensor_desc *tensors;
+  kiln_op *ops;
+} probe;
+
+typedef struct probes {
+  uint32_t n;
+  probe at[MAX_PROBES];
+  kiln_tensor_desc *derived; /* each tensor at the bounds with the sym derive_symbols found */
+  uint32_t *op_at;
+} probes;
 
 typedef struct memo {
   uint32_t tensor;
@@ -42,6 +62,8 @@ typedef struct memo {
 
 typedef struct compiler {
   const kiln_graph *g;
+  const probes *pr; /* with at: the sizes to compile at (else the graph's own, the bounds) */
+  const probe *at;
   const uint8_t *member;
   uint32_t root_out;
   int32_t rank;
@@ -53,8 +75,17 @@ typedef struct compiler {
   uint32_t n_code;
   memo memos[MAX_VALUES];
   uint32_t n_memos;
+  uint32_t cur; /* the member whose value is being emitted */
   int64_t cut; /* on failure: the tensor to leave to a group of its own, or FAIL_GIVE_UP */
 } compiler;
+
+static const kiln_tensor_desc *desc_of(const compiler *c, uint32_t t) {
+  return c->at ? &c->at->tensors[t] : &c->g->tensors[t].desc;
+}
+
+static const kiln_op *op_of(const compiler *c, uint32_t i) {
+  return c->at ? &c->at->ops[c->pr->op_at[i]] : &c->g->ops[i];
+}
 
 static int internal(const compiler *c, uint32_t t) {
   const kiln_gtensor *x = &c->g->tensors[t];
@@ -74,6 +105,7 @@ static int64_t emit_instr(compiler *c, uint32_t code, int64_t a, int64_t b, uint
   v->a = a < 0 ? 0 : (uint32_t)a;
   v->b = b < 0 ? 0 : (uint32_t)b;
   v->arg = arg;
+  v->via = code == KILN_FX_LOAD ? c->cur : at;
   v->imm = imm;
   v->gelu_tanh = gelu_tanh;
   return c->n_code++;
@@ -202,8 +234,8 @@ static int64_t emit_cat(compiler *c, const kiln_op *op, uint32_t t, const frame 
     c->cut = t == c->root_out ? FAIL_GIVE_UP : (int64_t)t;
     return -1;
   }
-  for (uint32_t p = 0; p < op->n_inputs; o += c->g->tensors[op->inputs[p]].desc.dims[cd], p++) {
-    int64_t n = c->g->tensors[op->inputs[p]].desc.dims[cd], v, lo, hi;
+  for (uint32_t p = 0; p < op->n_inputs; o += desc_of(c, op->inputs[p])->dims[cd], p++) {
+    int64_t n = desc_of(c, op->inputs[p])->dims[cd], v, lo, hi;
     frame pf = *f;
     box sub = *bx;
     pf.base[cd] -= o;
@@ -228,8 +260,7 @@ static int64_t emit_cat(compiler *c, const kiln_op *op, uint32_t t, const frame 
 /* The steps of a POINTWISE chain, each rounded to the chain's dtype as its op alone rounds. */
 static int64_t emit_chain(compiler *c, const kiln_op *op, uint32_t t, const frame *f,
                           const box *bx) {
-  const kiln_gtensor *ts = c->g->tensors;
-  kiln_dtype dt = ts[t].desc.dtype;
+  kiln_dtype dt = desc_of(c, t)->dtype;
   int64_t v = emit_value(c, op->inputs[0], f, bx);
   for (uint32_t s = 0; s < op->n_iattr && v >= 0; s++) {
     int64_t step = op->iattr[s], y, one = double_word(1.0);
@@ -241,7 +272,7 @@ static int64_t emit_chain(compiler *c, const kiln_op *op, uint32_t t, const fram
                      kind == KILN_OP_POW ? double_word(op->fattr[0]) : 0,
                      (step & KILN_PW_GELU_TANH) != 0, t);
     } else {
-      of = broadcast(f, &ts[op->inputs[KILN_PW_STEP_INPUT(step)]].desc);
+      of = broadcast(f, desc_of(c, op->inputs[KILN_PW_STEP_INPUT(step)]));
       if ((y = emit_value(c, op->inputs[KILN_PW_STEP_INPUT(step)], &of, bx)) < 0) return -1;
       v = step & KILN_PW_REVERSED
               ? emit_instr(c, KILN_FX_BINARY, y, v, (uint32_t)kind, alpha ? one : 0, 0, t)
@@ -255,11 +286,11 @@ static int64_t emit_chain(compiler *c, const kiln_op *op, uint32_t t, const fram
 
 /* The value of tensor t at frame f, computed only where the output coordinate lies in bx. */
 static int64_t emit_value(compiler *c, uint32_t t, const frame *f, const box *bx) {
-  const kiln_gtensor *ts = c->g->tensors;
-  const kiln_tensor_desc *u = &ts[t].desc;
+  const kiln_tensor_desc *u = desc_of(c, t);
   const kiln_op *op;
   frame r;
   int64_t v, a, b;
+  uint32_t outer = c->cur;
   memo *mm;
   for (uint32_t i = 0; i < c->n_memos; i++)
     if (c->memos[i].tensor == t && !memcmp(&c->memos[i].f, f, sizeof *f) &&
@@ -269,14 +300,15 @@ static int64_t emit_value(compiler *c, uint32_t t, const frame *f, const box *bx
     v = emit_load(c, t, u->rank, u->dims, f, bx);
     goto done;
   }
-  op = &c->g->ops[ts[t].producer];
+  op = op_of(c, (uint32_t)c->g->tensors[t].producer);
   r = *f;
+  c->cur = t;
   switch (op->kind) {
   case KILN_OP_POINTWISE: v = emit_chain(c, op, t, f, bx); break;
   case KILN_OP_CAST:
   case KILN_OP_COPY:
     v = emit_value(c, op->inputs[0], f, bx);
-    if (u->dtype != ts[op->inputs[0]].desc.dtype) v = round_to(c, v, u->dtype, t);
+    if (u->dtype != desc_of(c, op->inputs[0])->dtype) v = round_to(c, v, u->dtype, t);
     break;
   case KILN_OP_PERMUTE:
     for (int32_t i = 0; i < u->rank; i++) {
@@ -308,7 +340,7 @@ static int64_t emit_value(compiler *c, uint32_t t, const frame *f, const box *bx
     break;
   }
   case KILN_OP_EXPAND:
-    r = broadcast(f, &ts[op->inputs[0]].desc);
+    r = broadcast(f, desc_of(c, op->inputs[0]));
     v = emit_value(c, op->inputs[0], &r, bx);
     break;
   case KILN_OP_RESHAPE:
@@ -316,7 +348,7 @@ static int64_t emit_value(compiler *c, uint32_t t, const frame *f, const box *bx
       v = emit_load(c, op->inputs[0], u->rank, u->dims, f, bx);
       break;
     }
-    if (!reshape_frame(f, u, &ts[op->inputs[0]].desc, &r)) {
+    if (!reshape_frame(f, u, desc_of(c, op->inputs[0]), &r)) {
       c->cut = op->inputs[0];
       return -1;
     }
@@ -331,7 +363,8 @@ static int64_t emit_value(compiler *c, uint32_t t, const frame *f, const box *bx
                        op->kind == KILN_OP_POW ? double_word(op->fattr[0]) : 0,
                        op->kind == KILN_OP_GELU && op->iattr[0], t);
     } else {
-      frame fa = broadcast(f, &ts[op->inputs[0]].desc), fb = broadcast(f, &ts[op->inputs[1]].desc);
+      frame fa = broadcast(f, desc_of(c, op->inputs[0]));
+      frame fb = broadcast(f, desc_of(c, op->inputs[1]));
       int alpha = op->kind == KILN_OP_ADD || op->kind == KILN_OP_SUB;
       if ((a = emit_value(c, op->inputs[0], &fa, bx)) < 0 ||
           (b = emit_value(c, op->inputs[1], &fb, bx)) < 0)
@@ -342,6 +375,7 @@ static int64_t emit_value(compiler *c, uint32_t t, const frame *f, const box *bx
     v = round_to(c, v, u->dtype, t);
     break;
   }
+  c->cur = outer;
 done:
   if (v < 0) return -1;
   if (c->n_memos < MAX_VALUES) {
@@ -452,7 +486,7 @@ static uint32_t gather(const kiln_graph *g, uint32_t r, const uint32_t *uses, co
 
 /* Compiles the group in member into c; 1 on success, else c->cut says what to do. */
 static int compile(compiler *c) {
-  const kiln_tensor_desc *out = &c->g->tensors[c->root_out].desc;
+  const kiln_tensor_desc *out = desc_of(c, c->root_out);
   frame f;
   box bx;
   int64_t v;
@@ -462,6 +496,7 @@ static int compile(compiler *c) {
   for (int32_t d = out->rank; d < KILN_MAX_RANK; d++) bx.lo[d] = bx.hi[d] = 0;
   c->rank = out->rank;
   c->dims = out->dims;
+  c->cur = c->root_out;
   c->cut = FAIL_GIVE_UP;
   v = emit_value(c, c->root_out, &f, &bx);
   if (v >= 0) c->cut = (int64_t)v;
@@ -495,25 +530,203 @@ static int replace(kiln_graph *g, uint32_t r, const uint8_t *member, const compi
   return 1;
 }
 
-kiln_status kiln_fuse_groups(kiln_graph *g, kiln_error *err) {
+/* ---------------------------------------------------------------- dynamic graphs */
+
+static const kiln_op_site probe_site = {"builder", 0, KILN_ERR_UNSUPPORTED,
+                                        " (at a smaller size)"};
+
+/* Adds values (n symbols) to v unless it is the bounds or v holds it already. */
+static void add_values(int64_t (*v)[KILN_MAX_SYMBOLS], uint32_t *count, const int64_t *values,
+                       const kiln_symbol *sym, uint32_t n) {
+  int bounds = 1;
+  for (uint32_t k = 0; k < n; k++) bounds &= values[k] == sym[k].max;
+  for (uint32_t i = 0; i < *count; i++)
+    if (!memcmp(v[i], values, sizeof *values * n)) return;
+  if (!bounds && *count < MAX_PROBES) memcpy(v[(*count)++], values, sizeof *values * n);
+}
+
+/* The symbol values probed: the lower bounds first, then one above them, midway and one below
+ * the upper bounds (five sizes with the bounds: a size polynomial of degree four or less in a
+ * symbol cannot meet the bounds' value at all of them by chance), then each symbol alone at its
+ * lower bound. */
+static uint32_t probe_values(const kiln_symbol *sym, uint32_t n, int64_t (*v)[KILN_MAX_SYMBOLS]) {
+  int64_t x[KILN_MAX_SYMBOLS];
+  uint32_t count = 0;
+  for (uint32_t k = 0; k < n; k++) x[k] = sym[k].min;
+  memcpy(v[count++], x, sizeof *x * n); /* even where it is the bounds: derive fills it */
+  for (int step = 1; step < 4; step++) {
+    for (uint32_t k = 0; k < n; k++) {
+      int64_t lo = sym[k].min, hi = sym[k].max;
+      x[k] = step == 1 ? lo + 1 : step == 2 ? lo + (hi - lo) / 2 : hi - 1;
+      if (x[k] < lo) x[k] = lo;
+      if (x[k] > hi) x[k] = hi;
+    }
+    add_values(v, &count, x, sym, n);
+  }
+  for (uint32_t j = 0; n > 1 && j < n; j++) {
+    for (uint32_t k = 0; k < n; k++) x[k] = k == j ? sym[k].min : sym[k].max;
+    add_values(v, &count, x, sym, n);
+  }
+  return count;
+}
+
+static void release_probes(probes *pr) {
+  for (uint32_t i = 0; i < MAX_PROBES; i++) {
+    free(pr->at[i].tensors);
+    free(pr->at[i].ops);
+  }
+  free(pr->derived);
+  free(pr->op_at);
+  memset(pr, 0, sizeof *pr);
+}
+
+/* The graph's shapes at the probed values: its tensors and live ops as a plan whose dims
+ * derive_symbols relates to the symbols, then kiln_plan_shapes_at at each set of values. Leaves
+ * pr->n 0 where the shapes cannot be probed (the build reports why when it derives them). */
+static kiln_status make_probes(const kiln_graph *g, const kiln_symbol *symbols,
+                               uint32_t n_symbols, probes *pr, kiln_error *err) {
+  int64_t values[MAX_PROBES][KILN_MAX_SYMBOLS];
+  kiln_error quiet = {KILN_OK, ""};
+  kiln_plan plan;
+  uint32_t n_values = probe_values(symbols, n_symbols, values), n_live = 0;
+  size_t nt = g->n_tensors ? g->n_tensors : 1;
+  kiln_status s = KILN_OK;
+  memset(pr, 0, sizeof *pr);
+  memset(&plan, 0, sizeof plan);
+  for (uint32_t i = 0; i < g->n_ops; i++) n_live += !g->dead[i];
+  plan.n_tensors = g->n_tensors;
+  plan.n_ops = n_live;
+  plan.n_symbols = n_symbols;
+  memcpy(plan.symbols, symbols, sizeof *symbols * n_symbols);
+  plan.tensors = pr->derived = kiln_calloc(nt, sizeof *plan.tensors);
+  plan.ops = kiln_calloc(n_live ? n_live : 1, sizeof *plan.ops);
+  pr->op_at = kiln_calloc(g->n_ops ? g->n_ops : 1, sizeof *pr->op_at);
+  for (uint32_t k = 0; k < n_values && plan.ops; k++) {
+    pr->at[k].tensors = kiln_malloc(nt * sizeof *plan.tensors);
+    pr->at[k].ops = kiln_malloc((n_live ? n_live : 1) * sizeof *plan.ops);
+    if (!pr->at[k].tensors || !pr->at[k].ops) break;
+    pr->n = k + 1;
+  }
+  if (!pr->derived || !plan.ops || !pr->op_at || pr->n != n_values) {
+    s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                  "builder: out of memory for %u tensors at other sizes while fusing groups; "
+                  "free memory and retry",
+                  (unsigned)g->n_tensors);
+    goto done;
+  }
+  for (uint32_t t = 0; t < g->n_tensors; t++) {
+    plan.tensors[t] = g->tensors[t].desc;
+    plan.tensors[t].storage = KILN_STORE_ARENA;
+    plan.tensors[t].io_index = 0;
+  }
+  for (uint32_t i = 0; i < g->n_inputs; i++) {
+    plan.tensors[g->inputs[i].tensor].storage = KILN_STORE_INPUT;
+    plan.tensors[g->inputs[i].tensor].io_index = i;
+  }
+  for (uint32_t i = 0, j = 0; i < g->n_ops; i++)
+    if (!g->dead[i]) pr->op_at[i] = j, plan.ops[j++] = g->ops[i];
+  s = kiln_derive_symbols(&plan, pr->at[0].tensors, pr->at[0].ops, &quiet);
+  for (uint32_t k = 1; s == KILN_OK && k < n_values; k++) {
+    memcpy(pr->at[k].tensors, plan.tensors, sizeof *plan.tensors * g->n_tensors);
+    memcpy(pr->at[k].ops, plan.ops, sizeof *plan.ops * n_live);
+    s = kiln_plan_shapes_at(&plan, values[k], 0, &probe_site, pr->at[k].tensors, pr->at[k].ops,
+                            &quiet);
+  }
+  if (s == KILN_ERR_OUT_OF_MEMORY) s = kiln_fail(err, s, "%.200s", quiet.message);
+  else if (s) pr->n = 0, s = KILN_OK; /* unprobed: no groups */
+done:
+  free(plan.ops);
+  return s;
+}
+
+/* 1 when map y (of the probe's program b) reads what map x (of the bounds' program a) reads at
+ * the probe's output dims: the same input, and x's box cut to those dims is y's; an empty box
+ * reads nothing, and a stride along a dim of size 1 meets only coordinate 0. */
+static int same_map(const compiler *a, const int64_t *x, const compiler *b, const int64_t *y) {
+  int32_t r = b->rank;
+  int64_t lo[KILN_MAX_RANK], hi[KILN_MAX_RANK]; /* x's box cut to the probe's dims */
+  int empty_x = 0, empty_y = 0;
+  if (x[0] != y[0] || a->inputs[x[0]] != b->inputs[y[0]]) return 0;
+  for (int32_t d = 0; d < r; d++) {
+    int64_t n = b->dims[d];
+    lo[d] = x[2 + r + d] < n ? x[2 + r + d] : n;
+    hi[d] = x[2 + 2 * r + d] < n ? x[2 + 2 * r + d] : n;
+    empty_x |= lo[d] >= hi[d];
+    empty_y |= y[2 + r + d] >= y[2 + 2 * r + d];
+  }
+  if (empty_x || empty_y) return empty_x && empty_y;
+  if (x[1] != y[1]) return 0;
+  for (int32_t d = 0; d < r; d++)
+    if (lo[d] != y[2 + r + d] || hi[d] != y[2 + 2 * r + d] ||
+        (b->dims[d] > 1 && x[2 + d] != y[2 + d]))
+      return 0;
+  return 1;
+}
+
+/* 1 when program b, compiled at a probe's sizes, computes there what program a (the bounds')
+ * does cut to them (kiln_fx_decode_at): the same instructions, each load through a map that
+ * reads the same. Else b->cut names the member to leave out: the one whose value the first
+ * differing instruction computes (a load's, the member reading it), FAIL_GIVE_UP the root's. */
+static int same_program(const compiler *a, compiler *b) {
+  uint32_t n = a->n_code < b->n_code ? a->n_code : b->n_code, i = 0, via;
+  for (; i < n; i++) {
+    const vinstr *x = &a->code[i], *y = &b->code[i];
+    int same = x->code == y->code && x->a == y->a && x->b == y->b &&
+               x->gelu_tanh == y->gelu_tanh && x->imm == y->imm;
+    if (same && x->code == KILN_FX_LOAD) same = same_map(a, a->maps[x->arg], b, b->maps[y->arg]);
+    else same = same && x->arg == y->arg;
+    if (!same) break;
+  }
+  via = a->root_out; /* the results differ */
+  if (i == n && a->n_code == b->n_code && a->cut == b->cut) return 1;
+  if (i < a->n_code) via = a->code[i].via;
+  else if (i < b->n_code) via = b->code[i].via;
+  b->cut = via == a->root_out ? FAIL_GIVE_UP : (int64_t)via;
+  return 0;
+}
+
+/* 1 when the group compiled in a (at the bounds) is valid at every probe, each compiled in b;
+ * else b->cut says what to do as compile's failures do. */
+static int valid_at_probes(const compiler *a, compiler *b, const probes *pr) {
+  for (uint32_t k = 0; k < pr->n; k++) {
+    const kiln_tensor_desc *out = &pr->at[k].tensors[a->root_out];
+    int64_t numel = 1;
+    for (int32_t d = 0; d < out->rank; d++) numel *= out->dims[d];
+    if (numel == 0) continue; /* nothing to compute at these sizes */
+    memset(b, 0, sizeof *b);
+    b->g = a->g;
+    b->pr = pr;
+    b->at = &pr->at[k];
+    b->member = a->member;
+    b->root_out = a->root_out;
+    if (!compile(b) || !same_program(a, b)) return 0;
+  }
+  return 1;
+}
+
+kiln_status kiln_fuse_groups(kiln_graph *g, const kiln_symbol *symbols, uint32_t n_symbols,
+                             kiln_error *err) {
   size_t nt = g->n_tensors ? g->n_tensors : 1, no = g->n_ops ? g->n_ops : 1;
   uint32_t *uses = kiln_calloc(nt, sizeof *uses), *reads = kiln_calloc(nt, sizeof *reads);
   uint8_t *cut = kiln_calloc(nt, 1), *member = kiln_calloc(no, 1), *done = kiln_calloc(no, 1);
-  compiler *c = kiln_malloc(sizeof *c);
+  compiler *c = kiln_malloc(sizeof *c), *at = n_symbols ? kiln_malloc(sizeof *at) : NULL;
+  probes pr;
   kiln_status s = KILN_OK;
-  if (!uses || !reads || !cut || !member || !done || !c) {
+  memset(&pr, 0, sizeof pr);
+  if (!uses || !reads || !cut || !member || !done || !c || (n_symbols && !at)) {
     s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                   "builder: out of memory for %u tensors while fusing groups; free memory and "
                   "retry",
                   (unsigned)g->n_tensors);
     goto out;
   }
+  if (n_symbols && ((s = make_probes(g, symbols, n_symbols, &pr, err)) || !pr.n)) goto out;
   kiln_graph_count_uses(g, uses);
   for (uint32_t r = g->n_ops; r-- > 0;) {
     for (int attempt = 0; attempt < 16; attempt++) {
       int64_t *words = NULL;
       uint32_t n_words = 0, work;
-      int ok;
+      int ok, compiled;
       if (g->dead[r] || !groupable(g, &g->ops[r]) || g->tensors[g->ops[r].output].desc.nbytes == 0)
         break;
       memset(member, 0, g->n_ops);
@@ -522,9 +735,11 @@ kiln_status kiln_fuse_groups(kiln_graph *g, kiln_error *err) {
       c->g = g;
       c->member = member;
       c->root_out = g->ops[r].output;
-      if (!compile(c)) {
-        if (c->cut < 0) break;
-        cut[c->cut] = 1;
+      compiled = compile(c);
+      if (!compiled || (n_symbols && !valid_at_probes(c, at, &pr))) {
+        int64_t to_cut = compiled ? at->cut : c->cut; /* a probe's, or compile's */
+        if (to_cut < 0) break;
+        cut[to_cut] = 1;
         continue;
       }
       ok = assemble(c, (uint32_t)c->cut, &words, &n_words);
@@ -535,16 +750,21 @@ kiln_status kiln_fuse_groups(kiln_graph *g, kiln_error *err) {
                       (unsigned)r);
         goto out;
       }
+      if (ok && n_symbols) /* its output's dims follow the symbols as the ops' did */
+        memcpy(g->tensors[c->root_out].desc.sym, pr.derived[c->root_out].sym,
+               sizeof pr.derived[c->root_out].sym);
       break;
     }
     done[r] = 1;
   }
 out:
+  release_probes(&pr);
   free(uses);
   free(reads);
   free(cut);
   free(member);
   free(done);
   free(c);
+  free(at);
   return s;
 }

@@ -13,7 +13,12 @@
  * reshape splitting a computed dim, a cat along a mixed dim) or the program outgrows its
  * limits, the value there is left to be written by a group of its own. Every op's rounding to
  * its dtype is kept, so a fused group computes what its ops did. The programs live in constant
- * tensors of the graph (op iattr0) until the plan is written. */
-kiln_status kiln_fuse_groups(kiln_graph *g, kiln_error *err);
+ * tensors of the graph (op iattr0) until the plan is written. In a dynamic graph (n_symbols
+ * bounded sizes) a group is kept only where its program, cut to the output's dims at each size
+ * probed (kiln_fx_decode_at), is the one compiled there; elsewhere a member whose loads follow a
+ * symbol is left out, as a failure to compile leaves one. A FUSED output gets the sym its
+ * root's output had (its shape comes with its program, not from shape inference). */
+kiln_status kiln_fuse_groups(kiln_graph *g, const kiln_symbol *symbols, uint32_t n_symbols,
+                             kiln_error *err);
 
 #endif

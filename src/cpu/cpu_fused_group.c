@@ -1,6 +1,7 @@
 /* FUSED: a group's register program, run once per output element with reference semantics:
  * f32 registers, the unfused ops' own math (kiln_cpu_unary_f32, kiln_cpu_binary_f32), and a
- * rounding wherever the program says an unfused op's output or a cast would round. */
+ * rounding wherever the program says an unfused op's output or a cast would round. A dynamic
+ * plan's program runs over this call's output dims, its boxes cut to them. */
 #include "runtime/fused_program.h"
 #include "cpu/cpu_ops.h"
 
@@ -18,8 +19,8 @@ void kiln_cpu_fused(const kiln_cpu_run *r, const kiln_op *op) {
   kiln_fx_prog prog;
   float reg[KILN_FX_MAX_REGS];
   for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = kiln_cpu_desc(r, op->inputs[k]);
-  /* the plan parser accepted this program, so decoding again cannot fail */
-  if (kiln_fx_decode(r->plan->words, r->plan->n_words, op, 0, in, out, &prog, NULL) != KILN_OK)
+  /* checked at these sizes when the call's shapes were set, so decoding again cannot fail */
+  if (kiln_fx_decode_at(r->plan->words, r->plan->n_words, op, 0, in, out, &prog, NULL) != KILN_OK)
     return;
   memset(&unary, 0, sizeof unary);
   for (int64_t i = 0; i < n; i++) {

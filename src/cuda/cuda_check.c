@@ -469,7 +469,7 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
     const kiln_tensor_desc *in[KILN_MAX_OP_INPUTS];
     kiln_fx_prog prog;
     for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = &p->tensors[op->inputs[k]];
-    return kiln_fx_decode(p->words, p->n_words, op, i, in, out, &prog, err);
+    return kiln_fx_decode_at(p->words, p->n_words, op, i, in, out, &prog, err); /* p's sizes */
   }
   case KILN_OP_POINTWISE: {
     uint32_t step;

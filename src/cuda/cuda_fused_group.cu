@@ -7,7 +7,9 @@
  * or cast would. The last instruction's result stays in real registers (each instruction works
  * in place on it); a register read later than the next instruction goes through a
  * shared-memory register file. Outputs under 2^32 elements whose inputs are under 2^31 use
- * 32-bit coordinates and addresses (wrapping sums whose in-box total is exact). */
+ * 32-bit coordinates and addresses (wrapping sums whose in-box total is exact). In a dynamic
+ * plan every choice (merged dims, run length, vector width, index width) follows the call's
+ * sizes: the program is decoded for them before each eager run or capture, never per replay. */
 #include "runtime/fused_program.h"
 #include "cuda_device.cuh"
 
@@ -523,9 +525,10 @@ cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
   int v;
   if (out->numel == 0) return cudaSuccess;
   for (uint32_t k = 0; k < op->n_inputs; k++) desc[k] = &plan->tensors[op->inputs[k]];
-  /* cuda_check.c decoded this program at init, so it decodes again */
-  if (kiln_fx_decode(plan->words, plan->n_words, op, 0, desc, &plan->tensors[op->output], &prog,
-                     NULL) != KILN_OK)
+  /* at this call's sizes (plan holds them), boxes cut to the call's output dims; cuda_check.c
+   * decoded it at these sizes before any run, so it decodes again */
+  if (kiln_fx_decode_at(plan->words, plan->n_words, op, 0, desc, &plan->tensors[op->output],
+                        &prog, NULL) != KILN_OK)
     return cudaErrorInvalidValue;
   memset(&p, 0, sizeof p);
   p.rank = prog.rank;

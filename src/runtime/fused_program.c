@@ -22,10 +22,11 @@ static int64_t numel_of(const kiln_tensor_desc *t) {
   return n;
 }
 
-/* Decodes map m and checks that every address its box reaches lies in its input. */
+/* Decodes map m and checks that every address its box reaches lies in its input. With clip (a
+ * call's sizes), the box is first cut to the output's dims. */
 static kiln_status decode_map(const int64_t *w, uint32_t m, const kiln_op *op, uint32_t index,
                               const kiln_tensor_desc *const *in, const kiln_tensor_desc *out,
-                              kiln_fx_map *map, kiln_error *err) {
+                              int clip, kiln_fx_map *map, kiln_error *err) {
   int32_t r = out->rank;
   __int128 lo = 0, hi = 0;
   int empty = 0;
@@ -41,12 +42,15 @@ static kiln_status decode_map(const int64_t *w, uint32_t m, const kiln_op *op, u
     map->stride[d] = w[2 + d];
     map->lo[d] = w[2 + r + d];
     map->hi[d] = w[2 + 2 * r + d];
-    if (map->lo[d] < 0 || map->lo[d] > map->hi[d] || map->hi[d] > out->dims[d] ||
-        map->stride[d] < -KILN_DIM_MAX || map->stride[d] > KILN_DIM_MAX)
+    if (map->lo[d] < 0 || map->lo[d] > map->hi[d] ||
+        map->hi[d] > (clip ? KILN_DIM_MAX : out->dims[d]) || map->stride[d] < -KILN_DIM_MAX ||
+        map->stride[d] > KILN_DIM_MAX)
       return FX_BAD("plan op %u (fused): map %u dim %d has box %lld..%lld (output dim %lld) or "
                     "stride %lld out of range; re-export the program",
                     (unsigned)index, (unsigned)m, (int)d, (long long)map->lo[d],
                     (long long)map->hi[d], (long long)out->dims[d], (long long)map->stride[d]);
+    if (clip && map->hi[d] > out->dims[d]) map->hi[d] = out->dims[d];
+    if (clip && map->lo[d] > map->hi[d]) map->lo[d] = map->hi[d];
     if (map->lo[d] == map->hi[d]) empty = 1;
     if (map->lo[d] != 0 || map->hi[d] != out->dims[d]) map->full = 0;
     if (empty) continue;
@@ -60,16 +64,17 @@ static kiln_status decode_map(const int64_t *w, uint32_t m, const kiln_op *op, u
   }
   if (!empty && (lo < 0 || hi >= numel_of(in[map->slot])))
     return FX_BAD("plan op %u (fused): map %u reaches elements %lld..%lld of input %u, which has "
-                  "%lld; re-export the program",
+                  "%lld%.26s; re-export the program",
                   (unsigned)index, (unsigned)m, (long long)lo, (long long)hi,
-                  (unsigned)map->slot, (long long)numel_of(in[map->slot]));
+                  (unsigned)map->slot, (long long)numel_of(in[map->slot]),
+                  clip ? " at these dynamic sizes" : "");
   return KILN_OK;
 }
 
 /* Checks one instruction's fields; *written has a bit per register written so far. */
 static kiln_status decode_instr(const int64_t *w, uint32_t i, const kiln_fx_prog *prog,
-                                uint32_t index, const kiln_tensor_desc *out, uint32_t *written,
-                                kiln_fx_instr *ins, kiln_error *err) {
+                                uint32_t index, const kiln_tensor_desc *out, int clip,
+                                uint32_t *written, kiln_fx_instr *ins, kiln_error *err) {
   uint32_t code = KILN_FX_CODE(w[0]), arg = KILN_FX_ARG(w[0]);
   int reads_a = code != KILN_FX_LOAD, reads_b = code == KILN_FX_BINARY || code == KILN_FX_SELECT;
   int ok = (w[0] & ~KILN_FX_KNOWN_BITS) == 0 && code >= KILN_FX_LOAD && code <= KILN_FX_STORE;
@@ -98,9 +103,10 @@ static kiln_status decode_instr(const int64_t *w, uint32_t i, const kiln_fx_prog
          (kind == KILN_OP_ADD || kind == KILN_OP_SUB ? isfinite(ins->imm) : w[1] == 0);
     break;
   case KILN_FX_ROUND: ok = ok && (arg == KILN_F16 || arg == KILN_BF16) && w[1] == 0; break;
-  case KILN_FX_SELECT:
-    ins->bound = w[1];
-    ok = ok && (int32_t)arg < out->rank && w[1] >= 0 && w[1] <= out->dims[arg];
+  case KILN_FX_SELECT: /* at a call's sizes (clip), a bound past the dim selects a alone */
+    ok = ok && (int32_t)arg < out->rank && w[1] >= 0 &&
+         w[1] <= (clip ? KILN_DIM_MAX : out->dims[arg]);
+    ins->bound = ok && w[1] > out->dims[arg] ? out->dims[arg] : w[1];
     break;
   default: ok = ok && arg == 0 && w[1] == 0 && i + 1 == prog->n_instrs; break; /* STORE */
   }
@@ -113,9 +119,10 @@ static kiln_status decode_instr(const int64_t *w, uint32_t i, const kiln_fx_prog
   return KILN_OK;
 }
 
-kiln_status kiln_fx_decode(const int64_t *words, uint32_t n_words, const kiln_op *op,
-                           uint32_t index, const kiln_tensor_desc *const *in,
-                           const kiln_tensor_desc *out, kiln_fx_prog *prog, kiln_error *err) {
+static kiln_status decode(const int64_t *words, uint32_t n_words, const kiln_op *op,
+                          uint32_t index, const kiln_tensor_desc *const *in,
+                          const kiln_tensor_desc *out, int clip, kiln_fx_prog *prog,
+                          kiln_error *err) {
   const int64_t *w;
   uint32_t written = 0, used = 0;
   kiln_status s;
@@ -145,7 +152,7 @@ kiln_status kiln_fx_decode(const int64_t *words, uint32_t n_words, const kiln_op
   prog->n_instrs = (uint32_t)w[1];
   w += 2;
   for (uint32_t m = 0; m < prog->n_maps; m++, w += 2 + 3 * out->rank) {
-    if ((s = decode_map(w, m, op, index, in, out, &prog->maps[m], err))) return s;
+    if ((s = decode_map(w, m, op, index, in, out, clip, &prog->maps[m], err))) return s;
     used |= 1u << prog->maps[m].slot;
   }
   if (used != (1u << op->n_inputs) - 1u)
@@ -153,12 +160,25 @@ kiln_status kiln_fx_decode(const int64_t *words, uint32_t n_words, const kiln_op
                   "program",
                   (unsigned)index, (unsigned)op->n_inputs);
   for (uint32_t i = 0; i < prog->n_instrs; i++, w += 2)
-    if ((s = decode_instr(w, i, prog, index, out, &written, &prog->instrs[i], err))) return s;
+    if ((s = decode_instr(w, i, prog, index, out, clip, &written, &prog->instrs[i], err)))
+      return s;
   if (prog->instrs[prog->n_instrs - 1].code != KILN_FX_STORE)
     return FX_BAD("plan op %u (fused): the last of its %u instructions is not its store; "
                   "re-export the program",
                   (unsigned)index, (unsigned)prog->n_instrs);
   return KILN_OK;
+}
+
+kiln_status kiln_fx_decode(const int64_t *words, uint32_t n_words, const kiln_op *op,
+                           uint32_t index, const kiln_tensor_desc *const *in,
+                           const kiln_tensor_desc *out, kiln_fx_prog *prog, kiln_error *err) {
+  return decode(words, n_words, op, index, in, out, 0, prog, err);
+}
+
+kiln_status kiln_fx_decode_at(const int64_t *words, uint32_t n_words, const kiln_op *op,
+                              uint32_t index, const kiln_tensor_desc *const *in,
+                              const kiln_tensor_desc *out, kiln_fx_prog *prog, kiln_error *err) {
+  return decode(words, n_words, op, index, in, out, 1, prog, err);
 }
 
 const char *kiln_fx_instr_str(const kiln_fx_prog *prog, uint32_t i, char *buf, size_t size) {

@@ -44,6 +44,14 @@ kiln_status kiln_fx_decode(const int64_t *words, uint32_t n_words, const kiln_op
                            uint32_t index, const kiln_tensor_desc *const *in,
                            const kiln_tensor_desc *out, kiln_fx_prog *prog, kiln_error *err);
 
+/* The same at a call's sizes in a dynamic plan (in and out at those sizes; the plan's own were
+ * checked by kiln_fx_decode): each box and SELECT bound is cut to out's dims, so a box that
+ * covers a dim at the bounds covers it at every size, and every address is checked again at
+ * these sizes. The engines run what this gives. */
+kiln_status kiln_fx_decode_at(const int64_t *words, uint32_t n_words, const kiln_op *op,
+                              uint32_t index, const kiln_tensor_desc *const *in,
+                              const kiln_tensor_desc *out, kiln_fx_prog *prog, kiln_error *err);
+
 /* Writes instruction i as text: "r3 = load in1[map 2]", "r2 = mul r0 r1"; returns buf. */
 const char *kiln_fx_instr_str(const kiln_fx_prog *prog, uint32_t i, char *buf, size_t size);
 

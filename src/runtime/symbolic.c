@@ -1,7 +1,24 @@
 /* Dynamic sizes evaluated for one call (see symbolic.h). */
 #include "runtime/symbolic.h"
 
+#include "runtime/fused_program.h"
+
 #include <string.h>
+
+/* A FUSED op's output at values: its own expressions (its program fixes no shape); with check,
+ * its program decoded at these sizes, so no address it reaches here lies outside an input. */
+static kiln_status fused_at(const kiln_plan *plan, uint32_t i, const kiln_op *op,
+                            const kiln_tensor_desc *const *in, const int64_t *values, int check,
+                            kiln_tensor_desc *got, kiln_error *err) {
+  const kiln_tensor_desc *want = &plan->tensors[op->output];
+  kiln_fx_prog prog;
+  *got = *want;
+  for (int32_t d = 0; d < want->rank; d++)
+    got->dims[d] = kiln_sym_eval(&want->sym[d], want->dims[d], values);
+  kiln_shape_nbytes(want->dtype, want->rank, got->dims, &got->nbytes); /* within the bound */
+  return check ? kiln_fx_decode_at(plan->words, plan->n_words, op, i, in, got, &prog, err)
+               : KILN_OK;
+}
 
 int kiln_tensor_is_dynamic(const kiln_tensor_desc *t) {
   for (int32_t d = 0; d < t->rank; d++)
@@ -30,8 +47,12 @@ kiln_status kiln_plan_shapes_at(const kiln_plan *plan, const int64_t *values, in
       ops[i].iattr[k] = kiln_sym_eval(&p->iattr_sym[k], p->iattr[k], values);
     for (uint32_t k = 0; k < p->n_inputs; k++) in[k] = &tensors[p->inputs[k]];
     site.index = i;
-    if ((s = kiln_infer_op(&ops[i], in, &site, &got, err))) return s;
-    if (check) {
+    if (p->kind == KILN_OP_FUSED) {
+      if ((s = fused_at(plan, i, &ops[i], in, values, check, &got, err))) return s;
+    } else if ((s = kiln_infer_op(&ops[i], in, &site, &got, err))) {
+      return s;
+    }
+    if (check && p->kind != KILN_OP_FUSED) {
       for (int32_t d = 0; d < want->rank; d++) {
         int64_t expect = kiln_sym_eval(&want->sym[d], want->dims[d], values);
         if (got.rank != want->rank || got.dims[d] != expect)

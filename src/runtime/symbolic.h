@@ -25,8 +25,9 @@ int kiln_tensor_is_dynamic(const kiln_tensor_desc *t);
 
 /* Every tensor's dims and every op's attributes at values, into tensors and ops (copies of the
  * plan's arrays the caller made once): inputs from their expressions, each op's output by shape
- * inference in order. With check, each output must also equal its own expressions (an
- * engine never trusts them); site gives a refusal's stage, status and remedy. */
+ * inference in order (a FUSED op's from its own expressions). With check, each output must also
+ * equal its own expressions (an engine never trusts them) and each FUSED program must read
+ * inside its inputs at these sizes; site gives a refusal's stage, status and remedy. */
 kiln_status kiln_plan_shapes_at(const kiln_plan *plan, const int64_t *values, int check,
                                 const kiln_op_site *site, kiln_tensor_desc *tensors, kiln_op *ops,
                                 kiln_error *err);

@@ -4,6 +4,7 @@
  * unfused one does on the CPU engine (f32 bit for bit; f16 rounded once instead of per op),
  * and that malformed fused ops are refused by the plan parser and by the CPU engine's init. */
 #include "check.h"
+#include "dynamic_groups.h"
 #include "runtime/alloc.h"
 #include "runtime/pointwise_steps.h"
 #include "test_cpu_harness.h"
@@ -1627,14 +1628,20 @@ static void test_groups_fuse(void) {
   }
 }
 
-/* A copy of blob x with program word `word` (counted over the plan's words) set to v. */
-static void *with_word(const built *x, uint32_t word, int64_t v) {
-  uint8_t *copy = malloc(x->size);
-  size_t end = (size_t)((const uint8_t *)x->view.plan - (const uint8_t *)x->blob) + x->view.plan_size;
-  if (!copy) return NULL;
-  memcpy(copy, x->blob, x->size);
+/* Sets program word `word` (counted over the plan's words) of copy, a copy of x's blob, to v. */
+static void set_word(uint8_t *copy, const built *x, uint32_t word, int64_t v) {
+  size_t end =
+      (size_t)((const uint8_t *)x->view.plan - (const uint8_t *)x->blob) + x->view.plan_size;
   for (int i = 0; i < 8; i++)
     copy[end - 8u * x->plan.n_words + 8u * word + (size_t)i] = (uint8_t)((uint64_t)v >> (8 * i));
+}
+
+/* A copy of blob x with program word `word` set to v. */
+static void *with_word(const built *x, uint32_t word, int64_t v) {
+  uint8_t *copy = malloc(x->size);
+  if (!copy) return NULL;
+  memcpy(copy, x->blob, x->size);
+  set_word(copy, x, word, v);
   return copy;
 }
 
@@ -1728,6 +1735,243 @@ static void test_group_refusals(void) {
   release(&x);
 }
 
+/* ---------------------------------------------------------------- fused groups, dynamic plans */
+
+#define DYN_MAX 12
+
+static int build_dyn(dyn_graph_fn make, kiln_dtype dt, int fuse, built *x) {
+  kiln_builder *b = kiln_builder_create();
+  kiln_build_options opts;
+  kiln_error err = {KILN_OK, ""};
+  int ok;
+  memset(x, 0, sizeof *x);
+  if (!b) return 0;
+  ok = make(b, dt, DYN_MAX);
+  kiln_build_options_default(&opts);
+  opts.fuse = fuse;
+  ok = ok && kiln_builder_build(b, &opts, &x->blob, &x->size, &err) == KILN_OK &&
+       kiln_blob_parse(x->blob, x->size, &x->view, &err) == KILN_OK &&
+       kiln_plan_parse(x->view.plan, x->view.plan_size, x->view.weights_size, &x->plan, &err) ==
+           KILN_OK;
+  if (!ok) fprintf(stderr, "build: %s\n", err.message);
+  CHECK(ok);
+  kiln_builder_destroy(b);
+  return ok;
+}
+
+static kiln_engine *load_cpu(const void *blob, size_t size) {
+  kiln_engine_options opts;
+  kiln_engine *e = NULL;
+  kiln_error err = {KILN_OK, ""};
+  kiln_engine_options_default(&opts);
+  opts.device = KILN_DEVICE_CPU;
+  if (kiln_engine_load(blob, size, &opts, &e, &err) != KILN_OK)
+    fprintf(stderr, "load: %s\n", err.message);
+  CHECK(e != NULL);
+  return e;
+}
+
+/* Views of every binding of x's plan at sequence n over buffers of the bounds' size (inputs
+ * filled by input_value, element by element); returns the input count, *n_out the outputs'. */
+static uint32_t views_at(const built *x, int64_t n, double lo, double hi, kiln_tensor_view *iv,
+                         kiln_tensor_view *ov, uint32_t *n_out) {
+  uint32_t n_in = 0;
+  *n_out = 0;
+  for (uint32_t k = 0; k < x->plan.n_inputs + x->plan.n_outputs; k++) {
+    int in = k < x->plan.n_inputs;
+    const kiln_tensor_desc *t =
+        &x->plan.tensors[in ? x->plan.inputs[k] : x->plan.outputs[k - x->plan.n_inputs]];
+    kiln_tensor_view *v = in ? &iv[n_in++] : &ov[(*n_out)++];
+    int64_t count = 1;
+    memset(v, 0, sizeof *v);
+    v->dtype = t->dtype;
+    v->rank = t->rank;
+    dyn_dims_at(t, n, v->sizes);
+    for (int32_t d = t->rank - 1; d >= 0; d--) v->strides[d] = count, count *= v->sizes[d];
+    v->nbytes = (size_t)count * kiln_dtype_size(t->dtype);
+    v->data = calloc(1, t->nbytes ? (size_t)t->nbytes : 1);
+    for (int64_t i = 0; in && i < count; i++)
+      fill_value(v->data, t->dtype, i, input_value(k, i, lo, hi));
+  }
+  return n_in;
+}
+
+static void free_views(kiln_tensor_view *v, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) free(v[i].data);
+}
+
+/* The fused and unfused plans of one dynamic graph, each loaded once, give the same bytes at
+ * every size of sizes (1, midway, the bound, then smaller again), allocating nothing. */
+static void check_dyn_same_as_unfused(dyn_graph_fn make, kiln_dtype dt, const char *what) {
+  static const int64_t sizes[] = {1, 6, DYN_MAX, 1, 5, 2, DYN_MAX - 1};
+  built fused, plain;
+  memset(&plain, 0, sizeof plain);
+  if (build_dyn(make, dt, 1, &fused) && build_dyn(make, dt, 0, &plain)) {
+    kiln_engine *ef = load_cpu(fused.blob, fused.size), *ep = load_cpu(plain.blob, plain.size);
+    for (size_t k = 0; ef && ep && k < sizeof sizes / sizeof sizes[0]; k++) {
+      kiln_tensor_view iv[MAX_INS], ov[MAX_OUTS], pv[MAX_OUTS];
+      kiln_error err = {KILN_OK, ""};
+      uint32_t n_out = 0, n_in = views_at(&fused, sizes[k], -2.0, 2.0, iv, ov, &n_out);
+      for (uint32_t o = 0; o < n_out; o++) {
+        pv[o] = ov[o];
+        pv[o].data = calloc(1, fused.plan.tensors[fused.plan.outputs[o]].nbytes);
+      }
+      kiln_test_fail_allocations = 1; /* still 1 after: execute allocated nothing */
+      CHECK(kiln_engine_execute(ef, iv, n_in, ov, n_out, &err) == KILN_OK);
+      CHECK(kiln_test_fail_allocations == 1);
+      kiln_test_fail_allocations = 0;
+      if (err.status) fprintf(stderr, "%s at %lld: %s\n", what, (long long)sizes[k], err.message);
+      CHECK(kiln_engine_execute(ep, iv, n_in, pv, n_out, &err) == KILN_OK);
+      for (uint32_t o = 0; o < n_out; o++) {
+        int same = memcmp(ov[o].data, pv[o].data, (size_t)ov[o].nbytes) == 0;
+        if (!same)
+          fprintf(stderr, "%s %.4s at %lld: output %u of the fused plan differs\n", what,
+                  kiln_dtype_name(dt), (long long)sizes[k], (unsigned)o);
+        CHECK(same);
+      }
+      free_views(iv, n_in);
+      free_views(ov, n_out);
+      free_views(pv, n_out);
+    }
+    kiln_engine_destroy(ef);
+    kiln_engine_destroy(ep);
+  }
+  release(&fused);
+  release(&plain);
+}
+
+/* Groups whose programs hold at every size are fused in a dynamic plan: each rotary embedding
+ * is one op, the norm's pieces after the mean one, the table broadcast one; each FUSED output
+ * follows the symbol as its root did; and they compute the unfused plan's bytes at every size. */
+static void test_dynamic_groups_fuse(void) {
+  static const kiln_dtype dts[3] = {KILN_F32, KILN_F16, KILN_BF16};
+  built x;
+  if (build_dyn(dyn_groups, KILN_F32, 1, &x)) {
+    const kiln_tensor_desc *q = &x.plan.tensors[x.plan.outputs[0]];
+    CHECK(count_kind(&x, KILN_OP_FUSED) == 4 && x.plan.n_ops == 6); /* with pow and mean */
+    CHECK(find_op(&x, KILN_OP_POW, 0) && find_op(&x, KILN_OP_MEAN, 0));
+    CHECK(q->rank == 4 && q->dims[2] == DYN_MAX && q->sym[2].symbol == 1 &&
+          q->sym[2].coeff == 1 && q->sym[2].offset == 0 && !q->sym[1].symbol);
+  }
+  release(&x);
+  for (int k = 0; k < 3; k++) check_dyn_same_as_unfused(dyn_groups, dts[k], "dynamic groups");
+}
+
+/* A group whose loads follow the symbol is cut where it does, or left unfused: the permute
+ * stays with its relu, the last row's select and the cat along s stay ops of their own and
+ * what reads them is fused; the result is the unfused plan's at every size. */
+static void test_dynamic_groups_that_move(void) {
+  static const kiln_dtype dts[3] = {KILN_F32, KILN_F16, KILN_BF16};
+  built x;
+  if (build_dyn(dyn_moving, KILN_F32, 1, &x)) {
+    const kiln_op *f0 = find_op(&x, KILN_OP_FUSED, 0), *f1 = find_op(&x, KILN_OP_FUSED, 1);
+    CHECK(count_kind(&x, KILN_OP_FUSED) == 2 && x.plan.n_ops == 6);
+    CHECK(find_op(&x, KILN_OP_PERMUTE, 0) && find_op(&x, KILN_OP_RELU, 0));
+    CHECK(find_op(&x, KILN_OP_SELECT, 0) && find_op(&x, KILN_OP_CAT, 0));
+    CHECK(f0 && f1 && f0->n_inputs == 1 && f1->n_inputs == 1);
+    CHECK(f0 && f1 && x.plan.tensors[f0->inputs[0]].storage == KILN_STORE_ARENA &&
+          x.plan.tensors[f1->inputs[0]].storage == KILN_STORE_ARENA);
+  }
+  release(&x);
+  for (int k = 0; k < 3; k++) check_dyn_same_as_unfused(dyn_moving, dts[k], "groups that move");
+}
+
+/* Every allocation of a dynamic build failing in turn: each refusal is out of memory, the one
+ * for the shapes the groups are probed at among them, and nothing leaks (the sanitizer build). */
+static void test_dynamic_fuse_oom(void) {
+  int saw_probes = 0, n;
+  for (n = 1; n < 2000; n++) {
+    kiln_builder *b = kiln_builder_create();
+    kiln_error err = {KILN_OK, ""};
+    void *blob = NULL;
+    size_t size = 0;
+    kiln_status s;
+    if (!b) break;
+    CHECK(dyn_groups(b, KILN_F16, DYN_MAX));
+    kiln_test_fail_allocations = n;
+    s = kiln_builder_build(b, NULL, &blob, &size, &err);
+    kiln_builder_destroy(b);
+    kiln_free(blob);
+    if (kiln_test_fail_allocations > 0) { /* the n-th allocation never came */
+      CHECK(s == KILN_OK);
+      break;
+    }
+    if (s == KILN_OK) continue;
+    CHECK(s == KILN_ERR_OUT_OF_MEMORY);
+    saw_probes |= strstr(err.message, "at other sizes while fusing groups") != NULL;
+  }
+  kiln_test_fail_allocations = 0;
+  CHECK(n < 2000);
+  CHECK(saw_probes);
+}
+
+/* relu(-x) over x [s, 16]: one FUSED op with one map (slot, offset, strides, box). */
+static int dyn_one_map(kiln_builder *b, kiln_dtype dt, int64_t max) {
+  kiln_error err = {KILN_OK, ""};
+  if (kiln_builder_add_symbol(b, "seq", 1, max, &err) != 1) return 0;
+  int32_t x = dg_in(b, "x", dt, 2, DG(max, 16), (kiln_sym_size[]){DG_S, DG_NO});
+  return dg_out(b, dg_unary(b, KILN_OP_RELU, dg_unary(b, KILN_OP_NEG, x)), "y");
+}
+
+/* One execute of x's blob `blob` at sequence n on e; its status, err the message. */
+static kiln_status run_dyn_at(kiln_engine *e, const built *x, int64_t n, kiln_error *err) {
+  kiln_tensor_view iv[MAX_INS], ov[MAX_OUTS];
+  uint32_t n_out = 0, n_in = views_at(x, n, -1.0, 1.0, iv, ov, &n_out);
+  kiln_status s = kiln_engine_execute(e, iv, n_in, ov, n_out, err);
+  free_views(iv, n_in);
+  free_views(ov, n_out);
+  return s;
+}
+
+/* A dynamic program must read inside its inputs at every size, not only at the bounds: one that
+ * does only at the upper bound is refused at load (the lower bounds are checked there), and one
+ * that does at both bounds but not between is refused by the first call at such a size, each
+ * shape checked once when a call first meets it; the engine stays usable. */
+static void test_dynamic_group_refusals(void) {
+  built x;
+  kiln_error err = {KILN_OK, ""};
+  if (!build_dyn(dyn_one_map, KILN_F32, 1, &x)) return;
+  const kiln_op *f = find_op(&x, KILN_OP_FUSED, 0);
+  CHECK(f && x.plan.n_ops == 1 && x.plan.words[f->iattr[0]] == 1);
+  if (!f) {
+    release(&x);
+    return;
+  }
+  uint32_t at = (uint32_t)f->iattr[0]; /* map 0: slot, offset, 2 strides, 2 box starts, 2 ends */
+  CHECK(x.plan.words[at + 4] == 16 && x.plan.words[at + 8] == DYN_MAX);
+  /* rows read backwards from the last: inside at the bound, past the end of a shorter x */
+  uint8_t *bad = with_word(&x, at + 4, -16);
+  if (bad) set_word(bad, &x, at + 3, 16 * (DYN_MAX - 1));
+  {
+    kiln_engine_options opts;
+    kiln_engine *e = NULL;
+    kiln_engine_options_default(&opts);
+    opts.device = KILN_DEVICE_CPU;
+    CHECK(bad && kiln_engine_load(bad, x.size, &opts, &e, &err) == KILN_ERR_INVALID_PROGRAM);
+    CHECK_STR(err.message,
+              "plan op 0 (fused): map 0 reaches elements 176..191 of input 0, which has 16 at "
+              "these dynamic sizes; re-export the program");
+    kiln_engine_destroy(e);
+  }
+  free(bad);
+  /* every other row of the first six: inside x at sizes 1, 11 and 12, past its end between */
+  bad = with_word(&x, at + 4, 32);
+  if (bad) set_word(bad, &x, at + 8, 6);
+  kiln_engine *e = bad ? load_cpu(bad, x.size) : NULL;
+  if (e) {
+    CHECK(run_dyn_at(e, &x, 1, &err) == KILN_OK && run_dyn_at(e, &x, DYN_MAX, &err) == KILN_OK);
+    CHECK(run_dyn_at(e, &x, 2, &err) == KILN_ERR_INVALID_PROGRAM);
+    CHECK_STR(err.message,
+              "plan op 0 (fused): map 0 reaches elements 0..47 of input 0, which has 32 at these "
+              "dynamic sizes; re-export the program");
+    CHECK(run_dyn_at(e, &x, 10, &err) == KILN_ERR_INVALID_PROGRAM);
+    CHECK(run_dyn_at(e, &x, 11, &err) == KILN_OK && run_dyn_at(e, &x, 1, &err) == KILN_OK);
+    kiln_engine_destroy(e);
+  }
+  free(bad);
+  release(&x);
+}
+
 int main(void) {
   test_chain_fuses();
   test_chain_boundaries();
@@ -1750,5 +1994,9 @@ int main(void) {
   test_groups_fuse();
   test_group_refusals();
   test_one_store();
+  test_dynamic_groups_fuse();
+  test_dynamic_groups_that_move();
+  test_dynamic_group_refusals();
+  test_dynamic_fuse_oom();
   return check_report("test_fusion");
 }

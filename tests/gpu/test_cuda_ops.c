@@ -9,6 +9,7 @@
  * `--time-sdpa` times the attention paths on
  * the benchmark's shapes, `--bench-conv` the convolution plans on ResNet-50 and MobileNetV3 shapes,
  * `--bench-fused` the FUSED kernel on the benchmarks' fused groups. */
+#include "dynamic_groups.h"
 #include "fused_programs.h"
 #include "gpu_harness.h"
 
@@ -2771,6 +2772,204 @@ static void test_dynamic_plan(void) {
   }
 }
 
+/* ---------------------------------------------------------------- FUSED groups, dynamic plans */
+
+#define DYNF_MAX 40
+#define DYNF_IO 12
+
+/* Caller buffers of a dynamic plan's bindings at their bounds, on the host and on the device. */
+typedef struct dynf_io {
+  uint32_t n_in, n_out;
+  const kiln_tensor_desc *in[DYNF_IO], *out[DYNF_IO];
+  void *host_in[DYNF_IO], *dev_in[DYNF_IO], *cpu_out[DYNF_IO], *host_out[DYNF_IO],
+      *dev_out[DYNF_IO];
+  kiln_tensor_view cpu_iv[DYNF_IO], gpu_iv[DYNF_IO], cpu_ov[DYNF_IO], gpu_ov[DYNF_IO];
+} dynf_io;
+
+static int dynf_alloc(dynf_io *io, const kiln_plan *plan) {
+  int ok = plan->n_inputs <= DYNF_IO && plan->n_outputs <= DYNF_IO;
+  memset(io, 0, sizeof *io);
+  for (uint32_t k = 0; ok && k < plan->n_inputs + plan->n_outputs; k++) {
+    int in = k < plan->n_inputs;
+    const kiln_tensor_desc *t =
+        &plan->tensors[in ? plan->inputs[k] : plan->outputs[k - plan->n_inputs]];
+    size_t bytes = t->nbytes ? (size_t)t->nbytes : 1;
+    if (in) {
+      io->in[io->n_in] = t;
+      io->host_in[io->n_in] = malloc(bytes);
+      ok &= io->host_in[io->n_in] && cudaMalloc(&io->dev_in[io->n_in], bytes) == cudaSuccess;
+      io->n_in++;
+    } else {
+      io->out[io->n_out] = t;
+      io->cpu_out[io->n_out] = malloc(bytes);
+      io->host_out[io->n_out] = malloc(bytes);
+      ok &= io->cpu_out[io->n_out] && io->host_out[io->n_out] &&
+            cudaMalloc(&io->dev_out[io->n_out], bytes) == cudaSuccess;
+      io->n_out++;
+    }
+  }
+  return ok;
+}
+
+static void dynf_free(dynf_io *io) {
+  for (uint32_t k = 0; k < io->n_in; k++) free(io->host_in[k]), cudaFree(io->dev_in[k]);
+  for (uint32_t k = 0; k < io->n_out; k++)
+    free(io->cpu_out[k]), free(io->host_out[k]), cudaFree(io->dev_out[k]);
+}
+
+static void dynf_view(kiln_tensor_view *v, const kiln_tensor_desc *t, int64_t n, void *data) {
+  int64_t stride = 1;
+  memset(v, 0, sizeof *v);
+  v->data = data;
+  v->dtype = t->dtype;
+  v->rank = t->rank;
+  dyn_dims_at(t, n, v->sizes);
+  for (int32_t d = t->rank - 1; d >= 0; d--) v->strides[d] = stride, stride *= v->sizes[d];
+  v->nbytes = (uint64_t)stride * kiln_dtype_size(t->dtype);
+}
+
+/* Views at sequence n (inputs filled anew), the GPU's on the device when bound. */
+static void dynf_views(dynf_io *io, int64_t n, int bound) {
+  for (uint32_t k = 0; k < io->n_in; k++) {
+    dynf_view(&io->cpu_iv[k], io->in[k], n, io->host_in[k]);
+    fill(io->host_in[k], io->in[k]->dtype, io->cpu_iv[k].nbytes / kiln_dtype_size(io->in[k]->dtype),
+         -1.5, 1.5);
+    if (bound)
+      cudaMemcpy(io->dev_in[k], io->host_in[k], (size_t)io->cpu_iv[k].nbytes,
+                 cudaMemcpyHostToDevice);
+    io->gpu_iv[k] = io->cpu_iv[k];
+    io->gpu_iv[k].data = bound ? io->dev_in[k] : io->host_in[k];
+  }
+  for (uint32_t k = 0; k < io->n_out; k++) {
+    size_t bytes = io->out[k]->nbytes ? (size_t)io->out[k]->nbytes : 1;
+    dynf_view(&io->cpu_ov[k], io->out[k], n, io->cpu_out[k]);
+    memset(io->host_out[k], 0xff, bytes);
+    if (bound) cudaMemset(io->dev_out[k], 0xff, bytes);
+    io->gpu_ov[k] = io->cpu_ov[k];
+    io->gpu_ov[k].data = bound ? io->dev_out[k] : io->host_out[k];
+  }
+}
+
+/* One call at sequence n on both engines (the GPU's buffers bound or staged), every output
+ * compared, shaped at n, and nothing written past this call's bytes; 1 if all hold. */
+static int dynf_call(kiln_engine *cpu, kiln_engine *gpu, dynf_io *io, int64_t n, int bound,
+                     const char *name) {
+  kiln_error err = {KILN_OK, ""};
+  int ok;
+  dynf_views(io, n, bound);
+  ok = kiln_engine_execute(cpu, io->cpu_iv, io->n_in, io->cpu_ov, io->n_out, &err) == KILN_OK;
+  if (!ok) fprintf(stderr, "%s: cpu run at %lld: %s\n", name, (long long)n, err.message);
+  kiln_status st = kiln_engine_execute(gpu, io->gpu_iv, io->n_in, io->gpu_ov, io->n_out, &err);
+  if (st != KILN_OK) fprintf(stderr, "%s: cuda run at %lld: %s\n", name, (long long)n, err.message);
+  ok &= st == KILN_OK;
+  for (uint32_t k = 0; ok && k < io->n_out; k++) {
+    const kiln_tensor_desc *t = io->out[k];
+    size_t es = kiln_dtype_size(t->dtype), bytes = (size_t)io->cpu_ov[k].nbytes;
+    int32_t rank = 0;
+    int64_t dims[KILN_MAX_RANK];
+    ok &= kiln_engine_output_shape(gpu, k, &rank, dims, &err) == KILN_OK && rank == t->rank &&
+          !memcmp(dims, io->cpu_ov[k].sizes, sizeof *dims * (size_t)rank);
+    if (bound) cudaMemcpy(io->host_out[k], io->dev_out[k], t->nbytes, cudaMemcpyDeviceToHost);
+    double e = rel_error(io->host_out[k], io->cpu_out[k], t->dtype, bytes / es);
+    last_error = fmax(last_error, e);
+    if (!(e <= dtype_tolerance(t->dtype)))
+      fprintf(stderr, "%s: output %u at %lld %s: rel err %.3e\n", name, (unsigned)k, (long long)n,
+              bound ? "bound" : "staged", e);
+    ok &= e <= dtype_tolerance(t->dtype);
+    if (bytes < t->nbytes) ok &= ((uint8_t *)io->host_out[k])[bytes] == 0xff;
+  }
+  return ok;
+}
+
+/* A dynamic plan with FUSED groups on the CUDA engine: the groups valid at every size (rotary
+ * embeddings of heads permuted to [1, H, s, D], RMSNorm pieces, a broadcast against an [s, D]
+ * table) and those left after cutting what follows s, in f32, f16 and bf16, against the CPU
+ * engine at sizes 1, midway, the bound and 1 again after larger ones, caller buffers staged and
+ * bound; each shape runs eagerly, is captured on its second call and replayed after, so every
+ * launch path (merged dims, run length and vector width at the call's sizes) meets each size;
+ * execute allocates nothing (every engine allocation failing; no malloc on a replay). */
+static void test_dynamic_fused(void) {
+  static const int64_t sizes[] = {1, 20, DYNF_MAX, 1, 1, 1, 7, DYNF_MAX, DYNF_MAX, 20, 3, 1, 39};
+  static const dyn_graph_fn graphs[2] = {dyn_groups, dyn_moving};
+  static const char *const graph_names[2] = {"groups", "groups cut"};
+  const int n_sizes = (int)(sizeof sizes / sizeof sizes[0]);
+  for (int cfg = 0; cfg < 6; cfg++) {
+    kiln_dtype dt = float_types[cfg % 3];
+    kiln_builder *b = kiln_builder_create();
+    kiln_build_options opts;
+    kiln_error err = {KILN_OK, ""};
+    kiln_blob_view bv;
+    kiln_plan plan;
+    void *blob = NULL;
+    size_t size = 0;
+    char name[64];
+    snprintf(name, sizeof name, "dynamic fused %s %s", graph_names[cfg / 3], kiln_dtype_name(dt));
+    kiln_build_options_default(&opts);
+    opts.fuse = 1;
+    int built = b && graphs[cfg / 3](b, dt, DYNF_MAX) &&
+                kiln_builder_build(b, &opts, &blob, &size, &err) == KILN_OK &&
+                kiln_blob_parse(blob, size, &bv, &err) == KILN_OK &&
+                kiln_plan_parse(bv.plan, bv.plan_size, bv.weights_size, &plan, &err) == KILN_OK;
+    kiln_builder_destroy(b);
+    if (!built) fprintf(stderr, "%s: %s\n", name, err.message);
+    CHECK(built);
+    if (!built) {
+      kiln_free(blob);
+      continue;
+    }
+    uint32_t fused = 0;
+    for (uint32_t i = 0; i < plan.n_ops; i++) fused += plan.ops[i].kind == KILN_OP_FUSED;
+    CHECK(fused == (cfg < 3 ? 4u : 2u));
+    kiln_engine *cpu = load_on(blob, size, KILN_DEVICE_CPU);
+    kiln_engine *gpu = load_on(blob, size, KILN_DEVICE_CUDA);
+    dynf_io io;
+    int ok = cpu && gpu && dynf_alloc(&io, &plan);
+    CHECK(ok);
+    last_error = 0;
+    for (int pass = 0; ok && pass < 2; pass++)
+      for (int i = 0; i < n_sizes; i++) ok &= dynf_call(cpu, gpu, &io, sizes[i], pass, name);
+    kiln_cuda_stats st, before, after;
+    memset(&st, 0, sizeof st);
+    if (gpu) kiln_cuda_engine_stats(gpu, &st, &err);
+    printf("%-34s %u groups, %d sizes staged and bound: rel err %.2e (tol %.0e) %s; %llu eager, "
+           "%llu captures, %llu replays\n",
+           name, (unsigned)fused, n_sizes, last_error, dtype_tolerance(dt), ok ? "ok" : "FAIL",
+           (unsigned long long)st.direct_runs, (unsigned long long)st.shape_captures,
+           (unsigned long long)st.graph_replays);
+    CHECK(ok && st.direct_runs > 0 && st.shape_captures > 0 && st.graph_replays > 0);
+    if (ok) { /* every size again with every engine allocation failing, then replays at 1 */
+      int noalloc = 1;
+      kiln_cuda_fail_allocations_after(0);
+      for (int i = 0; i < n_sizes; i++) noalloc &= dynf_call(cpu, gpu, &io, sizes[i], i % 2, name);
+      kiln_cuda_fail_allocations_after(-1);
+      kiln_cuda_engine_stats(gpu, &before, &err);
+      dynf_views(&io, 1, 1);
+      allocations = 0;
+      for (int r = 0; r < 10; r++) { /* seen, captured (or replayed), then 8 replays */
+        counting = r >= 2;
+        noalloc &=
+            kiln_engine_execute(gpu, io.gpu_iv, io.n_in, io.gpu_ov, io.n_out, &err) == KILN_OK;
+      }
+      counting = 0;
+      kiln_cuda_engine_stats(gpu, &after, &err);
+      long during = allocations, base = graph_launch_baseline(io.dev_out[0]);
+      printf("%-34s allocation failure injected over %d sizes, then 8 replays at 1: %s, %ld "
+             "mallocs (raw graph launches alike: %ld), init allocations %llu then %llu\n",
+             name, n_sizes, noalloc ? "all ok" : "FAILED", during, base,
+             (unsigned long long)st.init_allocs, (unsigned long long)after.init_allocs);
+      CHECK(noalloc && after.graph_replays - before.graph_replays >= 8);
+      CHECK(during == 0 || base > 0);
+      CHECK(after.init_allocs == st.init_allocs);
+      allocations = 0;
+    }
+    if (cpu && gpu) dynf_free(&io);
+    kiln_engine_destroy(cpu);
+    kiln_engine_destroy(gpu);
+    kiln_plan_release(&plan);
+    kiln_free(blob);
+  }
+}
+
 /* A dynamic convolution is refused at load, naming the op; the CPU engine runs the plan. */
 static void test_dynamic_conv_refused(void) {
   kiln_builder *b = kiln_builder_create();
@@ -3023,6 +3222,7 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--dynamic") == 0) {
     /* The dynamic-shape cases alone. */
     test_dynamic_plan();
+    test_dynamic_fused();
     test_dynamic_conv_refused();
     return check_report("test_cuda_ops --dynamic");
   }
@@ -3050,6 +3250,7 @@ int main(int argc, char **argv) {
   test_chunked_staging();
   test_refusals();
   test_dynamic_plan();
+  test_dynamic_fused();
   test_dynamic_conv_refused();
   test_init_failures();
   return check_report("test_cuda_ops");

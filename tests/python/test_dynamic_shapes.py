@@ -140,3 +140,16 @@ def test_inspect_lists_the_symbol_and_each_dynamic_dim(llama):
     symbol = re.search(r"dynamic size (s\w+): 1\.\.16 \(dims shown at the upper bound\)", out.stdout)
     assert symbol, out.stdout[:2000]
     assert re.search(rf"t0: f32 \[1, 16, 64\] as \[1,{symbol.group(1)},64\] input 0", out.stdout), out.stdout[:2000]
+
+
+def test_inspect_shows_the_fused_groups_of_a_dynamic_plan(llama):
+    """The block's RMSNorm pieces and its rotary embeddings of q and k are FUSED groups in the
+    dynamic plan too, each output following the symbol (its program is valid at every size, which
+    test_llama_block_with_a_dynamic_sequence_runs_every_size_within_bounds runs against eager)."""
+    out = subprocess.run([KILN_CLI, "inspect", str(llama.path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    symbol = re.search(r"dynamic size (s\w+): ", out.stdout).group(1)
+    groups = re.findall(r"op \d+: fused\([^)]*\) -> (t\d+) \[[\d, ]+\]; group \[r0=in0\[", out.stdout)
+    assert len(groups) == 3, out.stdout[-3000:]
+    for tensor in groups:
+        assert re.search(rf"\b{tensor}: f32 \[[\d, ]+\] as \[[^]]*{symbol}[^]]*\]", out.stdout), tensor

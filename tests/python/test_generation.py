@@ -167,7 +167,7 @@ def exported_dynamic(tmp_path_factory):
     return model, path, program
 
 
-def test_the_dynamic_decoder_is_one_whole_blob_with_the_sequence_symbol(exported_dynamic):
+def test_the_dynamic_decoder_is_one_whole_blob_with_the_sequence_symbol(exported_dynamic, exported):
     from test_dynamic_shapes import KILN_CLI
     import subprocess
 
@@ -180,6 +180,13 @@ def test_the_dynamic_decoder_is_one_whole_blob_with_the_sequence_symbol(exported
     out = subprocess.run([KILN_CLI, "inspect", exported_dynamic[1]], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert f": 1..{decoders.CACHE} (dims shown at the upper bound)" in out.stdout
+    # Its pointwise ops and views are fused into groups as the static program's are (the rotary
+    # embeddings of q and k, the rotary table): about as many ops as the static program, not the
+    # third more it had when a dynamic plan took no groups.
+    groups = [line for line in out.stdout.splitlines() if ": fused(" in line and "; group [" in line]
+    assert len(groups) >= 2 * 2 + 1, out.stdout[-3000:]
+    static_ops = exported[2].kiln_report.kiln_ops
+    assert report.kiln_ops <= static_ops + 4, (report.kiln_ops, static_ops)
 
 
 @pytest.mark.parametrize("length", [1, 7, decoders.CACHE - 16])
