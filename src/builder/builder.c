@@ -17,6 +17,7 @@
 #include "builder/layout_channels_last.h"
 #include "builder/memplan.h"
 #include "builder/merge_common.h"
+#include "builder/merge_linears.h"
 #include "runtime/view.h"
 #include "runtime/shape.h"
 #include "runtime/symbolic.h"
@@ -794,8 +795,11 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
  * merge taken into the SDPA, the reshape chains those leave folded and copies of what nothing
  * writes dropped, written-out RMSNorms made RMS_NORM ops, pointwise chains fused (after the
  * epilogues, so a GEMM keeps its activation), pointwise ops next to a norm fused into it, then
- * what remains of pointwise ops, casts and views grouped into FUSED ops (in a dynamic plan,
- * those whose index maps hold at every size). */
+ * linears of one input (attention's q, k and v) joined into one GEMM whose outputs are column
+ * slices (after every pattern pass, so each saw the linears apart, SwiGLU's gate and up among
+ * them; right before the grouping, as a linear joins only where its slice is a view or the
+ * grouping will read its columns in place), then what remains of pointwise ops, casts and views
+ * grouped into FUSED ops (in a dynamic plan, those whose index maps hold at every size). */
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
                               const kiln_builder *b, kiln_error *err) {
   kiln_status s;
@@ -815,6 +819,7 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
   if (opts->fuse && (s = kiln_fuse_rms_norms(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_pointwise(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_norms(g, err))) return s;
+  if (opts->fuse && (s = kiln_merge_linears(g, b->n_symbols == 0, err))) return s;
   return opts->fuse ? kiln_fuse_groups(g, b->symbols, b->n_symbols, err) : KILN_OK;
 }
 

@@ -53,6 +53,47 @@ int32_t kiln_graph_add_op(kiln_graph *g, const kiln_op *op, const kiln_tensor_de
   return (int32_t)g->n_ops++;
 }
 
+int kiln_graph_insert_ops(kiln_graph *g, const uint32_t *at, const kiln_op *ops, uint32_t n) {
+  uint32_t total = g->n_ops + n, k = 0, j = 0;
+  kiln_op *new_ops;
+  uint8_t *new_dead;
+  int32_t *moved;
+  if (n == 0) return 0;
+  if (total < n || total >= INT32_MAX) return -1;
+  for (uint32_t m = 0; m < n; m++)
+    if (at[m] > g->n_ops || (m > 0 && at[m] < at[m - 1])) return -1;
+  new_ops = kiln_malloc(sizeof *new_ops * total);
+  new_dead = kiln_malloc(total);
+  moved = kiln_malloc(sizeof *moved * (g->n_ops ? g->n_ops : 1));
+  if (!new_ops || !new_dead || !moved) {
+    free(new_ops);
+    free(new_dead);
+    free(moved);
+    return -1;
+  }
+  for (uint32_t i = 0; i <= g->n_ops; i++) {
+    for (; k < n && at[k] == i; k++, j++) {
+      new_ops[j] = ops[k];
+      new_dead[j] = 0;
+    }
+    if (i == g->n_ops) break;
+    new_ops[j] = g->ops[i];
+    new_dead[j] = g->dead[i];
+    moved[i] = (int32_t)j++;
+  }
+  for (uint32_t t = 0; t < g->n_tensors; t++)
+    if (g->tensors[t].node == KILN_NODE_OP && g->tensors[t].producer >= 0)
+      g->tensors[t].producer = moved[g->tensors[t].producer];
+  for (uint32_t m = 0; m < n; m++) g->tensors[ops[m].output].producer = (int32_t)(at[m] + m);
+  free(moved);
+  free(g->ops);
+  free(g->dead);
+  g->ops = new_ops;
+  g->dead = new_dead;
+  g->n_ops = g->cap_ops = total;
+  return 0;
+}
+
 int kiln_graph_clone(const kiln_graph *src, kiln_graph *dst) {
   memset(dst, 0, sizeof *dst);
   dst->tensors = kiln_malloc(sizeof *dst->tensors * (src->n_tensors ? src->n_tensors : 1));

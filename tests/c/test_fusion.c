@@ -3,9 +3,12 @@
  * and which it leaves alone, what the plan records, that a fused plan computes what the
  * unfused one does on the CPU engine (f32 bit for bit; f16 rounded once instead of per op),
  * and that malformed fused ops are refused by the plan parser and by the CPU engine's init. */
+#include "builder/graph.h"
+#include "builder/merge_linears.h"
 #include "check.h"
 #include "dynamic_groups.h"
 #include "runtime/alloc.h"
+#include "runtime/linear_inputs.h"
 #include "runtime/pointwise_steps.h"
 #include "test_cpu_harness.h"
 
@@ -587,8 +590,9 @@ static double input_value(uint32_t binding, int64_t i, double lo, double hi) {
   return floor((lo + r * (hi - lo)) * 64.0) / 64.0;
 }
 
-/* Runs a blob on the CPU engine; outs[k] receives output k (malloc'd). Returns the count. */
-static uint32_t run_cpu(const built *x, double lo, double hi, void **outs) {
+/* Runs a blob on the CPU engine, a dynamic plan's symbol at `seq` (0: inputs at their bounds);
+ * outs[k] receives output k (malloc'd, at its bound shape). Returns the count. */
+static uint32_t run_cpu_at(const built *x, double lo, double hi, void **outs, int64_t seq) {
   kiln_engine_options opts;
   kiln_engine *e = NULL;
   kiln_error err = {KILN_OK, ""};
@@ -614,10 +618,13 @@ static uint32_t run_cpu(const built *x, double lo, double hi, void **outs) {
     v->rank = bd->rank;
     v->nbytes = (size_t)n * kiln_dtype_size(bd->dtype);
     for (int32_t d = bd->rank - 1; d >= 0; d--) {
-      v->sizes[d] = bd->shape[d];
+      const kiln_sym_size *sym =
+          bd->kind == KILN_IO_INPUT ? &x->plan.tensors[x->plan.inputs[n_in]].sym[d] : NULL;
+      v->sizes[d] = seq > 0 && sym && sym->symbol ? sym->coeff * seq + sym->offset : bd->shape[d];
       v->strides[d] = stride;
-      stride *= bd->shape[d];
+      stride *= v->sizes[d];
     }
+    if (bd->kind == KILN_IO_INPUT) v->nbytes = (size_t)(n = stride) * kiln_dtype_size(bd->dtype);
     v->data = calloc(1, v->nbytes ? v->nbytes : 1);
     if (bd->kind == KILN_IO_OUTPUT) {
       outs[n_out++] = v->data;
@@ -638,6 +645,10 @@ static uint32_t run_cpu(const built *x, double lo, double hi, void **outs) {
   for (uint32_t i = 0; i < n_in; i++) free(ins[i]);
   kiln_engine_destroy(e);
   return n_out;
+}
+
+static uint32_t run_cpu(const built *x, double lo, double hi, void **outs) {
+  return run_cpu_at(x, lo, hi, outs, 0);
 }
 
 static void free_outs(void **outs, uint32_t n) {
@@ -1425,7 +1436,9 @@ static void test_swiglu(void) {
   for (int c = 0; c < 4; c++) {
     if (build(apart[c], KILN_F32, 1, &x)) {
       const kiln_op *a = find_op(&x, KILN_OP_LINEAR, 0);
-      CHECK(a && a->iattr[0] != KILN_ACT_SWIGLU && find_op(&x, KILN_OP_LINEAR, 2));
+      /* sigmoid gating is no SwiGLU, but its gate and up projections still share one GEMM */
+      CHECK(a && a->iattr[0] != KILN_ACT_SWIGLU && !find_op(&x, KILN_OP_LINEAR, c == 3 ? 2 : 3));
+      CHECK(find_op(&x, KILN_OP_LINEAR, c == 3 ? 1 : 2));
     }
     release(&x);
     check_same_as_unfused(apart[c], KILN_F32, -2.0, 2.0);
@@ -1972,6 +1985,305 @@ static void test_dynamic_group_refusals(void) {
   release(&x);
 }
 
+/* ---------------------------------------------------------------- sibling linears */
+
+/* Attention's projections of one input x, 16 wide: q (3 heads of 4) times 0.5, k (2 heads of 4)
+ * negated, v (2 heads of 4) as is, each split into heads by reshape and permute (0, 2, 1, 3). x
+ * is [1,1,16] (a decode step), [2,3,16] for the PREFILL variants, [1,s,16] (s in 1..4) for
+ * DYNAMIC, and the last row of such an x for LAST_TOKEN. The variants after LAST_TOKEN each
+ * keep a linear apart: q adds a residual, k reads another input, only q has a bias, only q has
+ * a GELU, k's weight or v's bias is an input rather than a constant, v's output is an output
+ * binding, or (prefill, where a slice is no view) v's output is
+ * read by a GEMM, flattened by a reshape that a group's index map cannot take, or read twice:
+ * each would need a copy of its own. Without groups (a dynamic plan) a slice must be a view.
+ * (The builder refuses a weight whose dtype is not its input's: test_sibling_dtypes.) */
+enum {
+  QKV_DECODE, QKV_BIAS, QKV_GELU, QKV_PREFILL, QKV_PREFILL_BIAS, QKV_LAST_TOKEN,
+  QKV_RESIDUAL_Q, QKV_OTHER_INPUT_K, QKV_BIAS_Q, QKV_GELU_Q, QKV_K_WEIGHT_IN, QKV_V_BIAS_IN,
+  QKV_V_OUT, QKV_GEMM_READS_V, QKV_FLAT_V, QKV_V_TWICE, QKV_DYNAMIC, QKV_VARIANTS
+};
+
+static int qkv_prefill(int variant) {
+  return variant == QKV_PREFILL || variant == QKV_PREFILL_BIAS || variant == QKV_GEMM_READS_V ||
+         variant == QKV_FLAT_V || variant == QKV_V_TWICE;
+}
+
+/* t [b, s, h*4] as [b, h, s, 4]; the reshape's s follows symbol 1 when `dynamic`. */
+static int32_t heads(kiln_builder *b, int32_t t, int64_t batch, int64_t seq, int64_t h,
+                     int dynamic) {
+  kiln_error err = {KILN_OK, ""};
+  kiln_sym_size none = {0, 0, 0}, s = {dynamic ? 1u : 0u, 1, 0};
+  int32_t r = kiln_builder_add_op_sym(b, KILN_OP_RESHAPE, &t, 1, D(batch, seq, h, 4),
+                                      (kiln_sym_size[]){none, s, none, none}, 4, NULL, 0, &err);
+  if (r < 0) fprintf(stderr, "add_op: %s\n", err.message);
+  CHECK(r >= 0);
+  return op_n(b, KILN_OP_PERMUTE, T(r), 1, D(0, 2, 1, 3), 4);
+}
+
+/* LINEAR(x, w [n,16], bias [n] when `bias`); `given` 1: w is an input, 2: the bias is. */
+static int32_t projection(kiln_builder *b, kiln_dtype dt, int32_t x, int64_t n, int bias,
+                          uint32_t seed, int given) {
+  int32_t w = given == 1 ? in(b, "w", dt, 2, D(n, 16)) : constant(b, dt, 2, D(n, 16), seed);
+  if (!bias) return op(b, KILN_OP_LINEAR, T(x, w), 2, 0, 0, NULL, 0);
+  int32_t c = given == 2 ? in(b, "bias", dt, 1, D(n)) : constant(b, dt, 1, D(n), seed + 1);
+  return op(b, KILN_OP_LINEAR, T(x, w, c), 3, 0, 0, NULL, 0);
+}
+
+static void qkv(kiln_builder *b, kiln_dtype dt, int variant) {
+  kiln_error err = {KILN_OK, ""};
+  int prefill = qkv_prefill(variant);
+  int dynamic = variant == QKV_DYNAMIC || variant == QKV_LAST_TOKEN;
+  int all_bias = variant == QKV_BIAS || variant == QKV_PREFILL_BIAS || variant == QKV_V_BIAS_IN;
+  int64_t batch = prefill ? 2 : 1, seq = prefill ? 3 : variant == QKV_DYNAMIC ? 4 : 1;
+  int32_t x, q, k, v;
+  if (dynamic) {
+    kiln_sym_size none = {0, 0, 0}, s = {1, 1, 0}, last = {1, 1, -1};
+    CHECK(kiln_builder_add_symbol(b, "s", 1, 4, &err) == 1);
+    x = kiln_builder_add_input_sym(b, "x", dt, 3, D(1, 4, 16), (kiln_sym_size[]){none, s, none},
+                                   &err);
+    if (variant == QKV_LAST_TOKEN)
+      x = kiln_builder_add_op_sym(b, KILN_OP_SLICE, &x, 1, D(1, 3, 4, 1),
+                                  (kiln_sym_size[]){none, last, s, none}, 4, NULL, 0, &err);
+    CHECK(x >= 0);
+  } else {
+    x = in(b, "x", dt, 3, D(batch, seq, 16));
+  }
+  q = projection(b, dt, x, 12, all_bias || variant == QKV_BIAS_Q, 21, 0);
+  k = projection(b, dt, variant == QKV_OTHER_INPUT_K ? in(b, "x2", dt, 3, D(1, 1, 16)) : x, 8,
+                 all_bias, 23, variant == QKV_K_WEIGHT_IN);
+  v = projection(b, dt, x, 8, all_bias, 25, variant == QKV_V_BIAS_IN ? 2 : 0);
+  if (variant == QKV_GELU || variant == QKV_GELU_Q) q = op(b, KILN_OP_GELU, T(q), 1, 0, 1, NULL, 0);
+  if (variant == QKV_GELU) {
+    k = op(b, KILN_OP_GELU, T(k), 1, 0, 1, NULL, 0);
+    v = op(b, KILN_OP_GELU, T(v), 1, 0, 1, NULL, 0);
+  }
+  if (variant == QKV_RESIDUAL_Q) q = binary(b, KILN_OP_ADD, q, in(b, "r", dt, 3, D(1, 1, 12)));
+  q = heads(b, q, batch, seq, 3, variant == QKV_DYNAMIC);
+  out(b, binary(b, KILN_OP_MUL, q, scalar(b, dt, 0.5f)), "q");
+  out(b, unary(b, KILN_OP_NEG, heads(b, k, batch, seq, 2, variant == QKV_DYNAMIC)), "k");
+  if (variant == QKV_GEMM_READS_V)
+    out(b, op(b, KILN_OP_LINEAR, T(v, constant(b, dt, 2, D(4, 8), 27)), 2, 0, 0, NULL, 0), "o");
+  else if (variant == QKV_V_OUT)
+    out(b, v, "v");
+  else if (variant == QKV_FLAT_V)
+    out(b, unary(b, KILN_OP_NEG, op_n(b, KILN_OP_RESHAPE, T(v), 1, D(batch * seq, 8), 2)), "v");
+  else
+    out(b, heads(b, v, batch, seq, 2, variant == QKV_DYNAMIC), "v");
+  if (variant == QKV_V_TWICE) out(b, unary(b, KILN_OP_NEG, v), "vn");
+}
+
+static void g_qkv_decode(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_DECODE); }
+static void g_qkv_bias(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_BIAS); }
+static void g_qkv_gelu(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_GELU); }
+static void g_qkv_prefill(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_PREFILL); }
+static void g_qkv_prefill_bias(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_PREFILL_BIAS); }
+static void g_qkv_last_token(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_LAST_TOKEN); }
+static void g_qkv_residual_q(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_RESIDUAL_Q); }
+static void g_qkv_other_input_k(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_OTHER_INPUT_K); }
+static void g_qkv_bias_q(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_BIAS_Q); }
+static void g_qkv_gelu_q(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_GELU_Q); }
+static void g_qkv_k_weight_in(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_K_WEIGHT_IN); }
+static void g_qkv_v_bias_in(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_V_BIAS_IN); }
+static void g_qkv_v_out(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_V_OUT); }
+static void g_qkv_flat_v(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_FLAT_V); }
+static void g_qkv_v_twice(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_V_TWICE); }
+static void g_qkv_gemm_reads_v(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_GEMM_READS_V); }
+static void g_qkv_dynamic(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_DYNAMIC); }
+
+static const graph_fn qkv_graphs[QKV_VARIANTS] = {
+    g_qkv_decode,     g_qkv_bias,       g_qkv_gelu,          g_qkv_prefill,
+    g_qkv_prefill_bias, g_qkv_last_token, g_qkv_residual_q, g_qkv_other_input_k,
+    g_qkv_bias_q,     g_qkv_gelu_q,     g_qkv_k_weight_in,   g_qkv_v_bias_in,
+    g_qkv_v_out,      g_qkv_gemm_reads_v,
+    g_qkv_flat_v,     g_qkv_v_twice,    g_qkv_dynamic};
+
+/* The weight rows of each LINEAR of the plan that reads plan input 0 (or its slice), in plan
+ * order, after the count of them; the projections' GEMMs. */
+static uint32_t projection_rows(const built *x, int64_t *rows) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < x->plan.n_ops; i++) {
+    const kiln_op *p = plan_op(x, i);
+    if (p->kind == KILN_OP_LINEAR && x->plan.tensors[p->inputs[1]].dims[1] == 16 && n < 4)
+      rows[n++] = x->plan.tensors[p->inputs[1]].dims[0];
+  }
+  return n;
+}
+
+/* 1 when every SLICE of a GEMM's output lies in the GEMM output's bytes, moving none. */
+static int slices_are_views(const built *x) {
+  for (uint32_t i = 0; i < x->plan.n_ops; i++) {
+    const kiln_op *p = plan_op(x, i);
+    const kiln_tensor_desc *from = &x->plan.tensors[p->inputs[0]], *to = &x->plan.tensors[p->output];
+    int of_gemm = 0;
+    for (uint32_t j = 0; j < i; j++)
+      of_gemm |= plan_op(x, j)->kind == KILN_OP_LINEAR && plan_op(x, j)->output == p->inputs[0];
+    if (p->kind == KILN_OP_SLICE && of_gemm &&
+        (from->storage != KILN_STORE_ARENA || to->storage != KILN_STORE_ARENA ||
+         to->offset != from->offset + (uint64_t)p->iattr[1] * kiln_dtype_size(to->dtype)))
+      return 0;
+  }
+  return 1;
+}
+
+/* Two gated MLPs of one row x: two SwiGLU GEMMs (each weight gate over up), which stay apart. */
+static void g_two_swiglu(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 3, D(1, 1, 16));
+  for (uint32_t k = 0; k < 2; k++) {
+    int32_t gate = op(b, KILN_OP_LINEAR, T(x, constant(b, dt, 2, D(12, 16), 31 + k)), 2, 0, 0, NULL, 0);
+    int32_t up = op(b, KILN_OP_LINEAR, T(x, constant(b, dt, 2, D(12, 16), 33 + k)), 2, 0, 0, NULL, 0);
+    int32_t h = binary(b, KILN_OP_MUL, unary(b, KILN_OP_SILU, gate), up);
+    out(b, op(b, KILN_OP_LINEAR, T(h, constant(b, dt, 2, D(16, 12), 35 + k)), 2, 0, 0, NULL, 0),
+        k ? "y1" : "y0");
+  }
+}
+
+static void test_sibling_linears_join(void) {
+  /* per variant: the projections' GEMMs and their weight rows, in plan order */
+  static const struct {
+    uint32_t n;
+    int64_t rows[3];
+  } want[QKV_VARIANTS] = {
+      {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}},
+      {2, {16, 12}}, {2, {20, 8}}, {2, {12, 16}}, {2, {12, 16}}, {2, {20, 8}}, {2, {20, 8}},
+      {2, {20, 8}},  {2, {20, 8}}, {2, {20, 8}},  {2, {20, 8}},  {3, {12, 8, 8}}};
+  static const kiln_dtype dts[3] = {KILN_F32, KILN_F16, KILN_BF16};
+  built x;
+  if (build(g_two_swiglu, KILN_F32, 1, &x)) {
+    const kiln_op *a = find_op(&x, KILN_OP_LINEAR, 0), *c = find_op(&x, KILN_OP_LINEAR, 2);
+    CHECK(a && c && a->iattr[0] == KILN_ACT_SWIGLU && c->iattr[0] == KILN_ACT_SWIGLU);
+    CHECK(count_kind(&x, KILN_OP_LINEAR) == 4 && count_kind(&x, KILN_OP_SLICE) == 0);
+  }
+  release(&x);
+  check_same_as_unfused(g_two_swiglu, KILN_F32, -2.0, 2.0); /* SwiGLU rounds as its ops in f32 */
+  for (int c = 0; c < QKV_VARIANTS; c++) {
+    int64_t rows[4] = {0};
+    if (build(qkv_graphs[c], KILN_F32, 1, &x)) {
+      uint32_t n = projection_rows(&x, rows);
+      int same = n == want[c].n;
+      for (uint32_t k = 0; same && k < n; k++) same = rows[k] == want[c].rows[k];
+      if (!same) fprintf(stderr, "qkv variant %d: %u GEMMs, rows %lld %lld %lld\n", c, n,
+                         (long long)rows[0], (long long)rows[1], (long long)rows[2]);
+      CHECK(same);
+      /* the joined GEMM's slices cost nothing: views in a decode step, taken into the head
+       * split groups in a prefill (no SLICE left) */
+      CHECK(slices_are_views(&x));
+      if (qkv_prefill(c)) CHECK(count_kind(&x, KILN_OP_SLICE) == 0);
+      if (c == QKV_BIAS || c == QKV_PREFILL_BIAS) {
+        const kiln_op *g = find_op(&x, KILN_OP_LINEAR, 0);
+        CHECK(g && g->n_inputs == 3 && x.plan.tensors[g->inputs[2]].dims[0] == 28);
+      }
+      if (c == QKV_GELU) CHECK(find_op(&x, KILN_OP_LINEAR, 0)->iattr[0] == KILN_ACT_GELU_ERF);
+      if (c == QKV_RESIDUAL_Q) CHECK(kiln_linear_has_residual(find_op(&x, KILN_OP_LINEAR, 1)));
+    }
+    release(&x);
+    /* each output element is the dot product it was: the unjoined plan's bytes (a GELU or
+     * residual epilogue rounds once where the unfused ops round twice: f16 and bf16 close) */
+    for (int k = 0; k < 3; k++) {
+      if (k > 0 && (c == QKV_GELU || c == QKV_GELU_Q || c == QKV_RESIDUAL_Q))
+        check_close_to_unfused(qkv_graphs[c], dts[k], -2.0, 2.0);
+      else
+        check_same_as_unfused(qkv_graphs[c], dts[k], -2.0, 2.0);
+    }
+  }
+}
+
+/* A dynamic plan: the last row's projections join (one row, static), the whole sequence's stay
+ * apart (without groups their slices would be copies); every size runs as the unjoined plan. */
+static void test_sibling_linears_dynamic(void) {
+  static const graph_fn graphs[2] = {g_qkv_last_token, g_qkv_dynamic};
+  for (int g = 0; g < 2; g++) {
+    built joined, plain;
+    memset(&plain, 0, sizeof plain);
+    if (build(graphs[g], KILN_F32, 1, &joined) && build(graphs[g], KILN_F32, 0, &plain)) {
+      CHECK(joined.plan.n_symbols == 1 && count_kind(&joined, KILN_OP_LINEAR) == (g ? 3u : 1u));
+      for (int64_t n = 1; n <= 4; n++) {
+        void *a[MAX_OUTS], *b[MAX_OUTS];
+        uint32_t na = run_cpu_at(&joined, -2.0, 2.0, a, n), nb = run_cpu_at(&plain, -2.0, 2.0, b, n);
+        CHECK(na == 3 && nb == 3);
+        for (uint32_t k = 0; k < na && k < nb; k++) {
+          const kiln_tensor_desc *t = &plain.plan.tensors[plain.plan.outputs[k]];
+          CHECK(memcmp(a[k], b[k], (size_t)t->nbytes) == 0);
+        }
+        free_outs(a, na);
+        free_outs(b, nb);
+      }
+    }
+    release(&joined);
+    release(&plain);
+  }
+}
+
+/* A graph tensor's desc of dtype dt and shape dims, its bytes counted. */
+static kiln_tensor_desc graph_desc(kiln_dtype dt, int32_t rank, const int64_t *dims) {
+  kiln_tensor_desc d;
+  memset(&d, 0, sizeof d);
+  d.dtype = dt;
+  d.rank = rank;
+  d.nbytes = kiln_dtype_size(dt);
+  for (int32_t i = 0; i < rank; i++) d.dims[i] = dims[i], d.nbytes *= (uint64_t)dims[i];
+  return d;
+}
+
+/* On the pass itself, past the builder's checks: two linears of x [1,16] with biases, read by
+ * NEGs, join when their weights and biases share a dtype and stay apart when the weights'
+ * (variant 1) or the biases' (variant 2) dtypes differ. Joined, the slices write the old
+ * outputs right after the joined GEMM, each tensor naming the op that now writes it. */
+static void test_sibling_dtypes(void) {
+  static const uint8_t zeros[16 * 16 * 4];
+  for (int variant = 0; variant < 3; variant++) {
+    kiln_graph g;
+    kiln_error err = {KILN_OK, ""};
+    kiln_tensor_desc xd = graph_desc(KILN_F16, 2, D(1, 16));
+    int32_t x, lin[2];
+    uint32_t live = 0;
+    memset(&g, 0, sizeof g);
+    x = kiln_graph_add_tensor(&g, KILN_NODE_INPUT, &xd);
+    g.inputs[g.n_inputs++].tensor = x;
+    for (int k = 0; k < 2; k++) {
+      kiln_tensor_desc wd = graph_desc(variant == 1 && k ? KILN_F32 : KILN_F16, 2, D(8, 16));
+      kiln_tensor_desc bd = graph_desc(variant == 2 && k ? KILN_F32 : KILN_F16, 1, D(8));
+      kiln_tensor_desc yd = graph_desc(KILN_F16, 2, D(1, 8));
+      int32_t w = kiln_graph_add_tensor(&g, KILN_NODE_CONSTANT, &wd);
+      int32_t bias = kiln_graph_add_tensor(&g, KILN_NODE_CONSTANT, &bd);
+      kiln_op o;
+      memset(&o, 0, sizeof o);
+      CHECK(w >= 0 && bias >= 0);
+      g.tensors[w].data = g.tensors[bias].data = zeros;
+      o.kind = KILN_OP_LINEAR;
+      o.n_inputs = 3;
+      o.inputs[0] = (uint32_t)x, o.inputs[1] = (uint32_t)w, o.inputs[2] = (uint32_t)bias;
+      lin[k] = kiln_graph_add_op(&g, &o, &yd);
+      CHECK(lin[k] >= 0);
+    }
+    for (int k = 0; k < 2; k++) {
+      kiln_tensor_desc yd = graph_desc(KILN_F16, 2, D(1, 8));
+      kiln_op o;
+      memset(&o, 0, sizeof o);
+      o.kind = KILN_OP_NEG;
+      o.n_inputs = 1;
+      o.inputs[0] = g.ops[lin[k]].output;
+      int32_t neg = kiln_graph_add_op(&g, &o, &yd);
+      CHECK(neg >= 0);
+      g.outputs[g.n_outputs++].tensor = (int32_t)g.ops[neg].output;
+    }
+    CHECK(kiln_merge_linears(&g, 1, &err) == KILN_OK);
+    for (uint32_t i = 0; i < g.n_ops; i++) live += !g.dead[i] && g.ops[i].kind == KILN_OP_LINEAR;
+    CHECK(live == (variant == 0 ? 1u : 2u));
+    if (variant == 0) {
+      CHECK(g.n_ops == 7 && !g.dead[0] && g.ops[0].kind == KILN_OP_LINEAR);
+      CHECK(g.tensors[g.ops[0].inputs[1]].desc.dims[0] == 16 && g.tensors[g.ops[0].inputs[2]].desc.dims[0] == 16);
+      for (uint32_t k = 1; k < 3; k++) {
+        CHECK(g.ops[k].kind == KILN_OP_SLICE && g.ops[k].inputs[0] == g.ops[0].output);
+        CHECK(g.tensors[g.ops[k].output].producer == (int32_t)k);
+        CHECK(g.ops[k].iattr[1] == 8 * (int64_t)(k - 1) && g.ops[k].iattr[2] == 8 * (int64_t)k);
+      }
+      CHECK(g.tensors[g.ops[0].output].producer == 0 && g.dead[3] && g.dead[4]);
+      CHECK(g.tensors[g.ops[5].output].producer == 5 && g.tensors[g.ops[6].output].producer == 6);
+    }
+    kiln_graph_release(&g);
+  }
+}
+
 int main(void) {
   test_chain_fuses();
   test_chain_boundaries();
@@ -1998,5 +2310,8 @@ int main(void) {
   test_dynamic_groups_that_move();
   test_dynamic_group_refusals();
   test_dynamic_fuse_oom();
+  test_sibling_linears_join();
+  test_sibling_linears_dynamic();
+  test_sibling_dtypes();
   return check_report("test_fusion");
 }

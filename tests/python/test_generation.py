@@ -69,6 +69,29 @@ def test_default_export_arguments_give_the_same_single_blob(exported, tmp_path):
     assert not program.exported_program().graph_signature.buffers_to_mutate
 
 
+def test_each_layer_projects_q_k_and_v_in_one_gemm(exported):
+    """A decode step's q, k and v projections read the normalized input once: one LINEAR over
+    their stacked weights per layer, its columns sliced in place, instead of three."""
+    from test_dynamic_shapes import KILN_CLI
+    import re
+    import subprocess
+
+    model, path, _ = exported
+    config = model.config
+    head = config.hidden_size // config.num_attention_heads
+    qkv = (config.num_attention_heads + 2 * config.num_key_value_heads) * head
+    out = subprocess.run([KILN_CLI, "inspect", path], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    weights = re.findall(r"op \d+: linear\(t\d+ \[[\d, ]+\], t\d+ \[(\d+), (\d+)\]", out.stdout)
+    assert weights, out.stdout  # the filter found the plan's GEMMs
+    shapes = [(int(n), int(k)) for n, k in weights]
+    assert shapes.count((qkv, config.hidden_size)) == config.num_hidden_layers, shapes
+    kv = config.num_key_value_heads * head
+    assert (kv, config.hidden_size) not in shapes, shapes
+    # per layer q/k/v, o, SwiGLU's gate and up, down; then the LM head
+    assert len(shapes) == 4 * config.num_hidden_layers + 1, shapes
+
+
 @pytest.mark.parametrize("length", [1, 7])
 def test_generation_equals_eager(exported, method, length):
     model = exported[0]
