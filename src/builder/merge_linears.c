@@ -81,7 +81,7 @@ static int absorbed(const kiln_graph *g, uint32_t t, const uint32_t *uses, const
                     int depth) {
   const kiln_op *op;
   uint64_t at;
-  if (uses[t] != 1 || kiln_graph_is_output(g, (int32_t)t)) return 0; /* so one op reads t */
+  if (uses[t] != 1 || reader[t] < 0) return 0; /* one op reads t, and no output binding */
   op = &g->ops[reader[t]];
   if (!groupable(g, op)) return 0;
   if (!kiln_op_is_view(op, &g->tensors[t].desc, &at)) return 1;

@@ -1993,19 +1993,20 @@ static void test_dynamic_group_refusals(void) {
  * DYNAMIC, and the last row of such an x for LAST_TOKEN. The variants after LAST_TOKEN each
  * keep a linear apart: q adds a residual, k reads another input, only q has a bias, only q has
  * a GELU, k's weight or v's bias is an input rather than a constant, v's output is an output
- * binding, or (prefill, where a slice is no view) v's output is
- * read by a GEMM, flattened by a reshape that a group's index map cannot take, or read twice:
+ * binding, or (prefill, where a slice is no view) v's output is read by a GEMM, flattened by a
+ * reshape that a group's index map cannot take, read twice, or split into heads as an output:
  * each would need a copy of its own. Without groups (a dynamic plan) a slice must be a view.
  * (The builder refuses a weight whose dtype is not its input's: test_sibling_dtypes.) */
 enum {
   QKV_DECODE, QKV_BIAS, QKV_GELU, QKV_PREFILL, QKV_PREFILL_BIAS, QKV_LAST_TOKEN,
   QKV_RESIDUAL_Q, QKV_OTHER_INPUT_K, QKV_BIAS_Q, QKV_GELU_Q, QKV_K_WEIGHT_IN, QKV_V_BIAS_IN,
-  QKV_V_OUT, QKV_GEMM_READS_V, QKV_FLAT_V, QKV_V_TWICE, QKV_DYNAMIC, QKV_VARIANTS
+  QKV_V_OUT, QKV_GEMM_READS_V, QKV_FLAT_V, QKV_V_TWICE, QKV_V_HEADS_OUT, QKV_DYNAMIC,
+  QKV_VARIANTS
 };
 
 static int qkv_prefill(int variant) {
   return variant == QKV_PREFILL || variant == QKV_PREFILL_BIAS || variant == QKV_GEMM_READS_V ||
-         variant == QKV_FLAT_V || variant == QKV_V_TWICE;
+         variant == QKV_FLAT_V || variant == QKV_V_TWICE || variant == QKV_V_HEADS_OUT;
 }
 
 /* t [b, s, h*4] as [b, h, s, 4]; the reshape's s follows symbol 1 when `dynamic`. */
@@ -2065,6 +2066,8 @@ static void qkv(kiln_builder *b, kiln_dtype dt, int variant) {
     out(b, op(b, KILN_OP_LINEAR, T(v, constant(b, dt, 2, D(4, 8), 27)), 2, 0, 0, NULL, 0), "o");
   else if (variant == QKV_V_OUT)
     out(b, v, "v");
+  else if (variant == QKV_V_HEADS_OUT)
+    out(b, op_n(b, KILN_OP_RESHAPE, T(v), 1, D(batch, seq, 2, 4), 4), "v");
   else if (variant == QKV_FLAT_V)
     out(b, unary(b, KILN_OP_NEG, op_n(b, KILN_OP_RESHAPE, T(v), 1, D(batch * seq, 8), 2)), "v");
   else
@@ -2088,6 +2091,7 @@ static void g_qkv_v_out(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_V_OUT);
 static void g_qkv_flat_v(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_FLAT_V); }
 static void g_qkv_v_twice(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_V_TWICE); }
 static void g_qkv_gemm_reads_v(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_GEMM_READS_V); }
+static void g_qkv_v_heads_out(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_V_HEADS_OUT); }
 static void g_qkv_dynamic(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_DYNAMIC); }
 
 static const graph_fn qkv_graphs[QKV_VARIANTS] = {
@@ -2095,7 +2099,7 @@ static const graph_fn qkv_graphs[QKV_VARIANTS] = {
     g_qkv_prefill_bias, g_qkv_last_token, g_qkv_residual_q, g_qkv_other_input_k,
     g_qkv_bias_q,     g_qkv_gelu_q,     g_qkv_k_weight_in,   g_qkv_v_bias_in,
     g_qkv_v_out,      g_qkv_gemm_reads_v,
-    g_qkv_flat_v,     g_qkv_v_twice,    g_qkv_dynamic};
+    g_qkv_flat_v,     g_qkv_v_twice,    g_qkv_v_heads_out,   g_qkv_dynamic};
 
 /* The weight rows of each LINEAR of the plan that reads plan input 0 (or its slice), in plan
  * order, after the count of them; the projections' GEMMs. */
@@ -2145,7 +2149,7 @@ static void test_sibling_linears_join(void) {
   } want[QKV_VARIANTS] = {
       {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}},
       {2, {16, 12}}, {2, {20, 8}}, {2, {12, 16}}, {2, {12, 16}}, {2, {20, 8}}, {2, {20, 8}},
-      {2, {20, 8}},  {2, {20, 8}}, {2, {20, 8}},  {2, {20, 8}},  {3, {12, 8, 8}}};
+      {2, {20, 8}},  {2, {20, 8}}, {2, {20, 8}},  {2, {20, 8}},  {2, {20, 8}},  {3, {12, 8, 8}}};
   static const kiln_dtype dts[3] = {KILN_F32, KILN_F16, KILN_BF16};
   built x;
   if (build(g_two_swiglu, KILN_F32, 1, &x)) {
@@ -2173,7 +2177,10 @@ static void test_sibling_linears_join(void) {
         CHECK(g && g->n_inputs == 3 && x.plan.tensors[g->inputs[2]].dims[0] == 28);
       }
       if (c == QKV_GELU) CHECK(find_op(&x, KILN_OP_LINEAR, 0)->iattr[0] == KILN_ACT_GELU_ERF);
-      if (c == QKV_RESIDUAL_Q) CHECK(kiln_linear_has_residual(find_op(&x, KILN_OP_LINEAR, 1)));
+      if (c == QKV_RESIDUAL_Q) {
+        const kiln_op *r = find_op(&x, KILN_OP_LINEAR, 1);
+        CHECK(r && kiln_linear_has_residual(r));
+      }
     }
     release(&x);
     /* each output element is the dot product it was: the unjoined plan's bytes (a GELU or
