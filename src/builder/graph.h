@@ -53,7 +53,8 @@ int32_t kiln_graph_add_tensor(kiln_graph *g, kiln_node node, const kiln_tensor_d
 int32_t kiln_graph_add_op(kiln_graph *g, const kiln_op *op, const kiln_tensor_desc *out);
 /* Inserts ops[k] (each writing a tensor already in g) before the op at index at[k] (at ascending,
  * at most n_ops; ops with one at keep their order): later ops move up and every tensor's producer
- * follows, the inserted ops' outputs naming them. Returns 0, or -1 out of memory with g as it was. */
+ * follows, the inserted ops' outputs naming them. Returns 0, or -1 (out of memory, or at out of
+ * order) with g as it was. */
 int kiln_graph_insert_ops(kiln_graph *g, const uint32_t *at, const kiln_op *ops, uint32_t n);
 /* Deep enough a copy for the passes: constants' bytes are borrowed from src. */
 int kiln_graph_clone(const kiln_graph *src, kiln_graph *dst);

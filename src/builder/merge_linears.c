@@ -85,7 +85,8 @@ static int absorbed(const kiln_graph *g, uint32_t t, const uint32_t *uses, const
   op = &g->ops[reader[t]];
   if (!groupable(g, op)) return 0;
   if (!kiln_op_is_view(op, &g->tensors[t].desc, &at)) return 1;
-  if (op->kind == KILN_OP_RESHAPE && !splits_last_dim(&g->tensors[t].desc, &g->tensors[op->output].desc))
+  if (op->kind == KILN_OP_RESHAPE &&
+      !splits_last_dim(&g->tensors[t].desc, &g->tensors[op->output].desc))
     return 0;
   return depth < MAX_VIEW_DEPTH && absorbed(g, op->output, uses, reader, depth + 1);
 }
@@ -221,7 +222,8 @@ static kiln_status join_all(kiln_graph *g, const uint32_t *members, uint32_t wor
                    (unsigned)n_new);
     goto done;
   }
-  for (uint32_t w = 0, k = 0; w < words; w += 1 + members[w]) gs[k++] = (group){members[w + 1], w + 1};
+  for (uint32_t w = 0, k = 0; w < words; w += 1 + members[w])
+    gs[k++] = (group){members[w + 1], w + 1};
   qsort(gs, n_groups, sizeof *gs, by_first_op);
   for (uint32_t k = 0; k < n_groups && st == KILN_OK; k++) {
     uint32_t c = members[gs[k].word - 1];

@@ -2095,14 +2095,14 @@ static void g_qkv_v_heads_out(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_V
 static void g_qkv_dynamic(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_DYNAMIC); }
 
 static const graph_fn qkv_graphs[QKV_VARIANTS] = {
-    g_qkv_decode,     g_qkv_bias,       g_qkv_gelu,          g_qkv_prefill,
-    g_qkv_prefill_bias, g_qkv_last_token, g_qkv_residual_q, g_qkv_other_input_k,
-    g_qkv_bias_q,     g_qkv_gelu_q,     g_qkv_k_weight_in,   g_qkv_v_bias_in,
-    g_qkv_v_out,      g_qkv_gemm_reads_v,
-    g_qkv_flat_v,     g_qkv_v_twice,    g_qkv_v_heads_out,   g_qkv_dynamic};
+    g_qkv_decode,      g_qkv_bias,         g_qkv_gelu,        g_qkv_prefill,
+    g_qkv_prefill_bias, g_qkv_last_token,  g_qkv_residual_q,  g_qkv_other_input_k,
+    g_qkv_bias_q,      g_qkv_gelu_q,       g_qkv_k_weight_in, g_qkv_v_bias_in,
+    g_qkv_v_out,       g_qkv_gemm_reads_v, g_qkv_flat_v,      g_qkv_v_twice,
+    g_qkv_v_heads_out, g_qkv_dynamic};
 
-/* The weight rows of each LINEAR of the plan that reads plan input 0 (or its slice), in plan
- * order, after the count of them; the projections' GEMMs. */
+/* The weight rows of the projections' GEMMs (the LINEARs of K 16) in plan order, at most 4;
+ * returns how many there are. */
 static uint32_t projection_rows(const built *x, int64_t *rows) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < x->plan.n_ops; i++) {
@@ -2117,7 +2117,8 @@ static uint32_t projection_rows(const built *x, int64_t *rows) {
 static int slices_are_views(const built *x) {
   for (uint32_t i = 0; i < x->plan.n_ops; i++) {
     const kiln_op *p = plan_op(x, i);
-    const kiln_tensor_desc *from = &x->plan.tensors[p->inputs[0]], *to = &x->plan.tensors[p->output];
+    const kiln_tensor_desc *from = &x->plan.tensors[p->inputs[0]];
+    const kiln_tensor_desc *to = &x->plan.tensors[p->output];
     int of_gemm = 0;
     for (uint32_t j = 0; j < i; j++)
       of_gemm |= plan_op(x, j)->kind == KILN_OP_LINEAR && plan_op(x, j)->output == p->inputs[0];
@@ -2133,8 +2134,9 @@ static int slices_are_views(const built *x) {
 static void g_two_swiglu(kiln_builder *b, kiln_dtype dt) {
   int32_t x = in(b, "x", dt, 3, D(1, 1, 16));
   for (uint32_t k = 0; k < 2; k++) {
-    int32_t gate = op(b, KILN_OP_LINEAR, T(x, constant(b, dt, 2, D(12, 16), 31 + k)), 2, 0, 0, NULL, 0);
-    int32_t up = op(b, KILN_OP_LINEAR, T(x, constant(b, dt, 2, D(12, 16), 33 + k)), 2, 0, 0, NULL, 0);
+    int32_t wg = constant(b, dt, 2, D(12, 16), 31 + k), wu = constant(b, dt, 2, D(12, 16), 33 + k);
+    int32_t gate = op(b, KILN_OP_LINEAR, T(x, wg), 2, 0, 0, NULL, 0);
+    int32_t up = op(b, KILN_OP_LINEAR, T(x, wu), 2, 0, 0, NULL, 0);
     int32_t h = binary(b, KILN_OP_MUL, unary(b, KILN_OP_SILU, gate), up);
     out(b, op(b, KILN_OP_LINEAR, T(h, constant(b, dt, 2, D(16, 12), 35 + k)), 2, 0, 0, NULL, 0),
         k ? "y1" : "y0");
@@ -2205,7 +2207,8 @@ static void test_sibling_linears_dynamic(void) {
       CHECK(joined.plan.n_symbols == 1 && count_kind(&joined, KILN_OP_LINEAR) == (g ? 3u : 1u));
       for (int64_t n = 1; n <= 4; n++) {
         void *a[MAX_OUTS], *b[MAX_OUTS];
-        uint32_t na = run_cpu_at(&joined, -2.0, 2.0, a, n), nb = run_cpu_at(&plain, -2.0, 2.0, b, n);
+        uint32_t na = run_cpu_at(&joined, -2.0, 2.0, a, n);
+        uint32_t nb = run_cpu_at(&plain, -2.0, 2.0, b, n);
         CHECK(na == 3 && nb == 3);
         for (uint32_t k = 0; k < na && k < nb; k++) {
           const kiln_tensor_desc *t = &plain.plan.tensors[plain.plan.outputs[k]];
@@ -2278,7 +2281,8 @@ static void test_sibling_dtypes(void) {
     CHECK(live == (variant == 0 ? 1u : 2u));
     if (variant == 0) {
       CHECK(g.n_ops == 7 && !g.dead[0] && g.ops[0].kind == KILN_OP_LINEAR);
-      CHECK(g.tensors[g.ops[0].inputs[1]].desc.dims[0] == 16 && g.tensors[g.ops[0].inputs[2]].desc.dims[0] == 16);
+      CHECK(g.tensors[g.ops[0].inputs[1]].desc.dims[0] == 16 &&
+            g.tensors[g.ops[0].inputs[2]].desc.dims[0] == 16);
       for (uint32_t k = 1; k < 3; k++) {
         CHECK(g.ops[k].kind == KILN_OP_SLICE && g.ops[k].inputs[0] == g.ops[0].output);
         CHECK(g.tensors[g.ops[k].output].producer == (int32_t)k);
