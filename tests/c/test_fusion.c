@@ -2223,6 +2223,40 @@ static void test_sibling_linears_dynamic(void) {
   }
 }
 
+/* Every allocation of a build that joins q, k and v failing in turn: each build succeeds or
+ * says out of memory, and each of the pass's own failure points is reached once at least. */
+static void test_sibling_linears_oom(void) {
+  static const char *const points[4] = {
+      "while fusing sibling linears", "joining 3 sibling linears' weights",
+      "ops while joining sibling linears", "inserting 4 ops while joining sibling linears"};
+  int seen[4] = {0}, n;
+  for (n = 1; n < 2000; n++) {
+    kiln_builder *b = kiln_builder_create();
+    kiln_error err = {KILN_OK, ""};
+    void *blob = NULL;
+    size_t size = 0;
+    kiln_status s;
+    if (!b) break;
+    g_qkv_decode(b, KILN_F32);
+    kiln_test_fail_allocations = n;
+    s = kiln_builder_build(b, NULL, &blob, &size, &err);
+    kiln_builder_destroy(b);
+    kiln_free(blob);
+    if (kiln_test_fail_allocations > 0) { /* the n-th allocation never came */
+      CHECK(s == KILN_OK);
+      break;
+    }
+    CHECK(s == KILN_OK || s == KILN_ERR_OUT_OF_MEMORY);
+    for (int k = 0; k < 4; k++) seen[k] |= s != KILN_OK && strstr(err.message, points[k]) != NULL;
+  }
+  kiln_test_fail_allocations = 0;
+  CHECK(n < 2000);
+  for (int k = 0; k < 4; k++) {
+    if (!seen[k]) fprintf(stderr, "never failed at: %s\n", points[k]);
+    CHECK(seen[k]);
+  }
+}
+
 /* A graph tensor's desc of dtype dt and shape dims, its bytes counted. */
 static kiln_tensor_desc graph_desc(kiln_dtype dt, int32_t rank, const int64_t *dims) {
   kiln_tensor_desc d;
@@ -2324,5 +2358,6 @@ int main(void) {
   test_sibling_linears_join();
   test_sibling_linears_dynamic();
   test_sibling_dtypes();
+  test_sibling_linears_oom();
   return check_report("test_fusion");
 }
