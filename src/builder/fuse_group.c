@@ -203,7 +203,7 @@ static int reshape_frame(const frame *f, const kiln_tensor_desc *u, const kiln_t
       int64_t scale = 1;
       for (int32_t k = i - 1; k >= i0; k--) {
         r->base[j0] += scale * f->base[k];
-        for (int32_t d = 0; d < f->rank; d++) r->m[j0][d] += scale * f->m[k][d];
+        for (int32_t d = 0; d < KILN_MAX_RANK; d++) r->m[j0][d] += scale * f->m[k][d];
         scale *= u->dims[k];
       }
     } else if (i - i0 == j - j0) {

@@ -1554,6 +1554,17 @@ static void g_views_group(kiln_builder *b, kiln_dtype dt) {
   out(b, binary(b, KILN_OP_MUL, unary(b, KILN_OP_RELU, row), y), "c");
 }
 
+/* Grouped-query attention's repeat of a computed k: (x + y) [2,3,8] split into 2 heads of 4,
+ * permuted, unsqueezed and expanded to [2,2,2,3,4], a group output of more dims than the
+ * split: the split's index map keeps the columns of every output dim. */
+static void g_split_expand(kiln_builder *b, kiln_dtype dt) {
+  int32_t x = in(b, "x", dt, 3, D(2, 3, 8)), y = in(b, "y", dt, 3, D(2, 3, 8));
+  int32_t s = op_n(b, KILN_OP_RESHAPE, T(binary(b, KILN_OP_ADD, x, y)), 1, D(2, 3, 2, 4), 4);
+  int32_t p = op_n(b, KILN_OP_PERMUTE, T(s), 1, D(0, 2, 1, 3), 4);
+  int32_t u = op_n(b, KILN_OP_RESHAPE, T(p), 1, D(2, 2, 1, 3, 4), 5);
+  out(b, op_n(b, KILN_OP_EXPAND, T(u), 1, D(2, 2, 2, 3, 4), 5), "k");
+}
+
 /* The fused plan within one rounding of the unfused one (an RMS_NORM rounds once where the
  * written-out form rounds before its weight): 2 ulps of the dtype relative to max(1, |v|). */
 static void check_close_to_unfused(graph_fn make, kiln_dtype dt, double lo, double hi) {
@@ -1627,6 +1638,9 @@ static void test_groups_fuse(void) {
   if (build(g_rms_shared, KILN_F32, 1, &x)) /* the squares are read twice: no norm */
     CHECK(!find_op(&x, KILN_OP_RMS_NORM, 0) && find_op(&x, KILN_OP_MEAN, 0));
   release(&x);
+  if (build(g_split_expand, KILN_F32, 1, &x)) /* one group: add, split, permute, expand */
+    CHECK(x.plan.n_ops == 1 && count_kind(&x, KILN_OP_FUSED) == 1);
+  release(&x);
   if (build(g_views_group, KILN_F32, 1, &x)) {
     CHECK(count_kind(&x, KILN_OP_EXP) == 1 && count_kind(&x, KILN_OP_POINTWISE) == 1);
     CHECK(count_kind(&x, KILN_OP_FUSED) == 2 && x.plan.n_ops == 5);
@@ -1638,6 +1652,7 @@ static void test_groups_fuse(void) {
     check_same_as_unfused(g_rotary, dts[k], -2.0, 2.0);
     check_same_as_unfused(g_gelu_tanh, dts[k], -3.0, 3.0);
     check_same_as_unfused(g_views_group, dts[k], -2.0, 2.0);
+    check_same_as_unfused(g_split_expand, dts[k], -2.0, 2.0);
   }
 }
 
