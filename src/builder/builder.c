@@ -819,7 +819,7 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
   if (opts->fuse && (s = kiln_fuse_rms_norms(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_pointwise(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_norms(g, err))) return s;
-  if (opts->fuse && (s = kiln_merge_linears(g, b->n_symbols == 0, err))) return s;
+  if (opts->fuse && (s = kiln_merge_linears(g, b->n_symbols != 0, err))) return s;
   return opts->fuse ? kiln_fuse_groups(g, b->symbols, b->n_symbols, err) : KILN_OK;
 }
 

@@ -91,13 +91,16 @@ static int absorbed(const kiln_graph *g, uint32_t t, const uint32_t *uses, const
   return depth < MAX_VIEW_DEPTH && absorbed(g, op->output, uses, reader, depth + 1);
 }
 
-/* 1 when the slice of linear i's columns costs no copy of its own. */
-static int pays(const kiln_graph *g, uint32_t i, int groups, const uint32_t *uses,
+/* 1 when the slice of linear i's columns costs no copy of its own. In a dynamic graph the
+ * stride of a dim before another that follows a symbol follows it too, and a group whose loads
+ * change with the sizes is not kept: one dim of the rows may exceed 1, whose stride is N. */
+static int pays(const kiln_graph *g, uint32_t i, int dynamic, const uint32_t *uses,
                 const int32_t *reader) {
   const kiln_tensor_desc *x = &g->tensors[g->ops[i].inputs[0]].desc;
   int64_t rows = 1;
-  for (int32_t d = 0; d + 1 < x->rank; d++) rows *= x->dims[d];
-  return rows == 1 || (groups && absorbed(g, g->ops[i].output, uses, reader, 0));
+  int32_t wide = 0;
+  for (int32_t d = 0; d + 1 < x->rank; d++) rows *= x->dims[d], wide += x->dims[d] > 1;
+  return rows == 1 || ((!dynamic || wide <= 1) && absorbed(g, g->ops[i].output, uses, reader, 0));
 }
 
 static int by_input(const void *pa, const void *pb) {
@@ -249,7 +252,7 @@ done:
   return st;
 }
 
-kiln_status kiln_merge_linears(kiln_graph *g, int groups, kiln_error *err) {
+kiln_status kiln_merge_linears(kiln_graph *g, int dynamic, kiln_error *err) {
   uint32_t *uses = NULL, *members = NULL, n = 0, words = 0;
   int32_t *reader = NULL;
   sibling *sib = NULL;
@@ -265,7 +268,7 @@ kiln_status kiln_merge_linears(kiln_graph *g, int groups, kiln_error *err) {
     goto done;
   }
   for (uint32_t i = 0; i < g->n_ops; i++)
-    if (candidate(g, i) && pays(g, i, groups, uses, reader))
+    if (candidate(g, i) && pays(g, i, dynamic, uses, reader))
       sib[n++] = (sibling){i, g->ops[i].inputs[0], 0};
   qsort(sib, n, sizeof *sib, by_input);
   for (uint32_t a = 0, b; a < n; a = b) {

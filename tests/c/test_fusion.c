@@ -2005,17 +2005,19 @@ static void test_dynamic_group_refusals(void) {
 /* Attention's projections of one input x, 16 wide: q (3 heads of 4) times 0.5, k (2 heads of 4)
  * negated, v (2 heads of 4) as is, each split into heads by reshape and permute (0, 2, 1, 3). x
  * is [1,1,16] (a decode step), [2,3,16] for the PREFILL variants, [1,s,16] (s in 1..4) for
- * DYNAMIC, and the last row of such an x for LAST_TOKEN. The variants after LAST_TOKEN each
+ * DYNAMIC, [2,s,16] for DYNAMIC_BATCH, and the last row of [1,s,16] for LAST_TOKEN. The
+ * variants after DYNAMIC each
  * keep a linear apart: q adds a residual, k reads another input, only q has a bias, only q has
  * a GELU, k's weight or v's bias is an input rather than a constant, v's output is an output
  * binding, or (prefill, where a slice is no view) v's output is read by a GEMM, flattened by a
  * reshape that a group's index map cannot take, read twice, or split into heads as an output:
- * each would need a copy of its own. Without groups (a dynamic plan) a slice must be a view.
+ * each would need a copy of its own; so would DYNAMIC_BATCH's, as a group whose loads stride
+ * over s (the batch's stride is s*28) is not kept in a dynamic plan.
  * (The builder refuses a weight whose dtype is not its input's: test_sibling_dtypes.) */
 enum {
-  QKV_DECODE, QKV_BIAS, QKV_GELU, QKV_PREFILL, QKV_PREFILL_BIAS, QKV_LAST_TOKEN,
+  QKV_DECODE, QKV_BIAS, QKV_GELU, QKV_PREFILL, QKV_PREFILL_BIAS, QKV_LAST_TOKEN, QKV_DYNAMIC,
   QKV_RESIDUAL_Q, QKV_OTHER_INPUT_K, QKV_BIAS_Q, QKV_GELU_Q, QKV_K_WEIGHT_IN, QKV_V_BIAS_IN,
-  QKV_V_OUT, QKV_GEMM_READS_V, QKV_FLAT_V, QKV_V_TWICE, QKV_V_HEADS_OUT, QKV_DYNAMIC,
+  QKV_V_OUT, QKV_GEMM_READS_V, QKV_FLAT_V, QKV_V_TWICE, QKV_V_HEADS_OUT, QKV_DYNAMIC_BATCH,
   QKV_VARIANTS
 };
 
@@ -2048,15 +2050,17 @@ static int32_t projection(kiln_builder *b, kiln_dtype dt, int32_t x, int64_t n, 
 static void qkv(kiln_builder *b, kiln_dtype dt, int variant) {
   kiln_error err = {KILN_OK, ""};
   int prefill = qkv_prefill(variant);
-  int dynamic = variant == QKV_DYNAMIC || variant == QKV_LAST_TOKEN;
+  int rows = variant == QKV_DYNAMIC || variant == QKV_DYNAMIC_BATCH; /* s follows the symbol */
+  int dynamic = rows || variant == QKV_LAST_TOKEN;
   int all_bias = variant == QKV_BIAS || variant == QKV_PREFILL_BIAS || variant == QKV_V_BIAS_IN;
-  int64_t batch = prefill ? 2 : 1, seq = prefill ? 3 : variant == QKV_DYNAMIC ? 4 : 1;
+  int64_t batch = prefill || variant == QKV_DYNAMIC_BATCH ? 2 : 1;
+  int64_t seq = prefill ? 3 : rows ? 4 : 1;
   int32_t x, q, k, v;
   if (dynamic) {
     kiln_sym_size none = {0, 0, 0}, s = {1, 1, 0}, last = {1, 1, -1};
     CHECK(kiln_builder_add_symbol(b, "s", 1, 4, &err) == 1);
-    x = kiln_builder_add_input_sym(b, "x", dt, 3, D(1, 4, 16), (kiln_sym_size[]){none, s, none},
-                                   &err);
+    x = kiln_builder_add_input_sym(b, "x", dt, 3, D(batch, 4, 16),
+                                   (kiln_sym_size[]){none, s, none}, &err);
     if (variant == QKV_LAST_TOKEN)
       x = kiln_builder_add_op_sym(b, KILN_OP_SLICE, &x, 1, D(1, 3, 4, 1),
                                   (kiln_sym_size[]){none, last, s, none}, 4, NULL, 0, &err);
@@ -2074,9 +2078,9 @@ static void qkv(kiln_builder *b, kiln_dtype dt, int variant) {
     v = op(b, KILN_OP_GELU, T(v), 1, 0, 1, NULL, 0);
   }
   if (variant == QKV_RESIDUAL_Q) q = binary(b, KILN_OP_ADD, q, in(b, "r", dt, 3, D(1, 1, 12)));
-  q = heads(b, q, batch, seq, 3, variant == QKV_DYNAMIC);
+  q = heads(b, q, batch, seq, 3, rows);
   out(b, binary(b, KILN_OP_MUL, q, scalar(b, dt, 0.5f)), "q");
-  out(b, unary(b, KILN_OP_NEG, heads(b, k, batch, seq, 2, variant == QKV_DYNAMIC)), "k");
+  out(b, unary(b, KILN_OP_NEG, heads(b, k, batch, seq, 2, rows)), "k");
   if (variant == QKV_GEMM_READS_V)
     out(b, op(b, KILN_OP_LINEAR, T(v, constant(b, dt, 2, D(4, 8), 27)), 2, 0, 0, NULL, 0), "o");
   else if (variant == QKV_V_OUT)
@@ -2086,7 +2090,7 @@ static void qkv(kiln_builder *b, kiln_dtype dt, int variant) {
   else if (variant == QKV_FLAT_V)
     out(b, unary(b, KILN_OP_NEG, op_n(b, KILN_OP_RESHAPE, T(v), 1, D(batch * seq, 8), 2)), "v");
   else
-    out(b, heads(b, v, batch, seq, 2, variant == QKV_DYNAMIC), "v");
+    out(b, heads(b, v, batch, seq, 2, rows), "v");
   if (variant == QKV_V_TWICE) out(b, unary(b, KILN_OP_NEG, v), "vn");
 }
 
@@ -2108,13 +2112,14 @@ static void g_qkv_v_twice(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_V_TWI
 static void g_qkv_gemm_reads_v(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_GEMM_READS_V); }
 static void g_qkv_v_heads_out(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_V_HEADS_OUT); }
 static void g_qkv_dynamic(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_DYNAMIC); }
+static void g_qkv_dynamic_batch(kiln_builder *b, kiln_dtype dt) { qkv(b, dt, QKV_DYNAMIC_BATCH); }
 
 static const graph_fn qkv_graphs[QKV_VARIANTS] = {
-    g_qkv_decode,      g_qkv_bias,         g_qkv_gelu,        g_qkv_prefill,
-    g_qkv_prefill_bias, g_qkv_last_token,  g_qkv_residual_q,  g_qkv_other_input_k,
-    g_qkv_bias_q,      g_qkv_gelu_q,       g_qkv_k_weight_in, g_qkv_v_bias_in,
-    g_qkv_v_out,       g_qkv_gemm_reads_v, g_qkv_flat_v,      g_qkv_v_twice,
-    g_qkv_v_heads_out, g_qkv_dynamic};
+    g_qkv_decode,      g_qkv_bias,         g_qkv_gelu,          g_qkv_prefill,
+    g_qkv_prefill_bias, g_qkv_last_token,  g_qkv_dynamic,       g_qkv_residual_q,
+    g_qkv_other_input_k, g_qkv_bias_q,     g_qkv_gelu_q,        g_qkv_k_weight_in,
+    g_qkv_v_bias_in,   g_qkv_v_out,        g_qkv_gemm_reads_v,  g_qkv_flat_v,
+    g_qkv_v_twice,     g_qkv_v_heads_out,  g_qkv_dynamic_batch};
 
 /* The weight rows of the projections' GEMMs (the LINEARs of K 16) in plan order, at most 4;
  * returns how many there are. */
@@ -2164,7 +2169,7 @@ static void test_sibling_linears_join(void) {
     uint32_t n;
     int64_t rows[3];
   } want[QKV_VARIANTS] = {
-      {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}},
+      {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}}, {1, {28}},
       {2, {16, 12}}, {2, {20, 8}}, {2, {12, 16}}, {2, {12, 16}}, {2, {20, 8}}, {2, {20, 8}},
       {2, {20, 8}},  {2, {20, 8}}, {2, {20, 8}},  {2, {20, 8}},  {2, {20, 8}},  {3, {12, 8, 8}}};
   static const kiln_dtype dts[3] = {KILN_F32, KILN_F16, KILN_BF16};
@@ -2188,7 +2193,7 @@ static void test_sibling_linears_join(void) {
       /* the joined GEMM's slices cost nothing: views in a decode step, taken into the head
        * split groups in a prefill (no SLICE left) */
       CHECK(slices_are_views(&x));
-      if (qkv_prefill(c)) CHECK(count_kind(&x, KILN_OP_SLICE) == 0);
+      if (qkv_prefill(c) || c == QKV_DYNAMIC) CHECK(count_kind(&x, KILN_OP_SLICE) == 0);
       if (c == QKV_BIAS || c == QKV_PREFILL_BIAS) {
         const kiln_op *g = find_op(&x, KILN_OP_LINEAR, 0);
         CHECK(g && g->n_inputs == 3 && x.plan.tensors[g->inputs[2]].dims[0] == 28);
@@ -2211,15 +2216,16 @@ static void test_sibling_linears_join(void) {
   }
 }
 
-/* A dynamic plan: the last row's projections join (one row, static), the whole sequence's stay
- * apart (without groups their slices would be copies); every size runs as the unjoined plan. */
+/* Dynamic plans: the last row's projections join (one row: views), so do the rows of one
+ * sequence (groups read the columns), two sequences' stay apart; every size runs as the unjoined
+ * plan does. */
 static void test_sibling_linears_dynamic(void) {
-  static const graph_fn graphs[2] = {g_qkv_last_token, g_qkv_dynamic};
-  for (int g = 0; g < 2; g++) {
+  static const graph_fn graphs[3] = {g_qkv_last_token, g_qkv_dynamic, g_qkv_dynamic_batch};
+  for (int g = 0; g < 3; g++) {
     built joined, plain;
     memset(&plain, 0, sizeof plain);
     if (build(graphs[g], KILN_F32, 1, &joined) && build(graphs[g], KILN_F32, 0, &plain)) {
-      CHECK(joined.plan.n_symbols == 1 && count_kind(&joined, KILN_OP_LINEAR) == (g ? 3u : 1u));
+      CHECK(joined.plan.n_symbols == 1 && count_kind(&joined, KILN_OP_LINEAR) == (g == 2 ? 3u : 1u));
       for (int64_t n = 1; n <= 4; n++) {
         void *a[MAX_OUTS], *b[MAX_OUTS];
         uint32_t na = run_cpu_at(&joined, -2.0, 2.0, a, n);
@@ -2325,7 +2331,7 @@ static void test_sibling_dtypes(void) {
       CHECK(neg >= 0);
       g.outputs[g.n_outputs++].tensor = (int32_t)g.ops[neg].output;
     }
-    CHECK(kiln_merge_linears(&g, 1, &err) == KILN_OK);
+    CHECK(kiln_merge_linears(&g, 0, &err) == KILN_OK);
     for (uint32_t i = 0; i < g.n_ops; i++) live += !g.dead[i] && g.ops[i].kind == KILN_OP_LINEAR;
     CHECK(live == (variant == 0 ? 1u : 2u));
     if (variant == 0) {
