@@ -69,14 +69,16 @@ def test_default_export_arguments_give_the_same_single_blob(exported, tmp_path):
     assert not program.exported_program().graph_signature.buffers_to_mutate
 
 
-def test_each_layer_projects_q_k_and_v_in_one_gemm(exported):
-    """A decode step's q, k and v projections read the normalized input once: one LINEAR over
-    their stacked weights per layer, its columns sliced in place, instead of three."""
+@pytest.mark.parametrize("program", ["exported", "exported_dynamic"])
+def test_each_layer_projects_q_k_and_v_in_one_gemm(program, request):
+    """q, k and v read the normalized input once: one LINEAR over their stacked weights per
+    layer, its columns read in place (views in the decode step; in the dynamic program, whose
+    sequence may be longer, by the rotary and head split groups), instead of three."""
     from test_dynamic_shapes import KILN_CLI
     import re
     import subprocess
 
-    model, path, _ = exported
+    model, path, _ = request.getfixturevalue(program)
     config = model.config
     head = config.hidden_size // config.num_attention_heads
     qkv = (config.num_attention_heads + 2 * config.num_key_value_heads) * head
