@@ -143,13 +143,14 @@ def test_inspect_lists_the_symbol_and_each_dynamic_dim(llama):
 
 
 def test_inspect_shows_the_fused_groups_of_a_dynamic_plan(llama):
-    """The block's RMSNorm pieces and its rotary embeddings of q and k are FUSED groups in the
-    dynamic plan too, each output following the symbol (its program is valid at every size, which
+    """The block's RMSNorm pieces, its rotary embeddings of q and k and v's head split (the last
+    three reading the columns of the one q/k/v GEMM) are FUSED groups in the dynamic plan too,
+    each output following the symbol (its program is valid at every size, which
     test_llama_block_with_a_dynamic_sequence_runs_every_size_within_bounds runs against eager)."""
     out = subprocess.run([KILN_CLI, "inspect", str(llama.path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     symbol = re.search(r"dynamic size (s\w+): ", out.stdout).group(1)
     groups = re.findall(r"op \d+: fused\([^)]*\) -> (t\d+) \[[\d, ]+\]; group \[r0=in0\[", out.stdout)
-    assert len(groups) == 3, out.stdout[-3000:]
+    assert len(groups) == 4, out.stdout[-3000:]
     for tensor in groups:
         assert re.search(rf"\b{tensor}: f32 \[[\d, ]+\] as \[[^]]*{symbol}[^]]*\]", out.stdout), tensor
