@@ -69,7 +69,9 @@ static kiln_status time_calls(kiln_engine *e, int reps, double *us, kiln_error *
   double *t = calloc((size_t)reps, sizeof *t);
   kiln_status st = views && t ? KILN_OK
                               : kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
-                                          "out of host memory for %u call buffers", (unsigned)n);
+                                          "out of host memory for %u call buffers; free memory and "
+                                          "retry",
+                                          (unsigned)n);
   for (uint32_t i = 0; st == KILN_OK && i < n; i++) {
     const kiln_tensor_desc *d = &p->tensors[i < p->n_inputs ? p->inputs[i] : p->outputs[i - p->n_inputs]];
     kiln_tensor_view *v = &views[i];
@@ -80,8 +82,9 @@ static kiln_status time_calls(kiln_engine *e, int reps, double *us, kiln_error *
     for (int32_t k = d->rank - 1; k >= 0; stride *= d->dims[k], k--)
       v->sizes[k] = d->dims[k], v->strides[k] = stride;
     if (!(v->data = calloc(v->nbytes ? v->nbytes : 1, 1)))
-      st = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY, "out of host memory for %zu bytes of binding %u",
-                     v->nbytes, (unsigned)i);
+      st = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of host memory for %llu bytes of binding %u; free memory and retry",
+                     (unsigned long long)v->nbytes, (unsigned)i);
   }
   for (int r = -3; st == KILN_OK && r < reps; r++) { /* three untimed: graphs captured */
     double t0 = now_us();
