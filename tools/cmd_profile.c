@@ -73,7 +73,8 @@ static kiln_status time_calls(kiln_engine *e, int reps, double *us, kiln_error *
                                           "retry",
                                           (unsigned)n);
   for (uint32_t i = 0; st == KILN_OK && i < n; i++) {
-    const kiln_tensor_desc *d = &p->tensors[i < p->n_inputs ? p->inputs[i] : p->outputs[i - p->n_inputs]];
+    uint32_t at = i < p->n_inputs ? p->inputs[i] : p->outputs[i - p->n_inputs];
+    const kiln_tensor_desc *d = &p->tensors[at];
     kiln_tensor_view *v = &views[i];
     v->nbytes = (size_t)d->nbytes;
     v->dtype = d->dtype;

@@ -789,10 +789,10 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
 
 /* Rewrites g: ops computing what an earlier op computed merged into it, constants folded,
  * GEMMs recognized, outer products made multiplies, batch norms folded into convolutions,
- * epilogues fused, dead code removed,
- * convolutions laid out channels-last, then SwiGLU's gate and up projections joined into one
- * GEMM, repeated k and v heads dropped (grouped-query attention), attention's head split and
- * merge taken into the SDPA, the reshape chains those leave folded and copies of what nothing
+ * epilogues fused (residuals through a flattening reshape too), dead code removed, convolutions
+ * laid out channels-last, then SwiGLU's gate and up projections joined into one GEMM, repeated
+ * k and v heads dropped (grouped-query attention), attention's head split and merge taken into
+ * the SDPA, the reshape chains those leave folded and copies of what nothing
  * writes dropped, written-out RMSNorms made RMS_NORM ops, pointwise chains fused (after the
  * epilogues, so a GEMM keeps its activation), pointwise ops next to a norm fused into it, then
  * linears of one input (attention's q, k and v) joined into one GEMM whose outputs are column

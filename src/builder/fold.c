@@ -150,7 +150,8 @@ kiln_status kiln_outer_products_to_mul(kiln_graph *g, kiln_error *err) {
   for (uint32_t i = 0; i < g->n_ops; i++) {
     kiln_op *op = &g->ops[i];
     if (g->dead[i] || op->kind != KILN_OP_MATMUL) continue;
-    const kiln_tensor_desc *a = &g->tensors[op->inputs[0]].desc, *b = &g->tensors[op->inputs[1]].desc;
+    const kiln_tensor_desc *a = &g->tensors[op->inputs[0]].desc;
+    const kiln_tensor_desc *b = &g->tensors[op->inputs[1]].desc;
     if (a->rank >= 2 && b->rank >= 2 && a->dims[a->rank - 1] == 1 && b->dims[b->rank - 2] == 1 &&
         !a->sym[a->rank - 1].symbol && !b->sym[b->rank - 2].symbol)
       op->kind = KILN_OP_MUL; /* [..,M,1] * [..,1,N] broadcasts as the matmul's batch dims do */

@@ -62,7 +62,8 @@ static int32_t sliced_heads(kiln_graph *g, const kiln_op *s, const uint32_t *use
     if (in->rank != 3 || op->iattr[0] != 2 || op->iattr[3] != 1 || op->iattr_sym[1].symbol ||
         op->iattr_sym[2].symbol || op->iattr[1] != (int64_t)k * width ||
         op->iattr[2] != (int64_t)(k + 1) * width || in->dims[2] != 3 * width ||
-        h->dims[0] != in->dims[0] || h->dims[1] != in->dims[1] || (k > 0 && op->inputs[0] != (uint32_t)x))
+        h->dims[0] != in->dims[0] || h->dims[1] != in->dims[1] ||
+        (k > 0 && op->inputs[0] != (uint32_t)x))
       return -1;
     x = (int32_t)op->inputs[0];
     sl[k] = sc;

@@ -5,8 +5,8 @@
  * slice in 16-byte loads, several issued before any is used, multiply them with every input
  * row in f32 and reduce by warp shuffles; the slices meet in shared memory, and one warp per
  * column applies bias and activation (erf GELU included, which no cuBLASLt epilogue
- * computes), then adds the residual, before the one store. SwiGLU (w = [gate; up], 2N rows) pairs a gate and an up
- * column in one block and stores silu(gate) * up. */
+ * computes), then adds the residual, before the one store. SwiGLU (w = [gate; up], 2N rows)
+ * pairs a gate and an up column in one block and stores silu(gate) * up. */
 #include "cuda_device.cuh"
 
 #define KCU_GEMV_WARPS 8

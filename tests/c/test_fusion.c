@@ -415,7 +415,8 @@ static void sliced_mha(kiln_builder *b, kiln_dtype dt, int order) {
   int32_t a = kiln_builder_add_op(b, KILN_OP_SDPA, T(part[0], part[1], part[2]), 3, D(1, 0), 2,
                                   NULL, 0, &err);
   int32_t same = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(a), 1, D(2, 2, 5, 64), 4, NULL, 0, &err);
-  int32_t back = kiln_builder_add_op(b, KILN_OP_PERMUTE, T(same), 1, D(0, 2, 1, 3), 4, NULL, 0, &err);
+  int32_t back =
+      kiln_builder_add_op(b, KILN_OP_PERMUTE, T(same), 1, D(0, 2, 1, 3), 4, NULL, 0, &err);
   int32_t y = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(back), 1, D(2, 5, 128), 3, NULL, 0, &err);
   if (y < 0) fprintf(stderr, "sliced_mha: %s\n", err.message);
   CHECK(y >= 0);
@@ -1330,7 +1331,8 @@ static void test_sliced_attention(void) {
     if (build(g_sliced_mha, dt, 1, &x)) {
       const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
       CHECK(a && a->n_inputs == 1 && a->n_iattr == 3 && a->iattr[0] == 1 && a->iattr[2] == 1);
-      CHECK(a && x.plan.tensors[a->inputs[0]].rank == 5 && x.plan.tensors[a->inputs[0]].dims[2] == 3);
+      CHECK(a && x.plan.tensors[a->inputs[0]].rank == 5 &&
+            x.plan.tensors[a->inputs[0]].dims[2] == 3);
       CHECK(!find_op(&x, KILN_OP_SLICE, 0) && !find_op(&x, KILN_OP_PERMUTE, 0) &&
             !find_op(&x, KILN_OP_FUSED, 0));
     }
