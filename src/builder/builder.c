@@ -18,6 +18,7 @@
 #include "builder/memplan.h"
 #include "builder/merge_common.h"
 #include "builder/merge_linears.h"
+#include "builder/recognize_activations.h"
 #include "runtime/view.h"
 #include "runtime/shape.h"
 #include "runtime/symbolic.h"
@@ -788,23 +789,27 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
 }
 
 /* Rewrites g: ops computing what an earlier op computed merged into it, constants folded,
- * GEMMs recognized, outer products made multiplies, batch norms folded into convolutions,
- * epilogues fused (residuals through a flattening reshape too), dead code removed, convolutions
- * laid out channels-last, then SwiGLU's gate and up projections joined into one GEMM, repeated
+ * GEMMs recognized, copies of what nothing writes dropped (so no clone hides a residual from
+ * its GEMM), written-out activations made the op they compute, outer products made
+ * multiplies, batch norms folded into convolutions, epilogues fused (residuals through a
+ * flattening reshape too), dead code removed, convolutions laid out channels-last, then SwiGLU's gate and up projections joined into one GEMM, repeated
  * k and v heads dropped (grouped-query attention), attention's head split and merge taken into
- * the SDPA, the reshape chains those leave folded and copies of what nothing
- * writes dropped, written-out RMSNorms made RMS_NORM ops, pointwise chains fused (after the
- * epilogues, so a GEMM keeps its activation), pointwise ops next to a norm fused into it, then
- * linears of one input (attention's q, k and v) joined into one GEMM whose outputs are column
- * slices (after every pattern pass, so each saw the linears apart, SwiGLU's gate and up among
- * them; right before the grouping, as a linear joins only where its slice is a view or the
- * grouping will read its columns in place), then what remains of pointwise ops, casts and views
+ * the SDPA, the reshape chains those leave folded and the copies they leave dropped,
+ * written-out RMSNorms made RMS_NORM ops, pointwise chains fused (after the epilogues, so a
+ * GEMM keeps its activation), pointwise ops next to a norm fused into it, then linears of one
+ * input (attention's q, k and v) joined into one GEMM whose outputs are column slices (after
+ * every pattern pass, so each saw the linears apart, SwiGLU's gate and up among them; right
+ * before the grouping, as a linear joins only where its slice is a view or the grouping will
+ * read its columns in place) and attention's head split taken into the SDPA once more where
+ * they were its q, k and v, then what remains of pointwise ops, casts and views
  * grouped into FUSED ops (in a dynamic plan, those whose index maps hold at every size). */
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
                               const kiln_builder *b, kiln_error *err) {
   kiln_status s;
   if (opts->fuse && (s = kiln_merge_common_ops(g, err))) return s;
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
+  if (opts->fuse && ((s = kiln_drop_copies(g, err)) || (s = kiln_recognize_activations(g, err))))
+    return s;
   if (opts->fuse && (s = kiln_outer_products_to_mul(g, err))) return s;
   if (opts->fuse && (s = kiln_fold_batch_norm(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_epilogues(g, err))) return s;
@@ -820,6 +825,9 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
   if (opts->fuse && (s = kiln_fuse_pointwise(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_norms(g, err))) return s;
   if (opts->fuse && (s = kiln_merge_linears(g, b->n_symbols != 0, err))) return s;
+  if (opts->fuse && ((s = kiln_fuse_attention(g, err)) || (s = kiln_fold_reshapes(g, err)) ||
+                     (s = kiln_graph_remove_dead(g, err))))
+    return s;
   return opts->fuse ? kiln_fuse_groups(g, b->symbols, b->n_symbols, err) : KILN_OK;
 }
 

@@ -201,6 +201,24 @@ static int32_t scalar(kiln_builder *b, kiln_dtype dt, float v) {
   return id;
 }
 
+/* A constant of dt and dims whose values, multiples of 1/64 in [-0.5, 0.5), follow seed. */
+static int32_t constant(kiln_builder *b, kiln_dtype dt, int32_t rank, const int64_t *dims,
+                        uint32_t seed) {
+  kiln_error err = {KILN_OK, ""};
+  int64_t n = 1;
+  for (int32_t d = 0; d < rank; d++) n *= dims[d];
+  void *data = calloc((size_t)n, kiln_dtype_size(dt));
+  CHECK(data != NULL);
+  for (int64_t i = 0; data && i < n; i++) /* multiples of 1/64 in [-0.5, 0.5) */
+    fill_value(data, dt, i, (double)((seed * 37u + (uint32_t)i * 29u) % 64u) / 64.0 - 0.5);
+  int32_t id = kiln_builder_add_constant(b, dt, rank, dims, data,
+                                         (size_t)n * kiln_dtype_size(dt), &err);
+  if (id < 0) fprintf(stderr, "add_constant: %s\n", err.message);
+  CHECK(id >= 0);
+  free(data);
+  return id;
+}
+
 /* log(|hardswish(erf(sin(clamp(x, -0.5, 0.75))))|), clamp as the lowering writes it, and
  * hardsigmoid(maximum(y, cos(x))): the new steps, MAXIMUM with the chain on its right. */
 static void g_new_steps(kiln_builder *b, kiln_dtype dt) {
@@ -446,6 +464,18 @@ static void g_residual_flat(kiln_builder *b, kiln_dtype dt) {
   out(b, y2d, "c");
 }
 
+/* As g_residual_flat's "a", with the clone torch.export leaves between the reshape and the add
+ * (a dropout in eval mode). */
+static void g_residual_clone(kiln_builder *b, kiln_dtype dt) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t x = in(b, "x", dt, 3, D(1, 3, 6)), r = in(b, "r", dt, 3, D(1, 3, 4));
+  int32_t flat = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(x), 1, D(3, 6), 2, NULL, 0, &err);
+  int32_t z = binary(b, KILN_OP_LINEAR, flat, constant(b, dt, 2, D(4, 6), 3));
+  int32_t y = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(z), 1, D(1, 3, 4), 3, NULL, 0, &err);
+  CHECK(y >= 0);
+  out(b, binary(b, KILN_OP_ADD, unary(b, KILN_OP_COPY, y), r), "a");
+}
+
 /* Rotary frequencies as transformers computes them: inv_freq [1,6,1] @ positions [1,1,3] (an
  * outer product), then cos; and a matmul with an inner dim of 2, which stays one. */
 static void g_outer(kiln_builder *b, kiln_dtype dt) {
@@ -510,23 +540,6 @@ static void g_gqa_uneven(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 5); }
 /* A gated MLP: down(silu(gate(x)) * up(x)), x [3,16], hidden 12; `variant` 1: the product
  * is up * silu(gate); 2: the up projection has a bias; 3: gate's output is read again;
  * 4: up reads another input; 5: sigmoid in place of silu. */
-static int32_t constant(kiln_builder *b, kiln_dtype dt, int32_t rank, const int64_t *dims,
-                        uint32_t seed) {
-  kiln_error err = {KILN_OK, ""};
-  int64_t n = 1;
-  for (int32_t d = 0; d < rank; d++) n *= dims[d];
-  void *data = calloc((size_t)n, kiln_dtype_size(dt));
-  CHECK(data != NULL);
-  for (int64_t i = 0; data && i < n; i++) /* multiples of 1/64 in [-0.5, 0.5) */
-    fill_value(data, dt, i, (double)((seed * 37u + (uint32_t)i * 29u) % 64u) / 64.0 - 0.5);
-  int32_t id = kiln_builder_add_constant(b, dt, rank, dims, data,
-                                         (size_t)n * kiln_dtype_size(dt), &err);
-  if (id < 0) fprintf(stderr, "add_constant: %s\n", err.message);
-  CHECK(id >= 0);
-  free(data);
-  return id;
-}
-
 static void swiglu(kiln_builder *b, kiln_dtype dt, int variant) {
   int32_t x = in(b, "x", dt, 2, D(3, 16)), x2 = variant == 4 ? in(b, "x2", dt, 2, D(3, 16)) : x;
   int32_t wg = constant(b, dt, 2, D(12, 16), 11), wu = constant(b, dt, 2, D(12, 16), 12);
@@ -1377,6 +1390,12 @@ static void test_residual_through_reshape(void) {
   }
   release(&x);
   check_same_as_unfused(g_residual_flat, KILN_F32, -2.0, 2.0);
+  if (build(g_residual_clone, KILN_F32, 1, &x)) {
+    const kiln_op *a = find_op(&x, KILN_OP_LINEAR, 0);
+    CHECK(a && a->n_inputs == 3 && a->iattr[1] == 1 && x.plan.n_ops == 1);
+  }
+  release(&x);
+  check_same_as_unfused(g_residual_clone, KILN_F32, -2.0, 2.0);
 }
 
 /* ---------------------------------------------------------------- grouped-query attention */
@@ -2165,6 +2184,100 @@ static void g_two_swiglu(kiln_builder *b, kiln_dtype dt) {
   }
 }
 
+/* Activations written out after linears (each with a weight of its own): GPT-2's tanh GELU
+ * after a flattening reshape ("a"), erf GELU ("b"), x * sigmoid(x) ("c"); quick GELU,
+ * x * sigmoid(1.702 x), which is none of them ("d"); x * sigmoid(x) whose sigmoid is read
+ * outside too ("e", "e_sig"). */
+static void g_activations(kiln_builder *b, kiln_dtype dt) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t w[5];
+  for (uint32_t k = 0; k < 5; k++) w[k] = constant(b, dt, 2, D(4, 6), 11 + k);
+  int32_t x = in(b, "x", dt, 3, D(1, 3, 6));
+  int32_t flat = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(x), 1, D(3, 6), 2, NULL, 0, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(binary(b, KILN_OP_LINEAR, flat, w[0])),
+                                  1, D(1, 3, 4), 3, NULL, 0, &err);
+  int32_t cube = op(b, KILN_OP_POW, T(y), 1, 0, 0, (const double[]){3.0}, 1);
+  int32_t inner = binary(b, KILN_OP_ADD, y, binary(b, KILN_OP_MUL, cube, scalar(b, dt, 0.044715f)));
+  int32_t t = unary(b, KILN_OP_TANH, binary(b, KILN_OP_MUL, inner, scalar(b, dt, 0.7978845608f)));
+  int32_t half = binary(b, KILN_OP_MUL, y, scalar(b, dt, 0.5f));
+  out(b, binary(b, KILN_OP_MUL, half, binary(b, KILN_OP_ADD, t, scalar(b, dt, 1.0f))), "a");
+  int32_t v = binary(b, KILN_OP_LINEAR, x, w[1]);
+  int32_t e = unary(b, KILN_OP_ERF, binary(b, KILN_OP_MUL, v, scalar(b, dt, 0.70710678f)));
+  out(b, binary(b, KILN_OP_MUL, binary(b, KILN_OP_MUL, v, scalar(b, dt, 0.5f)),
+                binary(b, KILN_OP_ADD, e, scalar(b, dt, 1.0f))),
+      "b");
+  int32_t s = binary(b, KILN_OP_LINEAR, x, w[2]);
+  out(b, binary(b, KILN_OP_MUL, s, unary(b, KILN_OP_SIGMOID, s)), "c");
+  int32_t q = binary(b, KILN_OP_LINEAR, x, w[3]);
+  int32_t qs = unary(b, KILN_OP_SIGMOID, binary(b, KILN_OP_MUL, q, scalar(b, dt, 1.702f)));
+  out(b, binary(b, KILN_OP_MUL, q, qs), "d");
+  int32_t o = binary(b, KILN_OP_LINEAR, x, w[4]), os = unary(b, KILN_OP_SIGMOID, o);
+  out(b, binary(b, KILN_OP_MUL, o, os), "e");
+  out(b, os, "e_sig");
+}
+
+/* Written-out activations become the op they compute, and the GELUs go into their linears'
+ * epilogues (the tanh one past the reshape); quick GELU and a region read midway stay ops. */
+static void test_activations_recognized(void) {
+  static const kiln_dtype dts[3] = {KILN_F32, KILN_F16, KILN_BF16};
+  for (int k = 0; k < 3; k++) {
+    built x;
+    if (build(g_activations, dts[k], 1, &x)) {
+      uint32_t tanh_gelu = 0, erf_gelu = 0, plain = 0;
+      for (uint32_t i = 0; i < x.plan.n_ops; i++) {
+        const kiln_op *o = plan_op(&x, i);
+        if (o->kind != KILN_OP_LINEAR) continue;
+        tanh_gelu += o->iattr[0] == KILN_ACT_GELU_TANH && x.plan.tensors[o->output].rank == 2;
+        erf_gelu += o->iattr[0] == KILN_ACT_GELU_ERF && o->output == x.plan.outputs[1];
+        plain += o->iattr[0] == KILN_ACT_NONE;
+      }
+      CHECK(tanh_gelu == 1 && erf_gelu == 1 && plain == 3);
+      /* x * sigmoid(x) is one SiLU op; quick GELU one pointwise chain, "e" its sigmoid and mul;
+       * the two reshapes around the first linear, five linears */
+      CHECK(count_ops(&x, KILN_OP_SILU) == 1 && count_ops(&x, KILN_OP_SIGMOID) == 1);
+      CHECK(count_ops(&x, KILN_OP_POINTWISE) == 1 && x.plan.n_ops == 11);
+    }
+    release(&x);
+    check_close_to_unfused(g_activations, dts[k], -3.0, 3.0);
+  }
+}
+
+/* q, k and v as three linears of one input, BERT's way, each split into heads for the SDPA and
+ * merged back after. */
+static void g_linears_mha(kiln_builder *b, kiln_dtype dt) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t x = in(b, "x", dt, 3, D(2, 5, 128)), part[3];
+  for (uint32_t k = 0; k < 3; k++) {
+    int32_t p = binary(b, KILN_OP_LINEAR, x, constant(b, dt, 2, D(128, 128), 5 + k));
+    int32_t h = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(p), 1, D(2, 5, 2, 64), 4, NULL, 0, &err);
+    part[k] = kiln_builder_add_op(b, KILN_OP_PERMUTE, T(h), 1, D(0, 2, 1, 3), 4, NULL, 0, &err);
+  }
+  int32_t a = kiln_builder_add_op(b, KILN_OP_SDPA, T(part[0], part[1], part[2]), 3, D(0, 0), 2,
+                                  NULL, 0, &err);
+  int32_t back = kiln_builder_add_op(b, KILN_OP_PERMUTE, T(a), 1, D(0, 2, 1, 3), 4, NULL, 0, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(back), 1, D(2, 5, 128), 3, NULL, 0, &err);
+  CHECK(y >= 0);
+  out(b, y, "y");
+}
+
+/* Three linears of one input as q, k and v: joined into one GEMM, whose [B,L,3*H*E] result
+ * the SDPA then reads as packed heads (no head split or merge left). */
+static void test_joined_linears_pack_heads(void) {
+  for (int t = 1; t < 3; t++) {
+    kiln_dtype dt = t == 1 ? KILN_F16 : KILN_BF16;
+    built x;
+    if (build(g_linears_mha, dt, 1, &x)) {
+      const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0), *l = find_op(&x, KILN_OP_LINEAR, 0);
+      CHECK(a && a->n_inputs == 1 && a->n_iattr == 3 && a->iattr[2] == 1);
+      CHECK(l && count_ops(&x, KILN_OP_LINEAR) == 1 && x.plan.tensors[l->inputs[1]].dims[0] == 384);
+      CHECK(count_ops(&x, KILN_OP_FUSED) == 0 && count_ops(&x, KILN_OP_PERMUTE) == 0 &&
+            count_ops(&x, KILN_OP_SLICE) == 0);
+    }
+    release(&x);
+    check_same_as_unfused(g_linears_mha, dt, -2.0, 2.0);
+  }
+}
+
 static void test_sibling_linears_join(void) {
   /* per variant: the projections' GEMMs and their weight rows, in plan order */
   static const struct {
@@ -2369,6 +2482,8 @@ int main(void) {
   test_sliced_attention();
   test_outer_product();
   test_residual_through_reshape();
+  test_activations_recognized();
+  test_joined_linears_pack_heads();
   test_grouped_kv();
   test_swiglu();
   test_groups_fuse();
