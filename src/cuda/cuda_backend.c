@@ -787,14 +787,14 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     if (s->attn[i].scratch_bytes > scratch) scratch = s->attn[i].scratch_bytes;
   }
   for (uint32_t i = 0; i < p->n_ops; i++)
-    if (s->gemm[i].glu_bytes > scratch) scratch = s->gemm[i].glu_bytes;
-  /* One buffer serves every SDPA op's scores and every SwiGLU linear's gate and up: the ops
-   * run one after another on one stream. */
+    if (s->gemm[i].scratch_bytes > scratch) scratch = s->gemm[i].scratch_bytes;
+  /* One buffer serves every SDPA op's scores and every SwiGLU or padded linear's result: the
+   * ops run one after another on one stream. */
   kiln_status sst = kcu_dev_alloc(s, &s->attn_scratch, (size_t)scratch, "attention scores", err);
   if (sst != KILN_OK) return sst;
   s->attn_scratch_bytes = (size_t)scratch;
   for (uint32_t i = 0; i < p->n_ops; i++)
-    if (s->gemm[i].swiglu) s->gemm[i].glu_scratch = s->attn_scratch;
+    if (s->gemm[i].scratch_bytes) s->gemm[i].scratch = s->attn_scratch;
   if (attention) {
     cudaError_t rc = kcu_attention_prepare(KCU_ATTN_MAX_HEAD);
     if (rc == cudaSuccess) rc = kcu_flash_prepare();
@@ -905,9 +905,16 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
     s->ptr_attr = (kcu_ptr_attr_fn)fn;
   cudaGetLastError();
   if ((st = kcu_setup_ops(s, e, err)) != KILN_OK) return st;
-  if ((st = kcu_dev_alloc(s, &s->weights, e->weights_size, "weights", err)) != KILN_OK) return st;
-  if (e->weights_size) {
+  /* zeroed slack after the weights for the rows a padded-pitch linear reads past its weight */
+  uint64_t slack = 0;
+  for (uint32_t i = 0; i < e->plan.n_ops; i++)
+    if (s->gemm && s->gemm[i].over_read > slack) slack = s->gemm[i].over_read;
+  st = kcu_dev_alloc(s, &s->weights, e->weights_size + (size_t)slack, "weights", err);
+  if (st != KILN_OK) return st;
+  if (e->weights_size || slack) {
     cudaError_t rc = cudaMemcpy(s->weights, e->weights, e->weights_size, cudaMemcpyHostToDevice);
+    if (rc == cudaSuccess && slack)
+      rc = cudaMemset((char *)s->weights + e->weights_size, 0, (size_t)slack);
     if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "weight upload", err);
   }
   if ((st = kcu_dev_alloc(s, &s->arena, e->plan.arena_size, "arena", err)) != KILN_OK) return st;

@@ -166,7 +166,20 @@ static void kcu_gemm_geometry(kcu_gemm *g, const kiln_plan *plan, uint32_t op_in
     g->M = M;
     g->N = g->swiglu ? N / 2 : N;
     g->K = K;
-    g->glu_bytes = g->swiglu ? (uint64_t)M * (uint64_t)N * es : 0;
+    g->scratch_bytes = g->swiglu ? (uint64_t)M * (uint64_t)N * es : 0;
+    /* Rows of a pitch tensor cores cannot write: the GEMM runs over N rounded up to 16 bytes
+     * into the scratch (an aligned N too, or cuBLASLt keeps its slow kernels), reading weight
+     * and bias rows past their ends: both must be weights, whose device copy has zeroed slack
+     * after it (over_read bytes at most), and the extra columns are never copied out. */
+    int64_t per16 = 16 / (int64_t)es;
+    const kiln_tensor_desc *bias = g->has_bias ? &plan->tensors[op->inputs[2]] : NULL;
+    int in_weights =
+        w->storage == KILN_STORE_WEIGHT && (!bias || bias->storage == KILN_STORE_WEIGHT);
+    g->ld_pad = !g->swiglu && !g->residual && in_weights && N % per16
+                    ? (N + per16 - 1) / per16 * per16
+                    : 0;
+    g->over_read = g->ld_pad ? (uint64_t)(g->ld_pad - N) * (uint64_t)K * es : 0;
+    if (g->ld_pad) g->scratch_bytes = (uint64_t)M * (uint64_t)g->ld_pad * es;
     /* A few rows: reading the weight once is all the work; the GEMV kernel does it with the
      * bias, every activation (erf GELU included) and the residual in its epilogue. */
     g->gemv_ok = kcu_test_gemv_choice != 0 && kcu_gemv_fits(M, K) &&
@@ -211,13 +224,16 @@ static void kcu_gemm_geometry(kcu_gemm *g, const kiln_plan *plan, uint32_t op_in
     g->d_mat = (int64_t)es * M * N;
   }
   sh->M = M;
-  sh->N = N;
+  sh->N = g->ld_pad ? g->ld_pad : N;
   sh->K = K;
   sh->ld_x = K;
-  sh->ld_d = N;
+  sh->ld_d = sh->N;
   sh->align_w = kcu_gemm_align(w, (uint64_t)(g->calls > 1 ? g->a_mat : sh->w_stride * (int64_t)es));
   sh->align_x = kcu_gemm_align(x, (uint64_t)(g->calls > 1 ? g->b_mat : sh->x_stride * (int64_t)es));
-  sh->align_d = kcu_gemm_align(out, (uint64_t)(g->calls > 1 || sh->batch > 1 ? (int64_t)es * M * N : 0));
+  sh->align_d = g->ld_pad ? 256 /* the scratch, cudaMalloc'd */
+                          : kcu_gemm_align(out, (uint64_t)(g->calls > 1 || sh->batch > 1
+                                                               ? (int64_t)es * M * N
+                                                               : 0));
   if (g->residual) { /* C, the residual, shares D's layout and alignment */
     uint32_t align_c = kcu_gemm_align(&plan->tensors[op->inputs[op->n_inputs - 1]], 0);
     if (align_c < sh->align_d) sh->align_d = align_c;
@@ -285,9 +301,9 @@ void kcu_gemm_keep_tuned(kcu_gemm *g) {
 cudaError_t kcu_gemm_reshape(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *plan,
                              uint32_t op_index) {
   kcu_gemm_shape sh;
-  uint64_t glu_bytes = g->glu_bytes;
+  uint64_t scratch_bytes = g->scratch_bytes;
   kcu_gemm_geometry(g, plan, op_index, g->allow_tf32, &sh);
-  g->glu_bytes = glu_bytes; /* the scratch was sized for the bounds */
+  g->scratch_bytes = scratch_bytes; /* the scratch was sized for the bounds */
   if (!g->desc) { /* the GEMV kernel alone: it takes every row count up to the bound's */
     g->gemv = 1;
     g->calls = 1;
@@ -332,18 +348,31 @@ cudaError_t kcu_gemm_run(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
     return kcu_gemv(s, in[0].data, in[1].data, g->has_bias ? in[2].data : NULL,
                     g->residual ? in[n_in - 1].data : NULL, out->data, out->dtype, g->M, g->N,
                     g->K, g->act);
-  if (g->swiglu) { /* gate and up into the scratch, then silu(gate) * up into out */
+  cudaError_t rc;
+  if (g->swiglu || g->ld_pad) { /* into the scratch, then combined or copied into out */
     kcu_tensor t = *out;
-    t.data = g->glu_scratch;
-    cudaError_t rc = g->glu_scratch ? kcu_gemm_run_matmul(g, lt, s, in, n_in, &t, workspace,
-                                                          workspace_size)
-                                    : cudaErrorInvalidValue;
-    return rc == cudaSuccess ? kcu_swiglu(s, t.data, out->data, out->dtype, g->M, g->N) : rc;
+    t.data = g->scratch;
+    rc = g->scratch ? kcu_gemm_run_matmul(g, lt, s, in, n_in, &t, workspace, workspace_size)
+                    : cudaErrorInvalidValue;
+    if (rc == cudaSuccess && g->swiglu)
+      return kcu_swiglu(s, t.data, out->data, out->dtype, g->M, g->N);
+    /* the first N columns of each row, by the engine's strided copy */
+    kcu_copy_geom rows;
+    memset(&rows, 0, sizeof rows);
+    rows.rank = 2;
+    rows.dims[0] = g->M, rows.dims[1] = g->N;
+    rows.src_strides[0] = g->ld_pad, rows.src_strides[1] = 1;
+    rows.dst_strides[0] = g->N, rows.dst_strides[1] = 1;
+    if (rc == cudaSuccess)
+      rc = kcu_strided_copy(s, t.data, out->data, kiln_dtype_size(out->dtype), &rows);
+  } else {
+    rc = kcu_gemm_run_matmul(g, lt, s, in, n_in, out, workspace, workspace_size);
   }
-  return kcu_gemm_run_matmul(g, lt, s, in, n_in, out, workspace, workspace_size);
+  if (rc == cudaSuccess && g->post != KILN_ACT_NONE) rc = kcu_activation(s, g->post, out);
+  return rc;
 }
 
-/* The cuBLASLt calls of g (its bias pointer set), then an activation no epilogue computes. */
+/* The cuBLASLt calls of g, its bias pointer set. */
 static cudaError_t kcu_gemm_run_matmul(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
                                        const kcu_tensor *in, uint32_t n_in,
                                        const kcu_tensor *out, void *workspace,
@@ -370,7 +399,6 @@ static cudaError_t kcu_gemm_run_matmul(const kcu_gemm *g, cublasLtHandle_t lt, c
                                        d, g->d, &g->algo, workspace, workspace_size, s);
     if (st != CUBLAS_STATUS_SUCCESS) return cudaErrorLaunchFailure;
   }
-  if (g->post != KILN_ACT_NONE) return kcu_activation(s, g->post, out);
   return cudaSuccess;
 }
 

@@ -37,9 +37,15 @@ typedef struct kcu_gemm {
   int gemv;             /* it does (with `act`): faster than cuBLASLt when timed at init */
   kiln_activation act;
   int64_t M, N, K;       /* N: output columns (the weight's rows, or half of them for SwiGLU) */
-  int swiglu;            /* LINEAR with KILN_ACT_SWIGLU: cuBLASLt writes [M,2N] to glu_scratch, */
-  uint64_t glu_bytes;    /* then kcu_swiglu combines it; the engine sizes and sets the buffer */
-  void *glu_scratch;
+  /* Two LINEARs write through the engine's scratch (it sizes and sets the buffer): SwiGLU,
+   * whose [M,2N] of gate and up kcu_swiglu then combines, and one whose output rows are not
+   * 16-byte aligned (N of 50257, a vocabulary), which cuBLASLt's tensor-core kernels do not
+   * write: it computes ld_pad columns (N rounded up), the first N copied out to [M,N] after. */
+  int swiglu;
+  int64_t ld_pad;         /* the scratch's row pitch in elements, or 0: cuBLASLt writes out */
+  uint64_t over_read;     /* bytes read past the weight's (and bias's) end: the engine's slack */
+  uint64_t scratch_bytes;
+  void *scratch;
   /* Batches that strided cuBLASLt cannot express (partial broadcast) run one call each. */
   int64_t calls;
   int32_t nb;

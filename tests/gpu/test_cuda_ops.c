@@ -3,7 +3,8 @@
  * engine's handling of caller memory, devices, out of memory and allocation failure.
  * Run on a GPU machine by scripts/gpu_test.sh; `--fault` runs the device-fault check, which
  * leaves the process's CUDA context unusable and so runs in a process of its own;
- * `--matmul-attention` runs only the matmul and attention cases, `--dynamic` only the dynamic-shape
+ * `--matmul-attention` runs only the matmul and attention cases, `--padded-pitch` only the linears
+ * written at a padded pitch, `--dynamic` only the dynamic-shape
  * cases, `--only SUBSTRING` only the
  * compared cases whose name contains SUBSTRING (`--only conv` the cuDNN convolutions), and
  * `--time-sdpa` times the attention paths on
@@ -129,6 +130,52 @@ static void compare(prog *p, const char *name, const io_range *ranges) {
 
 static const kiln_dtype float_types[3] = {KILN_F32, KILN_F16, KILN_BF16};
 
+/* Which linears kcu_gemm_init gives a padded pitch: those whose output rows are not 16-byte
+ * aligned, that have no residual (cuBLASLt's C shares D's layout) and whose weight is a weight
+ * (the GEMM reads ld_pad - N rows past its end, over_read bytes, into the engine's slack). */
+static void test_gemm_pitch(void) {
+  static const struct {
+    kiln_dtype dt;
+    int64_t n;
+    int residual, weight_input;
+    int64_t ld_pad;
+  } cases[] = {{KILN_F16, 1001, 0, 0, 1008}, {KILN_BF16, 50257, 0, 0, 50264},
+               {KILN_F32, 1001, 0, 0, 1004}, {KILN_F16, 1024, 0, 0, 0},
+               {KILN_F32, 1004, 0, 0, 0},    {KILN_F16, 1001, 1, 0, 0},
+               {KILN_F16, 1001, 0, 1, 0}};
+  cublasLtHandle_t lt;
+  if (!cuda_ok(cudaSetDevice(0), "cudaSetDevice") || cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS)
+    die("cuBLASLt");
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    kiln_dtype dt = cases[c].dt;
+    int64_t n = cases[c].n;
+    prog *p = p_new();
+    uint32_t x = IN(p, dt, 2, 40, 64), r = IN(p, dt, 2, 40, n);
+    uint32_t w = cases[c].weight_input ? IN(p, dt, 2, n, 64)
+                                       : p_weight(p, dt, 2, DIMS(n, 64), -0.1, 0.1);
+    uint32_t y = OUT(p, dt, 2, 40, n);
+    if (cases[c].residual) p_op(p, KILN_OP_LINEAR, 3, OPS(x, w, r), y, 2, ATTR(0, 1), 0);
+    else p_op(p, KILN_OP_LINEAR, 2, OPS(x, w), y, 1, ATTR(0), 0);
+    kiln_plan pl;
+    p_plan(p, &pl);
+    kcu_gemm g;
+    kiln_error err;
+    int ok = kcu_gemm_init(&g, lt, &pl, 0, 0, (size_t)4 << 20, &err) == KILN_OK;
+    int64_t es = (int64_t)kiln_dtype_size(dt);
+    printf("linear pitch %s N %lld residual %d weight input %d: ld_pad %lld scratch %llu bytes, "
+           "over-read %llu bytes\n",
+           kiln_dtype_name(dt), (long long)n, cases[c].residual, cases[c].weight_input,
+           (long long)g.ld_pad, (unsigned long long)g.scratch_bytes,
+           (unsigned long long)g.over_read);
+    int64_t pad = cases[c].ld_pad;
+    CHECK(ok && g.ld_pad == pad && g.scratch_bytes == (uint64_t)(pad ? 40 * pad * es : 0) &&
+          g.over_read == (uint64_t)(pad ? (pad - n) * 64 * es : 0));
+    kcu_gemm_release(&g);
+    p_free(p);
+  }
+  cublasLtDestroy(lt);
+}
+
 static void test_gemm(void) {
   char name[96];
   for (int t = 0; t < 3; t++) {
@@ -237,6 +284,25 @@ static void test_gemm(void) {
       p_op(p, KILN_OP_LINEAR, 2, OPS(a, w), OUT(p, dt, 3, 2, 20, 128), 1, ATTR(KILN_ACT_SWIGLU), 0);
       snprintf(name, sizeof name, "sdpa then linear swiglu %s", kiln_dtype_name(dt));
       compare(p, name, NULL);
+    }
+    /* Output rows not 16-byte aligned (N = 1001 or 50, as a vocabulary of 50257): cuBLASLt
+     * writes them at a padded pitch into the scratch and they are copied out, the activation
+     * after the copy where no epilogue computes it. */
+    kcu_test_gemv_choice = 0;
+    static const int64_t pad_n[2] = {1001, 50}, pad_rows[2] = {37, 300};
+    for (int c = 0; c < 4; c++) {
+      for (int act = 0; act <= KILN_ACT_GELU_TANH; act++) {
+        prog *p = p_new();
+        int64_t n = pad_n[c % 2], rows = pad_rows[c / 2];
+        uint32_t x = IN(p, dt, 3, 1, rows, 264);
+        uint32_t w = p_weight(p, dt, 2, DIMS(n, 264), -0.1, 0.1);
+        uint32_t b = p_weight(p, dt, 1, DIMS(n), -1, 1);
+        uint32_t y = OUT(p, dt, 3, 1, rows, n);
+        p_op(p, KILN_OP_LINEAR, act % 2 ? 3 : 2, OPS(x, w, b), y, 1, ATTR(act), 0);
+        snprintf(name, sizeof name, "linear padded pitch %lld rows N %lld %s act %d bias %d",
+                 (long long)rows, (long long)n, kiln_dtype_name(dt), act, act % 2);
+        compare(p, name, NULL);
+      }
     }
     kcu_test_gemv_choice = -1;
     for (int act = 0; act <= KILN_ACT_GELU_TANH; act++) {
@@ -2173,6 +2239,50 @@ static int small_run_ok(kiln_engine *e, const prog *p) {
   return ok && st == KILN_OK && rel_error(got, want, KILN_F32, 8 * 64) <= 1e-4;
 }
 
+/* A linear written at a padded pitch, its output bound in place at a new address each run: the
+ * graph follows the address (one update per run, no op-by-op run) and the rows are right. */
+static void test_padded_pitch_bound(void) {
+  prog *p = p_new();
+  uint32_t x = IN(p, KILN_F16, 2, 8, 64);
+  uint32_t w = p_weight(p, KILN_F16, 2, DIMS(1001, 64), -0.2, 0.2);
+  p_op(p, KILN_OP_LINEAR, 2, OPS(x, w), OUT(p, KILN_F16, 2, 8, 1001), 1, ATTR(0), 0);
+  kiln_error err;
+  kiln_engine *e = p_load(p, &kiln_cuda_backend, 0, &err);
+  kiln_engine *cpu = p_load(p, &kiln_cpu_backend, 0, &err);
+  static uint16_t hx[8 * 64], want[8 * 1001], got[8 * 1001];
+  fill(hx, KILN_F16, 8 * 64, -1, 1);
+  void *in[1] = {hx}, *wo[1] = {want};
+  CHECK(e && cpu && p_execute(cpu, p, in, wo, &err) == KILN_OK);
+  void *dx = NULL, *dy[2] = {NULL, NULL};
+  cudaMalloc(&dx, sizeof hx);
+  cudaMalloc(&dy[0], sizeof got);
+  cudaMalloc(&dy[1], sizeof got);
+  cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice);
+  kiln_cuda_stats s0, s1;
+  int ok = e != NULL && kiln_cuda_engine_stats(e, &s0, &err) == KILN_OK;
+  for (int r = 0; ok && r < 4; r++) {
+    void *din[1] = {dx}, *dout[1] = {dy[r % 2]};
+    cudaMemset(dy[r % 2], 0, sizeof got);
+    ok = p_execute(e, p, din, dout, &err) == KILN_OK &&
+         cudaMemcpy(got, dy[r % 2], sizeof got, cudaMemcpyDeviceToHost) == cudaSuccess &&
+         rel_error(got, want, KILN_F16, 8 * 1001) <= dtype_tolerance(KILN_F16);
+  }
+  ok = ok && kiln_cuda_engine_stats(e, &s1, &err) == KILN_OK;
+  printf("padded pitch, output bound at two addresses in turn, 4 runs: graph updates %llu, "
+         "replays %llu, op-by-op runs %llu\n",
+         (unsigned long long)(s1.graph_updates - s0.graph_updates),
+         (unsigned long long)(s1.graph_replays - s0.graph_replays),
+         (unsigned long long)(s1.direct_runs - s0.direct_runs));
+  CHECK(ok && s1.graph_updates - s0.graph_updates == 4 &&
+        s1.graph_replays - s0.graph_replays == 4 && s1.direct_runs == s0.direct_runs);
+  cudaFree(dx);
+  cudaFree(dy[0]);
+  cudaFree(dy[1]);
+  p_unload(e);
+  p_unload(cpu);
+  p_free(p);
+}
+
 static void test_residency(void) {
   kiln_error err;
   prog *p = small_prog();
@@ -3210,8 +3320,16 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--time-sdpa") == 0) return time_sdpa();
   if (argc > 1 && strcmp(argv[1], "--bench-conv") == 0) return bench_conv();
   if (argc > 1 && strcmp(argv[1], "--bench-fused") == 0) return time_fused();
+  if (argc > 1 && strcmp(argv[1], "--padded-pitch") == 0) {
+    /* The linears written at a padded pitch alone. */
+    test_gemm_pitch();
+    test_padded_pitch_bound();
+    return check_report("test_cuda_ops --padded-pitch");
+  }
   if (argc > 1 && strcmp(argv[1], "--matmul-attention") == 0) {
     /* The matmul and attention cases alone: quick to run against a changed kernel. */
+    test_gemm_pitch();
+    test_padded_pitch_bound();
     test_gemm();
     test_attention();
     test_flash_attention();
@@ -3227,6 +3345,8 @@ int main(int argc, char **argv) {
     return check_report("test_cuda_ops --dynamic");
   }
   if (argc > 2 && strcmp(argv[1], "--only") == 0) only_filter = argv[2];
+  test_gemm_pitch();
+  test_padded_pitch_bound();
   test_gemm();
   test_pointwise();
   test_logic();
