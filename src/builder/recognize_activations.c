@@ -3,6 +3,7 @@
 
 #include "cpu/half.h"
 #include "runtime/alloc.h"
+#include "runtime/pointwise_steps.h"
 #include "runtime/shape.h"
 
 #include <math.h>
@@ -13,29 +14,9 @@
 #define WINDOW 64      /* ops after x's producer looked at for members */
 #define N_PROBES 73    /* -8..8 by 1/4, then +-12, +-16, +-30, +-100 */
 
+/* The kinds a region takes: those a pointwise step may be, and float casts. */
 static int member_kind(kiln_op_kind kind) {
-  switch (kind) {
-  case KILN_OP_ADD:
-  case KILN_OP_SUB:
-  case KILN_OP_MUL:
-  case KILN_OP_DIV:
-  case KILN_OP_RELU:
-  case KILN_OP_GELU:
-  case KILN_OP_SILU:
-  case KILN_OP_SIGMOID:
-  case KILN_OP_TANH:
-  case KILN_OP_EXP:
-  case KILN_OP_SQRT:
-  case KILN_OP_RSQRT:
-  case KILN_OP_NEG:
-  case KILN_OP_POW:
-  case KILN_OP_ERF:
-  case KILN_OP_ABS:
-  case KILN_OP_MINIMUM:
-  case KILN_OP_MAXIMUM:
-  case KILN_OP_CAST: return 1;
-  default: return 0;
-  }
+  return kiln_pw_step_kind_ok(kind) || kind == KILN_OP_CAST;
 }
 
 /* A one-element float constant's value into *v. */
@@ -84,6 +65,11 @@ static double apply(const kiln_op *op, double a, double b) {
   case KILN_OP_ABS: return fabs(a);
   case KILN_OP_MINIMUM: return a < b ? a : b;
   case KILN_OP_MAXIMUM: return a > b ? a : b;
+  case KILN_OP_LOG: return log(a);
+  case KILN_OP_COS: return cos(a);
+  case KILN_OP_SIN: return sin(a);
+  case KILN_OP_HARDSIGMOID: return fmin(fmax(a + 3.0, 0.0), 6.0) / 6.0;
+  case KILN_OP_HARDSWISH: return a * fmin(fmax(a + 3.0, 0.0), 6.0) / 6.0;
   default: return a; /* CAST */
   }
 }
