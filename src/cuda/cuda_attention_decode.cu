@@ -1,8 +1,10 @@
 /* SDPA for a few query rows over many keys (decoding: one new token against its KV cache).
  * A block takes one query row and a split of the keys, one key per thread: each thread reads
  * its key's whole row (16-byte loads) against the row of q in shared memory, each warp keeps
- * an online softmax over its keys and the weighted sum of their value rows (a lane per value
- * dim), and the block's warps merge at the end. Keys the mask removes are never read, so a
+ * an online softmax over its keys and the weighted sum of their value rows, and the block's
+ * warps merge at the end. Value rows of 16-byte vectors that tile a warp (head dims 32-256 in
+ * f16 and bf16, 16-128 in f32) are read a vector per lane, several rows at once, so a warp's
+ * 32 rows are a few round trips to memory rather than 32; other rows a lane per value dim. Keys the mask removes are never read, so a
  * static cache costs only its filled part. With several splits the block leaves its
  * running max, sum and unnormalized row in the scratch and a second kernel merges the splits,
  * so a handful of rows still fills the GPU. */
@@ -19,6 +21,7 @@ typedef struct kcu_dec_args {
   int64_t L, S, E, Ev, n_splits, split_len;
   int causal, dq, dk, dv, dout;
   int kvec; /* elements per 16-byte load of k rows (4 or 8), 0: scalar loads */
+  int vvec; /* 1: value rows by 16-byte vectors, Ev / (4 or 8) lanes to a row; 0: by scalars */
   float scale;
   float *part;
 } kcu_dec_args;
@@ -30,8 +33,13 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
                                                      const void *q, const void *k, const void *v,
                                                      const void *mask, void *out, float *qs,
                                                      float *wm, float *wl,
-                                                     float (*wacc)[KCU_ATTN_MAX_HEAD]) {
+                                                     float (*wacc)[KCU_ATTN_MAX_HEAD],
+                                                     float (*ps)[32]) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, E = (int)a->E, Ev = (int)a->Ev;
+  /* the vector path: vv elements a lane, lpr lanes to a value row, 32 / lpr rows at once;
+   * acc[t] holds dim sub_lane * vv + t of this lane's rows (the scalar path: dim lane + 32 t) */
+  const int vv = dv == KILN_F32 ? 4 : 8, lpr = a->vvec ? Ev / vv : 32;
+  const int sub = lane / lpr, sub_lane = lane % lpr;
   int64_t split = blockIdx.x % a->n_splits, row = blockIdx.x / a->n_splits;
   int64_t b = row / a->L, i = row % a->L, qo, ko, vo, mo, oo;
   kcu_attn_offsets(&a->g, b, &qo, &ko, &vo, &mo, &oo);
@@ -56,7 +64,7 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
       int64_t kr = ko + key * a->g.k_row;
       float dot = 0.0f;
       if (a->kvec == 8) { /* constant trip counts keep f in registers and the loads in flight */
-#pragma unroll 4
+#pragma unroll 8
         for (int e = 0; e < E; e += 8) {
           float f[8];
           kcu_ld16(k, dk, (kr + e) / 8, f);
@@ -85,6 +93,23 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
     for (int c = 0; c < KCU_DEC_MAXC; c++) acc[c] *= corr;
     int64_t first = c0 + warp * 32;
     int n = k1 - first < 32 ? (int)(k1 - first) : 32;
+    if (a->vvec) { /* every row of the warp's live keys loaded; a masked key's adds nothing */
+      ps[warp][lane] = p;
+      __syncwarp();
+#pragma unroll 4
+      for (int j = sub; j < n; j += 32 / lpr) {
+        float f[8];
+        kcu_ld16(v, dv, (vo + (first + j) * a->g.v_row) / vv + sub_lane, f);
+        float pj = ps[warp][j];
+        if (pj != 0.0f) {
+#pragma unroll
+          for (int t = 0; t < 8; t++)
+            if (t < vv) acc[t] += pj * f[t];
+        }
+      }
+      __syncwarp();
+      continue;
+    }
 #pragma unroll 8
     for (int j = 0; j < n; j++) {
       float pj = __shfl_sync(0xffffffffu, p, j);
@@ -98,9 +123,19 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
     }
   }
   if (lane == 0) wm[warp] = m, wl[warp] = l;
+  if (a->vvec) { /* the sub-warps' rows summed into the first's lanes */
+    for (int off = lpr; off < 32; off <<= 1)
 #pragma unroll
-  for (int c = 0; c < KCU_DEC_MAXC; c++)
-    if (lane + 32 * c < Ev) wacc[warp][lane + 32 * c] = acc[c];
+      for (int t = 0; t < 8; t++) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off);
+    if (sub == 0)
+#pragma unroll
+      for (int t = 0; t < 8; t++)
+        if (t < vv) wacc[warp][sub_lane * vv + t] = acc[t];
+  } else {
+#pragma unroll
+    for (int c = 0; c < KCU_DEC_MAXC; c++)
+      if (lane + 32 * c < Ev) wacc[warp][lane + 32 * c] = acc[c];
+  }
   __syncthreads();
   float most = -INFINITY, sum = 0.0f;
   for (int w = 0; w < KCU_DEC_WARPS; w++) most = fmaxf(most, wm[w]);
@@ -126,14 +161,15 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
   __shared__ float qs[KCU_ATTN_MAX_HEAD];
   __shared__ float wm[KCU_DEC_WARPS], wl[KCU_DEC_WARPS];
   __shared__ float wacc[KCU_DEC_WARPS][KCU_ATTN_MAX_HEAD];
+  __shared__ float ps[KCU_DEC_WARPS][32];
   if (a.dk == KILN_F16 && a.dv == KILN_F16)
-    kcu_dec_block(&a, KILN_F16, KILN_F16, q, k, v, mask, out, qs, wm, wl, wacc);
+    kcu_dec_block(&a, KILN_F16, KILN_F16, q, k, v, mask, out, qs, wm, wl, wacc, ps);
   else if (a.dk == KILN_BF16 && a.dv == KILN_BF16)
-    kcu_dec_block(&a, KILN_BF16, KILN_BF16, q, k, v, mask, out, qs, wm, wl, wacc);
+    kcu_dec_block(&a, KILN_BF16, KILN_BF16, q, k, v, mask, out, qs, wm, wl, wacc, ps);
   else if (a.dk == KILN_F32 && a.dv == KILN_F32)
-    kcu_dec_block(&a, KILN_F32, KILN_F32, q, k, v, mask, out, qs, wm, wl, wacc);
+    kcu_dec_block(&a, KILN_F32, KILN_F32, q, k, v, mask, out, qs, wm, wl, wacc, ps);
   else
-    kcu_dec_block(&a, a.dk, a.dv, q, k, v, mask, out, qs, wm, wl, wacc);
+    kcu_dec_block(&a, a.dk, a.dv, q, k, v, mask, out, qs, wm, wl, wacc, ps);
 }
 
 /* One block per query row: the splits' sums rescaled to the largest of their maxima. */
@@ -190,6 +226,12 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
              a.E % per == 0 && a.g.k_row % per == 0 && (uintptr_t)k->data % 16 == 0;
   for (int d = 0; kvec && d < a.g.nb; d++) kvec = a.g.kb[d] % per == 0;
   a.kvec = kvec ? per : 0;
+  int vper = v->dtype == KILN_F32 ? 4 : 8, lanes = (int)(a.Ev / vper);
+  int vvec = (v->dtype == KILN_F32 || v->dtype == KILN_F16 || v->dtype == KILN_BF16) &&
+             a.Ev % vper == 0 && lanes >= 1 && lanes <= 32 && 32 % lanes == 0 &&
+             a.g.v_row % vper == 0 && (uintptr_t)v->data % 16 == 0;
+  for (int d = 0; vvec && d < a.g.nb; d++) vvec = a.g.vb[d] % vper == 0;
+  a.vvec = vvec;
   int64_t rows = batch * a.L, chunks = (a.S + KCU_DEC_KEYS - 1) / KCU_DEC_KEYS;
   a.n_splits = 1;
   a.split_len = chunks * KCU_DEC_KEYS;

@@ -1,5 +1,8 @@
 /* Data movement: permute, expand, slice, select, cat, copy and reshape, all expressed as one
- * strided copy (an output index maps to a source offset through per-dim strides). */
+ * strided copy (an output index maps to a source offset through per-dim strides). The copy is
+ * simplified (dims merged, elements widened to 16 bytes where every stride allows), then runs
+ * on the first kernel that fits: leading columns of rows at an aligned pitch, a contiguous
+ * destination by 16-byte vectors, or an element per thread. */
 #include "cuda_device.cuh"
 
 #include <string.h>
@@ -52,6 +55,117 @@ KCU_DEFINE_COPY32(kcu_copy32_2, unsigned short)
 KCU_DEFINE_COPY32(kcu_copy32_4, unsigned int)
 KCU_DEFINE_COPY32(kcu_copy32_8, unsigned long long)
 KCU_DEFINE_COPY32(kcu_copy32_16, uint4)
+
+/* The first L elements of each of `rows` rows at a pitch of P elements (16-byte aligned rows,
+ * P at least L rounded up to a vector) into a contiguous, 16-byte aligned destination: a GEMM's
+ * output at N 50257 taken out of its padded pitch. Each destination row starts at its own
+ * offset within a vector, so every aligned 16-byte vector of it is two aligned source vectors
+ * funnel-shifted by one per-row byte count; the row's unaligned head and tail go by bytes.
+ * Loads and stores are 16 bytes wide, and no vector read lies past a row's pitch. */
+static __device__ __forceinline__ unsigned kcu_pick4(unsigned q, unsigned a, unsigned b,
+                                                     unsigned c, unsigned d) {
+  return q == 0 ? a : q == 1 ? b : q == 2 ? c : d;
+}
+
+__global__ void kcu_pitch_rows(const uint4 *src, uint4 *dst, unsigned rows, unsigned L,
+                               unsigned P, int es_log) {
+  const unsigned W = 16u >> es_log, es = 1u << es_log;
+  for (unsigned r = blockIdx.y; r < rows; r += gridDim.y) {
+    unsigned long long d0 = (unsigned long long)r * L; /* the row's first destination element */
+    unsigned long long lo = (d0 + W - 1) / W * W, hi = (d0 + L) / W * W, end = d0 + L;
+    if (lo > end) lo = end;
+    unsigned long long n_vec = hi > lo ? (hi - lo) / W : 0;
+    unsigned b = (unsigned)((lo - d0) << es_log); /* byte shift into the row's vectors: 0-15 */
+    unsigned q = b >> 2, sh = (b & 3u) * 8u;
+    const uint4 *row = src + (unsigned long long)r * (P / W);
+    for (unsigned long long j = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+         j < n_vec; j += (unsigned long long)gridDim.x * blockDim.x) {
+      uint4 x = row[j], y = b ? row[j + 1] : x;
+      unsigned t0 = kcu_pick4(q, x.x, x.y, x.z, x.w), t1 = kcu_pick4(q, x.y, x.z, x.w, y.x);
+      unsigned t2 = kcu_pick4(q, x.z, x.w, y.x, y.y), t3 = kcu_pick4(q, x.w, y.x, y.y, y.z);
+      unsigned t4 = kcu_pick4(q, y.x, y.y, y.z, y.w);
+      uint4 o;
+      o.x = __funnelshift_r(t0, t1, sh), o.y = __funnelshift_r(t1, t2, sh);
+      o.z = __funnelshift_r(t2, t3, sh), o.w = __funnelshift_r(t3, t4, sh);
+      dst[lo / W + j] = o;
+    }
+    if (blockIdx.x == 0) { /* head [d0, lo) and tail [max(hi, lo), end), byte by byte */
+      const unsigned char *s8 = (const unsigned char *)row;
+      unsigned char *d8 = (unsigned char *)dst;
+      unsigned head = (unsigned)(lo - d0) * es, from = (unsigned)((hi > lo ? hi : lo) - d0) * es;
+      for (unsigned t = threadIdx.x; t < head; t += blockDim.x) d8[d0 * es + t] = s8[t];
+      for (unsigned t = from + threadIdx.x; t < L * es; t += blockDim.x) d8[d0 * es + t] = s8[t];
+    }
+  }
+}
+
+/* Whether g (simplified) is the first dims[1] elements of rows at an aligned pitch, copied into
+ * a contiguous destination: what kcu_pitch_rows takes. */
+static int kcu_pitch_rows_fit(const kcu_copy_geom *g, size_t elem_size, const void *src,
+                              const void *dst) {
+  if (g->rank != 2 || elem_size >= 16 || g->src_strides[1] != 1 || g->dst_strides[1] != 1 ||
+      g->dst_strides[0] != g->dims[1])
+    return 0;
+  int64_t w = (int64_t)(16 / elem_size), pitch = g->src_strides[0];
+  return pitch % w == 0 && pitch >= (g->dims[1] + w - 1) / w * w &&
+         ((uintptr_t)src + (uintptr_t)g->src_base * elem_size) % 16 == 0 &&
+         ((uintptr_t)dst + (uintptr_t)g->dst_base * elem_size) % 16 == 0;
+}
+
+/* A copy into one contiguous, 16-byte aligned destination whose rows (innermost dim) are at
+ * least a vector long: each thread writes one 16-byte vector of W elements, gathered from at
+ * most two source rows, so the index math (one row decode per vector) and the stores are paid
+ * per 16 bytes rather than per element. Rows of an odd width (a GEMM's output at N 50257 copied
+ * out of its padded pitch, a slice one element in) take this path. */
+static __device__ __forceinline__ unsigned kcu_row_start(const kcu_copy_args32 &a, unsigned row) {
+  unsigned s = a.src_base;
+  for (int d = a.rank - 2; d >= 0; d--) {
+    unsigned c = row % a.dims[d];
+    row /= a.dims[d];
+    s += c * a.src_strides[d];
+  }
+  return s;
+}
+
+#define KCU_DEFINE_ROWS(name, type)                                                        \
+  __global__ void name(kcu_copy_args32 a, const type *src, type *dst) {                   \
+    const unsigned W = 16 / sizeof(type), L = a.dims[a.rank - 1];                         \
+    const unsigned step = a.src_strides[a.rank - 1], n_vec = a.n / W;                     \
+    unsigned stride = gridDim.x * blockDim.x, first = blockIdx.x * blockDim.x + threadIdx.x; \
+    for (unsigned v = first; v < n_vec; v += stride) {                                    \
+      unsigned row = v * W / L, col = v * W - row * L, s = kcu_row_start(a, row) + col * step; \
+      type x[16 / sizeof(type)];                                                          \
+      _Pragma("unroll") for (unsigned k = 0; k < W; k++, col++, s += step) {                                \
+        if (col == L) s = kcu_row_start(a, ++row), col = 0;                               \
+        x[k] = src[s];                                                                    \
+      }                                                                                   \
+      uint4 packed;                                                                       \
+      memcpy(&packed, x, sizeof packed);                                                  \
+      ((uint4 *)(dst + a.dst_base))[v] = packed;                                          \
+    }                                                                                     \
+    for (unsigned i = n_vec * W + first; i < a.n; i += stride) {                          \
+      unsigned row = i / L;                                                               \
+      dst[a.dst_base + i] = src[kcu_row_start(a, row) + (i - row * L) * step];            \
+    }                                                                                     \
+  }
+
+KCU_DEFINE_ROWS(kcu_rows1, unsigned char)
+KCU_DEFINE_ROWS(kcu_rows2, unsigned short)
+KCU_DEFINE_ROWS(kcu_rows4, unsigned int)
+KCU_DEFINE_ROWS(kcu_rows8, unsigned long long)
+
+/* Whether the rows kernel fits b: a contiguous destination starting on a 16-byte boundary, rows
+ * of at least one vector, elements narrower than a vector. */
+static int kcu_rows_fit(const kcu_copy_args32 *b, size_t elem_size, const void *dst) {
+  if (elem_size >= 16 || b->rank < 1 || b->dims[b->rank - 1] < 16 / elem_size) return 0;
+  if (((uintptr_t)dst + (uintptr_t)b->dst_base * elem_size) % 16 != 0) return 0;
+  unsigned expect = 1;
+  for (int d = b->rank - 1; d >= 0; d--) {
+    if (b->dst_strides[d] != expect) return 0;
+    expect *= b->dims[d];
+  }
+  return 1;
+}
 
 KCU_DEFINE_COPY(kcu_copy1, unsigned char)
 KCU_DEFINE_COPY(kcu_copy2, unsigned short)
@@ -127,6 +241,27 @@ cudaError_t kcu_strided_copy(cudaStream_t s, const void *src, void *dst, size_t 
       b.dims[d] = (unsigned)g->dims[d];
       b.src_strides[d] = (unsigned)g->src_strides[d];
       b.dst_strides[d] = (unsigned)g->dst_strides[d];
+    }
+    if (kcu_pitch_rows_fit(g, elem_size, src, dst)) {
+      unsigned long long vectors = (g->dims[1] * elem_size + 15) / 16;
+      dim3 pitch_grid((unsigned)((vectors + KCU_BLOCK - 1) / KCU_BLOCK),
+                      g->dims[0] < 65535 ? (unsigned)g->dims[0] : 65535u);
+      kcu_pitch_rows<<<pitch_grid, KCU_BLOCK, 0, s>>>(
+          (const uint4 *)((const char *)src + g->src_base * elem_size),
+          (uint4 *)((char *)dst + g->dst_base * elem_size), (unsigned)g->dims[0],
+          (unsigned)g->dims[1], (unsigned)g->src_strides[0],
+          elem_size == 1 ? 0 : elem_size == 2 ? 1 : elem_size == 4 ? 2 : 3);
+      return cudaGetLastError();
+    }
+    if (kcu_rows_fit(&b, elem_size, dst)) {
+      unsigned rows_grid = kcu_grid(a.n / (int64_t)(16 / elem_size) + 1, 1);
+      switch (elem_size) {
+      case 1: kcu_rows1<<<rows_grid, KCU_BLOCK, 0, s>>>(b, (const unsigned char *)src, (unsigned char *)dst); break;
+      case 2: kcu_rows2<<<rows_grid, KCU_BLOCK, 0, s>>>(b, (const unsigned short *)src, (unsigned short *)dst); break;
+      case 4: kcu_rows4<<<rows_grid, KCU_BLOCK, 0, s>>>(b, (const unsigned int *)src, (unsigned int *)dst); break;
+      default: kcu_rows8<<<rows_grid, KCU_BLOCK, 0, s>>>(b, (const unsigned long long *)src, (unsigned long long *)dst); break;
+      }
+      return cudaGetLastError();
     }
     switch (elem_size) {
     case 1: kcu_copy32_1<<<grid, KCU_BLOCK, 0, s>>>(b, (const unsigned char *)src, (unsigned char *)dst); break;

@@ -827,6 +827,19 @@ static void test_layout_gather(void) {
     p_op(p, KILN_OP_SLICE, 1, OPS(x), OUT(p, dt, 3, 4, 20, 8), 4, ATTR(2, 1, 9, 1), 0);
     snprintf(name, sizeof name, "slice inner from 1 %s", dn);
     compare(p, name, NULL);
+    /* Rows of an odd width into a contiguous output: 16-byte stores gathered across row ends,
+     * then a tail shorter than a vector. */
+    p = p_new();
+    x = IN(p, dt, 3, 3, 5, 37);
+    p_op(p, KILN_OP_SLICE, 1, OPS(x), OUT(p, dt, 3, 3, 5, 33), 4, ATTR(2, 2, 35, 1), 0);
+    snprintf(name, sizeof name, "slice odd rows %s", dn);
+    compare(p, name, NULL);
+    /* the first 37 of rows 48 long: aligned 16-byte loads shifted by each row's offset */
+    p = p_new();
+    x = IN(p, dt, 2, 6, 48);
+    p_op(p, KILN_OP_SLICE, 1, OPS(x), OUT(p, dt, 2, 6, 37), 4, ATTR(1, 0, 37, 1), 0);
+    snprintf(name, sizeof name, "slice pitch rows %s", dn);
+    compare(p, name, NULL);
     p = p_new();
     x = IN(p, dt, 3, 7, 9, 11);
     p_op(p, KILN_OP_PERMUTE, 1, OPS(x), OUT(p, dt, 3, 11, 7, 9), 3, ATTR(2, 0, 1), 0);
@@ -874,6 +887,21 @@ static void test_layout_gather(void) {
     snprintf(name, sizeof name, "index_select i32 %s", dn);
     io_range r2[2] = {{-1, 1}, {0, 29.4}};
     compare(p, name, r2);
+  }
+  /* odd rows of 8-byte and 1-byte elements: 2 and 16 to a vector */
+  static const kiln_dtype narrow_wide[2] = {KILN_I64, KILN_BOOL};
+  for (int t = 0; t < 2; t++) {
+    prog *p = p_new();
+    uint32_t x = IN(p, narrow_wide[t], 2, 7, 41);
+    p_op(p, KILN_OP_SLICE, 1, OPS(x), OUT(p, narrow_wide[t], 2, 7, 39), 4, ATTR(1, 1, 40, 1), 0);
+    snprintf(name, sizeof name, "slice odd rows %s", kiln_dtype_name(narrow_wide[t]));
+    io_range r = {-50, 50};
+    compare(p, name, &r);
+    p = p_new();
+    x = IN(p, narrow_wide[t], 2, 9, 48);
+    p_op(p, KILN_OP_SLICE, 1, OPS(x), OUT(p, narrow_wide[t], 2, 9, 37), 4, ATTR(1, 0, 37, 1), 0);
+    snprintf(name, sizeof name, "slice pitch rows %s", kiln_dtype_name(narrow_wide[t]));
+    compare(p, name, &r);
   }
 }
 
@@ -1682,6 +1710,18 @@ static void test_grouped_attention(void) {
       snprintf(name, sizeof name, "sdpa split keys decode 32/8 S1152 keep<%.2f %s", keep[km], dn);
       io_range rk[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {-1, keep[km]}};
       compare(p, name, rk);
+    }
+    /* Value rows that do not tile a warp in 16-byte vectors (40 dims: lane per dim) and narrow
+     * ones that do (32 dims: 8 rows at once in f16, 4 in f32), over split keys. */
+    const int64_t ev[2] = {40, 32};
+    for (int c = 0; c < 2; c++) {
+      p = p_new();
+      q = IN(p, dt, 4, 1, 8, 2, 32), k = IN(p, dt, 4, 1, 2, 500, 32);
+      v = IN(p, dt, 4, 1, 2, 500, ev[c]), m = IN(p, KILN_BOOL, 2, 2, 500);
+      p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, m), OUT(p, dt, 4, 1, 8, 2, ev[c]), 2, ATTR(0, 1), 0);
+      snprintf(name, sizeof name, "sdpa split keys decode Ev%lld %s", (long long)ev[c], dn);
+      io_range rv[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {-0.5, 1}};
+      compare(p, name, rv);
     }
     p = p_new(); /* four query rows, causal, an additive mask, 16 heads over 2 */
     q = IN(p, dt, 4, 1, 16, 4, 64), k = IN(p, dt, 4, 1, 2, 700, 64), v = IN(p, dt, 4, 1, 2, 700, 64);
