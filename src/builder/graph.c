@@ -154,23 +154,41 @@ void kiln_graph_mark_state_derived(const kiln_graph *g, uint8_t *from_state) {
   }
 }
 
+/* needed[t] = 1 for each tensor an output binding, a live state's write or a live op needing it
+ * reaches, by one backward sweep over the live ops. */
+static void mark_needed(const kiln_graph *g, const uint8_t *live_state, uint8_t *needed) {
+  memset(needed, 0, g->n_tensors);
+  for (uint32_t i = 0; i < g->n_outputs; i++) needed[g->outputs[i].tensor] = 1;
+  for (uint32_t i = 0; i < g->n_states; i++)
+    if (live_state[i]) needed[g->states[i].value] = 1;
+  for (uint32_t i = g->n_ops; i-- > 0;) {
+    const kiln_op *op = &g->ops[i];
+    if (g->dead[i] || !needed[op->output]) continue;
+    for (uint32_t k = 0; k < op->n_inputs; k++) needed[op->inputs[k]] = 1;
+  }
+}
+
 kiln_status kiln_graph_remove_dead(kiln_graph *g, kiln_error *err) {
-  uint8_t *needed = kiln_calloc(g->n_tensors, 1);
+  uint8_t *needed = kiln_calloc(g->n_tensors ? g->n_tensors : 1, 1);
+  uint8_t live_state[KILN_MAX_BINDINGS] = {0};
   if (!needed)
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "builder: out of memory for %u tensors during dead-code removal; free memory "
                      "and retry",
                      (unsigned)g->n_tensors);
-  for (uint32_t i = 0; i < g->n_outputs; i++) needed[g->outputs[i].tensor] = 1;
-  for (uint32_t i = 0; i < g->n_states; i++) needed[g->states[i].value] = 1;
-  for (uint32_t i = g->n_ops; i-- > 0;) {
-    const kiln_op *op = &g->ops[i];
-    if (g->dead[i] || !needed[op->output]) {
-      g->dead[i] = 1;
-      continue;
-    }
-    for (uint32_t k = 0; k < op->n_inputs; k++) needed[op->inputs[k]] = 1;
+  /* A state lives when what the outputs need reads it, or what a live state's write needs:
+   * grown to a fixed point from none, so a state only its own next value reads (a counter
+   * nothing else uses) stays dead and its write is dropped. */
+  for (int grew = 1; grew;) {
+    grew = 0;
+    mark_needed(g, live_state, needed);
+    for (uint32_t i = 0; i < g->n_states; i++)
+      if (!live_state[i] && needed[g->states[i].tensor]) live_state[i] = 1, grew = 1;
   }
+  for (uint32_t i = 0; i < g->n_states; i++)
+    if (!live_state[i]) g->states[i].value = g->states[i].tensor;
+  for (uint32_t i = 0; i < g->n_ops; i++)
+    if (!needed[g->ops[i].output]) g->dead[i] = 1;
   free(needed);
   return KILN_OK;
 }

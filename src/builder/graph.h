@@ -78,7 +78,9 @@ int kiln_graph_is_output(const kiln_graph *g, int32_t t);
  * state's in-place write may change during the run, so two reads of one such tensor at
  * different places may differ. */
 void kiln_graph_mark_state_derived(const kiln_graph *g, uint8_t *from_state);
-/* Marks dead every op whose output reaches no output binding. */
+/* Marks dead every op whose output reaches no output binding and no live state's write; a
+ * state no needed op reads (its value can reach no output, now or in a later run) is written no
+ * more. */
 kiln_status kiln_graph_remove_dead(kiln_graph *g, kiln_error *err);
 
 #endif

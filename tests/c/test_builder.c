@@ -931,7 +931,10 @@ static void test_states(void) {
   float zeros[8] = {0};
   int64_t pos_one[1] = {1}, pos_bad[1] = {4}, length = 0;
   float row[2] = {3, 4}, y[8];
-  for (int late_reader = 0; late_reader < 2; late_reader++) {
+  for (int variant = 0; variant < 4; variant++) {
+    /* late_reader: an op reads the old cache after the write; counted: an output reads the
+     * counter (unread, its write is dropped with the state) */
+    int late_reader = variant & 1, counted = variant >> 1;
     kiln_builder *b = builder();
     int32_t pos = input(b, "pos", KILN_I64, 1, D(1)), r = input(b, "row", KILN_F32, 2, D(1, 2));
     int32_t cache = kiln_builder_add_state(b, KILN_F32, 2, D(4, 2), zeros, sizeof zeros, &err);
@@ -948,6 +951,7 @@ static void test_states(void) {
     CHECK(kiln_builder_write_state(b, cache, pos, &err) == KILN_ERR_INVALID_ARGUMENT);
     CHECK(kiln_builder_write_state(b, r, r, &err) == KILN_ERR_INVALID_ARGUMENT);
     output(b, out, "y");
+    if (counted) output(b, next, "n");
     built x;
     if (!build(b, NULL, &x)) {
       kiln_builder_destroy(b);
@@ -957,35 +961,90 @@ static void test_states(void) {
     count_state_writes(&x, KILN_OP_INDEX_COPY, &in_place, &all);
     CHECK(all == 1 && in_place == (late_reader ? 0u : 1u));
     count_state_writes(&x, KILN_OP_COPY, &copies, &all);
-    CHECK(copies == (late_reader ? 2u : 1u)); /* the counter always, the cache when read late */
-    CHECK(x.plan.n_states == 2);
+    /* the counter when read, the cache when read late */
+    CHECK(copies == (uint32_t)counted + (late_reader ? 1u : 0u));
+    CHECK(x.plan.n_states == 1u + (uint32_t)counted);
     kiln_engine *e = NULL;
     kiln_engine_options o;
     kiln_engine_options_default(&o);
     o.device = KILN_DEVICE_CPU;
     CHECK(kiln_engine_load(x.blob, x.size, &o, &e, &err) == KILN_OK);
-    kiln_tensor_view in[2], outv[1];
+    kiln_tensor_view in[2], outv[2];
+    int64_t n = -1;
+    uint32_t n_out = 1u + (uint32_t)counted;
     memset(in, 0, sizeof in);
     memset(outv, 0, sizeof outv);
     in[0] = (kiln_tensor_view){pos_one, 8, KILN_I64, 1, {1}, {1}};
     in[1] = (kiln_tensor_view){row, 8, KILN_F32, 2, {1, 2}, {2, 1}};
     outv[0] = (kiln_tensor_view){y, 32, KILN_F32, 2, {4, 2}, {2, 1}};
-    for (int run = 0; e && run < 2; run++) CHECK(kiln_engine_execute(e, in, 2, outv, 1, &err) == KILN_OK);
+    outv[1] = (kiln_tensor_view){&n, 8, KILN_I64, 1, {1}, {1}};
+    for (int run = 0; e && run < 2; run++)
+      CHECK(kiln_engine_execute(e, in, 2, outv, n_out, &err) == KILN_OK);
     /* the late reader adds the row the first run left in the cache: state kept across runs */
     CHECK(y[2] == (late_reader ? 6.0f : 3.0f) && y[3] == (late_reader ? 8.0f : 4.0f) && y[0] == 0.0f);
+    CHECK(!counted || n == 2); /* the counter after two runs of position 1 */
     in[0].data = pos_bad; /* past the 4 slots: refused, and the cache keeps its row */
-    CHECK(e && kiln_engine_execute(e, in, 2, outv, 1, &err) == KILN_ERR_INVALID_ARGUMENT);
+    CHECK(e && kiln_engine_execute(e, in, 2, outv, n_out, &err) == KILN_ERR_INVALID_ARGUMENT);
     CHECK(strstr(err.message, "position 4 (index 0) is outside the 4 slots") != NULL);
     CHECK(e && kiln_engine_reset_state(e, &err) == KILN_OK);
     in[0].data = pos_one;
     row[0] = 5;
-    CHECK(e && kiln_engine_execute(e, in, 2, outv, 1, &err) == KILN_OK);
+    CHECK(e && kiln_engine_execute(e, in, 2, outv, n_out, &err) == KILN_OK);
     CHECK(y[2] == 5.0f && y[3] == 4.0f); /* after the reset no earlier row is added */
+    CHECK(!counted || n == 1);
     row[0] = 3;
     kiln_engine_destroy(e);
     release(&x);
     kiln_builder_destroy(b);
   }
+}
+
+/* A state no output needs, now or in a later run, is written no more: a counter only its own
+ * next value reads goes with its ops. A state only another state's write reads lives when that
+ * state does: shown' = shown + feeder, feeder' = feeder + step, and y = shown + step, so y
+ * shows feeder's earlier runs (1, 1, 2, 4 for steps of 1). */
+static void test_unread_states(void) {
+  kiln_error err = {KILN_OK, ""};
+  int64_t zero = 0, step_one[1] = {1}, y = 0;
+  kiln_builder *b = builder();
+  int32_t step = input(b, "step", KILN_I64, 1, D(1));
+  int32_t alone = kiln_builder_add_state(b, KILN_I64, 1, D(1), &zero, sizeof zero, &err);
+  int32_t feeder = kiln_builder_add_state(b, KILN_I64, 1, D(1), &zero, sizeof zero, &err);
+  int32_t shown = kiln_builder_add_state(b, KILN_I64, 1, D(1), &zero, sizeof zero, &err);
+  CHECK(alone >= 0 && feeder >= 0 && shown >= 0);
+  int32_t alone_next = op(b, KILN_OP_ADD, T(alone, step), 2, NULL, 0, NULL, 0);
+  int32_t shown_next = op(b, KILN_OP_ADD, T(shown, feeder), 2, NULL, 0, NULL, 0);
+  int32_t feeder_next = op(b, KILN_OP_ADD, T(feeder, step), 2, NULL, 0, NULL, 0);
+  CHECK(kiln_builder_write_state(b, alone, alone_next, &err) == KILN_OK);
+  CHECK(kiln_builder_write_state(b, shown, shown_next, &err) == KILN_OK);
+  CHECK(kiln_builder_write_state(b, feeder, feeder_next, &err) == KILN_OK);
+  output(b, op(b, KILN_OP_ADD, T(shown, step), 2, NULL, 0, NULL, 0), "y");
+  built x;
+  if (build(b, NULL, &x)) {
+    uint32_t to_state, adds;
+    count_state_writes(&x, KILN_OP_COPY, &to_state, &adds);
+    CHECK(to_state == 2 && x.plan.n_states == 2); /* feeder and shown, not alone */
+    count_state_writes(&x, KILN_OP_ADD, &to_state, &adds);
+    CHECK(adds == 3);
+    kiln_engine *e = NULL;
+    kiln_engine_options o;
+    kiln_engine_options_default(&o);
+    o.device = KILN_DEVICE_CPU;
+    CHECK(kiln_engine_load(x.blob, x.size, &o, &e, &err) == KILN_OK);
+    kiln_tensor_view in[1], out[1];
+    memset(in, 0, sizeof in);
+    memset(out, 0, sizeof out);
+    in[0] = (kiln_tensor_view){step_one, 8, KILN_I64, 1, {1}, {1}};
+    out[0] = (kiln_tensor_view){&y, 8, KILN_I64, 1, {1}, {1}};
+    const int64_t expect[4] = {1, 1, 2, 4};
+    for (int run = 0; e && run < 4; run++) {
+      CHECK(kiln_engine_execute(e, in, 1, out, 1, &err) == KILN_OK);
+      CHECK(y == expect[run]);
+    }
+    kiln_engine_destroy(e);
+    release(&x);
+  }
+  kiln_builder_destroy(b);
 }
 
 /* A permute that moves only size-1 dims shares its input's bytes (no copy); one that moves a
@@ -1072,6 +1131,7 @@ int main(void) {
   test_reshape_chains();
   test_permute_views();
   test_states();
+  test_unread_states();
   test_shapes();
   test_shape_refusals();
   test_logic_and_math();
