@@ -1,5 +1,6 @@
 /* Epilogue fusion: an activation right after a GEMM runs inside the GEMM's epilogue, and so
- * does a residual added to a GEMM's result; convolutions likewise (fuse_conv.c). */
+ * does a residual added to a GEMM's result, also across the reshape that unflattens a GEMM run
+ * on 2-D rows (GPT-2's); convolutions likewise (fuse_conv.c). */
 #include "builder/fuse.h"
 
 #include "runtime/alloc.h"
@@ -38,11 +39,11 @@ static int32_t hoist_reshape(kiln_graph *g, uint32_t y, uint32_t *uses) {
   int64_t k = d.dims[d.rank - 1];
   d.rank = rank;
   d.nbytes = kiln_dtype_size(d.dtype);
-  for (int32_t j = 0; j < rank; j++) {
-    d.dims[j] = j + 1 < rank ? yd->dims[j] : k;
+  for (int32_t j = 0; j < KILN_MAX_RANK; j++) { /* dims past the rank are 0, as the plan wants */
+    d.dims[j] = j + 1 < rank ? yd->dims[j] : j + 1 == rank ? k : 0;
     memset(&d.sym[j], 0, sizeof d.sym[j]);
     if (j + 1 < rank) d.sym[j] = yd->sym[j];
-    d.nbytes *= (uint64_t)d.dims[j];
+    if (j < rank) d.nbytes *= (uint64_t)d.dims[j];
   }
   int32_t xr = kiln_graph_add_tensor(g, KILN_NODE_OP, &d);
   if (xr < 0) return -1;
@@ -93,7 +94,7 @@ static void fuse_residuals(kiln_graph *g, uint32_t *uses) {
 }
 
 kiln_status kiln_fuse_epilogues(kiln_graph *g, kiln_error *err) {
-  /* room for the tensor each residual fusion through a reshape adds */
+  /* room for the tensor each fusion through a reshape adds */
   uint32_t *uses = kiln_calloc((size_t)g->n_tensors + g->n_ops + 1, sizeof *uses);
   if (!uses)
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
@@ -109,6 +110,9 @@ kiln_status kiln_fuse_epilogues(kiln_graph *g, kiln_error *err) {
     if (g->dead[i] || kind == KILN_ACT_NONE ||
         (p = kiln_graph_producer(g, act->inputs[0], uses, 1)) < 0)
       continue;
+    if (g->ops[p].kind == KILN_OP_RESHAPE && (p = hoist_reshape(g, act->inputs[0], uses)) < 0)
+      continue;
+    act = &g->ops[i];
     lin = &g->ops[p];
     if (lin->kind != KILN_OP_LINEAR || lin->iattr[0] != KILN_ACT_NONE) continue;
     uses[act->inputs[0]] = 0;

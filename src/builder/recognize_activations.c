@@ -213,38 +213,13 @@ static int recognize(kiln_graph *g, uint32_t x, uint32_t *uses) {
   if (act.kind == KILN_OP_GELU) act.n_iattr = 1, act.iattr[0] = targets[t].tanh;
   for (uint32_t m = 0; m < r.n; m++) g->dead[r.ops[m]] = 1;
   uses[x] = 1;
-  /* x = reshape(z), z read by nothing else: the activation reads z in the reshape's place, the
-   * reshape takes the region's place and reads the activation's output */
-  int32_t rs = kiln_graph_producer(g, x, uses, 1), zp;
-  if (rs >= 0 && g->ops[rs].kind == KILN_OP_RESHAPE &&
-      (zp = kiln_graph_producer(g, g->ops[rs].inputs[0], uses, 1)) >= 0) {
-    kiln_op re = g->ops[rs];
-    uint32_t z = re.inputs[0];
-    kiln_tensor_desc zd = g->tensors[z].desc; /* adding a tensor may move the array */
-    int32_t a = kiln_graph_add_tensor(g, KILN_NODE_OP, &zd);
-    if (a >= 0) {
-      act.inputs[0] = z;
-      act.output = (uint32_t)a;
-      re.inputs[0] = (uint32_t)a;
-      re.output = out;
-      g->ops[rs] = act;
-      g->tensors[a].producer = rs;
-      uses[a] = 1;
-      g->dead[r.ops[sink]] = 0;
-      g->ops[r.ops[sink]] = re;
-      g->tensors[out].producer = (int32_t)r.ops[sink];
-      uses[x] = 0;
-      return 1;
-    }
-  }
   g->dead[r.ops[sink]] = 0;
   g->ops[r.ops[sink]] = act;
   return 1;
 }
 
 kiln_status kiln_recognize_activations(kiln_graph *g, kiln_error *err) {
-  /* room for the tensor each move past a reshape adds */
-  uint32_t *uses = kiln_calloc((size_t)g->n_tensors + g->n_ops + 1, sizeof *uses);
+  uint32_t *uses = kiln_calloc((size_t)g->n_tensors + 1, sizeof *uses);
   if (!uses)
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "builder: out of memory for %u tensors while recognizing activations; free "

@@ -10,9 +10,8 @@
  * only one-element constants, with one output of x's dims and dtype and nothing else read
  * outside it, is evaluated in double on probe values of x over [-100, 100]. Where it equals
  * erf GELU, tanh GELU, SiLU or sigmoid within the precision of its dtype (the closest one of
- * them), it becomes that op. Where x is a reshape of a tensor read by nothing else, the op
- * reads that tensor and the reshape moves after it (an activation commutes with a reshape),
- * so a GEMM that wrote the tensor is its producer. */
+ * them), it becomes that op (epilogue fusion then takes it into a GEMM before it, also across
+ * a reshape that unflattens the GEMM's rows). */
 kiln_status kiln_recognize_activations(kiln_graph *g, kiln_error *err);
 
 #endif

@@ -913,6 +913,17 @@ static void test_index_scan_shapes(void) {
   kiln_builder_destroy(b);
 }
 
+/* The built blob on the CPU engine, or NULL (a failed check). */
+static kiln_engine *load_cpu(const built *x) {
+  kiln_error err = {KILN_OK, ""};
+  kiln_engine_options o;
+  kiln_engine *e = NULL;
+  kiln_engine_options_default(&o);
+  o.device = KILN_DEVICE_CPU;
+  CHECK(kiln_engine_load(x->blob, x->size, &o, &e, &err) == KILN_OK);
+  return e;
+}
+
 /* Counts the plan's ops of kind k writing a state tensor, and all its ops of kind k. */
 static void count_state_writes(const built *x, kiln_op_kind k, uint32_t *to_state, uint32_t *all) {
   *to_state = *all = 0;
@@ -964,11 +975,7 @@ static void test_states(void) {
     /* the counter when read, the cache when read late */
     CHECK(copies == (uint32_t)counted + (late_reader ? 1u : 0u));
     CHECK(x.plan.n_states == 1u + (uint32_t)counted);
-    kiln_engine *e = NULL;
-    kiln_engine_options o;
-    kiln_engine_options_default(&o);
-    o.device = KILN_DEVICE_CPU;
-    CHECK(kiln_engine_load(x.blob, x.size, &o, &e, &err) == KILN_OK);
+    kiln_engine *e = load_cpu(&x);
     kiln_tensor_view in[2], outv[2];
     int64_t n = -1;
     uint32_t n_out = 1u + (uint32_t)counted;
@@ -1026,11 +1033,7 @@ static void test_unread_states(void) {
     CHECK(to_state == 2 && x.plan.n_states == 2); /* feeder and shown, not alone */
     count_state_writes(&x, KILN_OP_ADD, &to_state, &adds);
     CHECK(adds == 3);
-    kiln_engine *e = NULL;
-    kiln_engine_options o;
-    kiln_engine_options_default(&o);
-    o.device = KILN_DEVICE_CPU;
-    CHECK(kiln_engine_load(x.blob, x.size, &o, &e, &err) == KILN_OK);
+    kiln_engine *e = load_cpu(&x);
     kiln_tensor_view in[1], out[1];
     memset(in, 0, sizeof in);
     memset(out, 0, sizeof out);
@@ -1073,11 +1076,7 @@ static void test_permute_views(void) {
       perms++;
     }
     CHECK(perms == 2);
-    kiln_engine *e = NULL;
-    kiln_engine_options o;
-    kiln_engine_options_default(&o);
-    o.device = KILN_DEVICE_CPU;
-    CHECK(kiln_engine_load(x_.blob, x_.size, &o, &e, &err) == KILN_OK);
+    kiln_engine *e = load_cpu(&x_);
     kiln_tensor_view iv[1], ov[2];
     memset(iv, 0, sizeof iv);
     memset(ov, 0, sizeof ov);

@@ -2187,11 +2187,11 @@ static void g_two_swiglu(kiln_builder *b, kiln_dtype dt) {
 /* Activations written out after linears (each with a weight of its own): GPT-2's tanh GELU
  * after a flattening reshape ("a"), erf GELU ("b"), x * sigmoid(x) ("c"); quick GELU,
  * x * sigmoid(1.702 x), which is none of them ("d"); x * sigmoid(x) whose sigmoid is read
- * outside too ("e", "e_sig"). */
+ * outside too ("e", "e_sig"); and an erf GELU op after a flattening reshape ("f"). */
 static void g_activations(kiln_builder *b, kiln_dtype dt) {
   kiln_error err = {KILN_OK, ""};
-  int32_t w[5];
-  for (uint32_t k = 0; k < 5; k++) w[k] = constant(b, dt, 2, D(4, 6), 11 + k);
+  int32_t w[6];
+  for (uint32_t k = 0; k < 6; k++) w[k] = constant(b, dt, 2, D(4, 6), 11 + k);
   int32_t x = in(b, "x", dt, 3, D(1, 3, 6));
   int32_t flat = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(x), 1, D(3, 6), 2, NULL, 0, &err);
   int32_t y = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(binary(b, KILN_OP_LINEAR, flat, w[0])),
@@ -2214,10 +2214,16 @@ static void g_activations(kiln_builder *b, kiln_dtype dt) {
   int32_t o = binary(b, KILN_OP_LINEAR, x, w[4]), os = unary(b, KILN_OP_SIGMOID, o);
   out(b, binary(b, KILN_OP_MUL, o, os), "e");
   out(b, os, "e_sig");
+  int32_t flat2 = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(x), 1, D(3, 6), 2, NULL, 0, &err);
+  int32_t f = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(binary(b, KILN_OP_LINEAR, flat2, w[5])),
+                                  1, D(1, 3, 4), 3, NULL, 0, &err);
+  out(b, op(b, KILN_OP_GELU, T(f), 1, 0, 1, NULL, 0), "f");
 }
 
 /* Written-out activations become the op they compute, and the GELUs go into their linears'
- * epilogues (the tanh one past the reshape); quick GELU and a region read midway stay ops. */
+ * epilogues, across the reshape that unflattens the linear's rows (which moves to the linear's
+ * input, where it folds into the flattening one); quick GELU and a region read midway stay
+ * ops. */
 static void test_activations_recognized(void) {
   static const kiln_dtype dts[3] = {KILN_F32, KILN_F16, KILN_BF16};
   for (int k = 0; k < 3; k++) {
@@ -2227,15 +2233,17 @@ static void test_activations_recognized(void) {
       for (uint32_t i = 0; i < x.plan.n_ops; i++) {
         const kiln_op *o = plan_op(&x, i);
         if (o->kind != KILN_OP_LINEAR) continue;
-        tanh_gelu += o->iattr[0] == KILN_ACT_GELU_TANH && x.plan.tensors[o->output].rank == 2;
-        erf_gelu += o->iattr[0] == KILN_ACT_GELU_ERF && o->output == x.plan.outputs[1];
+        tanh_gelu += o->iattr[0] == KILN_ACT_GELU_TANH && o->output == x.plan.outputs[0];
+        erf_gelu += o->iattr[0] == KILN_ACT_GELU_ERF &&
+                    (o->output == x.plan.outputs[1] || o->output == x.plan.outputs[6]);
         plain += o->iattr[0] == KILN_ACT_NONE;
       }
-      CHECK(tanh_gelu == 1 && erf_gelu == 1 && plain == 3);
+      CHECK(tanh_gelu == 1 && erf_gelu == 2 && plain == 3);
       /* x * sigmoid(x) is one SiLU op; quick GELU one pointwise chain, "e" its sigmoid and mul;
-       * the two reshapes around the first linear, five linears */
+       * no reshape left, six linears */
       CHECK(count_ops(&x, KILN_OP_SILU) == 1 && count_ops(&x, KILN_OP_SIGMOID) == 1);
-      CHECK(count_ops(&x, KILN_OP_POINTWISE) == 1 && x.plan.n_ops == 11);
+      CHECK(count_ops(&x, KILN_OP_RESHAPE) == 0 && count_ops(&x, KILN_OP_GELU) == 0);
+      CHECK(count_ops(&x, KILN_OP_POINTWISE) == 1 && x.plan.n_ops == 10);
     }
     release(&x);
     check_close_to_unfused(g_activations, dts[k], -3.0, 3.0);
