@@ -4,10 +4,12 @@
  * an online softmax over its keys and the weighted sum of their value rows, and the block's
  * warps merge at the end. Value rows of 16-byte vectors that tile a warp (head dims 32-256 in
  * f16 and bf16, 16-128 in f32) are read a vector per lane, several rows at once, so a warp's
- * 32 rows are a few round trips to memory rather than 32; other rows a lane per value dim. Keys the mask removes are never read, so a
- * static cache costs only its filled part. With several splits the block leaves its
- * running max, sum and unnormalized row in the scratch and a second kernel merges the splits,
- * so a handful of rows still fills the GPU. */
+ * 32 rows are a few round trips to memory rather than 32; other rows a lane per value dim.
+ * Keys the mask removes are not scored, and value rows are read only by a warp with a live key
+ * among its 32 (the lane-per-dim path skips each masked one), so a static cache costs about its
+ * filled part. With several splits the block leaves its running max, sum and unnormalized row
+ * in the scratch and a second kernel merges the splits, so a handful of rows still fills the
+ * GPU. */
 #include "cuda_device.cuh"
 
 #include <string.h>

@@ -135,7 +135,8 @@ static __device__ __forceinline__ unsigned kcu_row_start(const kcu_copy_args32 &
     for (unsigned v = first; v < n_vec; v += stride) {                                    \
       unsigned row = v * W / L, col = v * W - row * L, s = kcu_row_start(a, row) + col * step; \
       type x[16 / sizeof(type)];                                                          \
-      _Pragma("unroll") for (unsigned k = 0; k < W; k++, col++, s += step) {                                \
+      _Pragma("unroll")                                                                   \
+      for (unsigned k = 0; k < W; k++, col++, s += step) {                                \
         if (col == L) s = kcu_row_start(a, ++row), col = 0;                               \
         x[k] = src[s];                                                                    \
       }                                                                                   \
