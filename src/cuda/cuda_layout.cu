@@ -115,8 +115,8 @@ static int kcu_pitch_rows_fit(const kcu_copy_geom *g, size_t elem_size, const vo
 /* A copy into one contiguous, 16-byte aligned destination whose rows (innermost dim) are at
  * least a vector long: each thread writes one 16-byte vector of W elements, gathered from at
  * most two source rows, so the index math (one row decode per vector) and the stores are paid
- * per 16 bytes rather than per element. Rows of an odd width (a GEMM's output at N 50257 copied
- * out of its padded pitch, a slice one element in) take this path. */
+ * per 16 bytes rather than per element. Rows of an odd width that kcu_pitch_rows does not take
+ * (a slice one element in, a permute with an odd innermost dim) run here. */
 static __device__ __forceinline__ unsigned kcu_row_start(const kcu_copy_args32 &a, unsigned row) {
   unsigned s = a.src_base;
   for (int d = a.rank - 2; d >= 0; d--) {
