@@ -9,7 +9,8 @@
  * compared cases whose name contains SUBSTRING (`--only conv` the cuDNN convolutions), and
  * `--time-sdpa` times the attention paths on
  * the benchmark's shapes, `--bench-conv` the convolution plans on ResNet-50 and MobileNetV3 shapes,
- * `--bench-fused` the FUSED kernel on the benchmarks' fused groups. */
+ * `--bench-fused [SUBSTRING]` the FUSED kernel on the benchmarks' fused groups (those whose
+ * label contains SUBSTRING). */
 #include "dynamic_groups.h"
 #include "fused_programs.h"
 #include "gpu_harness.h"
@@ -1921,8 +1922,11 @@ static int cmp_float(const void *a, const void *b) {
 /* Times the FUSED kernel alone on p's one op (random inputs on the device): 20 launches
  * captured in a graph (so the host's per-launch decode is not timed), the median of 11 replays,
  * and the bytes of every input and the output over that time. */
+static const char *bench_fused_only; /* --bench-fused SUBSTRING */
+
 static void bench_fused(const prog *p, const char *label) {
   enum { LAUNCHES = 20, REPLAYS = 11 };
+  if (bench_fused_only && !strstr(label, bench_fused_only)) return;
   kiln_plan pl;
   kcu_tensor in[KILN_MAX_OP_INPUTS], out;
   const kiln_op *op = &p->ops[0];
@@ -1991,6 +1995,15 @@ static int time_fused(void) {
   for (int t = 0; t < 3; t++) {
     kiln_dtype dt = float_types[t];
     char label[96];
+    for (int h = 4; h <= 16; h += 12) { /* a decoding step's: one position */
+      prog *p = p_new();
+      uint32_t x = IN(p, dt, 3, 1, 1, h * 128), c = IN(p, dt, 2, 1, 128), s = IN(p, dt, 2, 1, 128);
+      uint32_t n = fx_rotary(maps, code, 1, h, 1, 128, dt);
+      p_fused(p, 3, OPS(x, c, s), OUT(p, dt, 4, 1, h, 1, 128), 4, 5, maps, n, code);
+      snprintf(label, sizeof label, "rotary [1,%d,1,128] %s", h, kiln_dtype_name(dt));
+      bench_fused(p, label);
+      p_free(p);
+    }
     for (int b = 1; b <= 32; b += 31)
       for (int h = 8; h <= 32; h += 24) {
         prog *p = p_new();
@@ -3359,7 +3372,10 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--fault") == 0) return fault_check();
   if (argc > 1 && strcmp(argv[1], "--time-sdpa") == 0) return time_sdpa();
   if (argc > 1 && strcmp(argv[1], "--bench-conv") == 0) return bench_conv();
-  if (argc > 1 && strcmp(argv[1], "--bench-fused") == 0) return time_fused();
+  if (argc > 1 && strcmp(argv[1], "--bench-fused") == 0) {
+    bench_fused_only = argc > 2 ? argv[2] : NULL;
+    return time_fused();
+  }
   if (argc > 1 && strcmp(argv[1], "--padded-pitch") == 0) {
     /* The linears written at a padded pitch alone. */
     test_gemm_pitch();
