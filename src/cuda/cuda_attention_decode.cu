@@ -17,6 +17,7 @@
 #define KCU_DEC_WARPS 4
 #define KCU_DEC_KEYS (KCU_DEC_WARPS * 32) /* keys a block scores at once: one per thread */
 #define KCU_DEC_MAXC (KCU_ATTN_MAX_HEAD / 32)
+#define KCU_DEC_MAX_SPLITS 256 /* the merge keeps three floats a split in shared memory */
 
 typedef struct kcu_dec_args {
   kcu_attn_geometry g;
@@ -27,6 +28,18 @@ typedef struct kcu_dec_args {
   float scale;
   float *part;
 } kcu_dec_args;
+
+/* Whether key `key` (of keys up to k1) is scored: in range, and not removed by the mask (a
+ * masked key's row is never read: a static cache's tail); an additive mask's term in *bias. */
+static __device__ __forceinline__ int kcu_dec_live(const kcu_dec_args *a, const void *mask,
+                                                   int64_t mrow, int64_t key, int64_t k1,
+                                                   float *bias) {
+  if (key >= k1) return 0;
+  if (!a->g.mask_kind) return 1;
+  int64_t mi = mrow + key * a->g.m_col;
+  if (a->g.mask_kind == 1) return ((const unsigned char *)mask)[mi] != 0;
+  return (*bias = kcu_ld(mask, a->g.dm, mi)) != -INFINITY;
+}
 
 /* The block's work for k and v of dtypes dk and dv. Called with constants for the common
  * cases, so every load's dtype branch folds away and the loads of a loop issue together (a
@@ -45,23 +58,21 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
   int64_t split = blockIdx.x % a->n_splits, row = blockIdx.x / a->n_splits;
   int64_t b = row / a->L, i = row % a->L, qo, ko, vo, mo, oo;
   kcu_attn_offsets(&a->g, b, &qo, &ko, &vo, &mo, &oo);
+  int64_t k0 = split * a->split_len, k1 = k0 + a->split_len < a->S ? k0 + a->split_len : a->S;
+  if (a->causal && i + 1 < k1) k1 = i + 1; /* keys after the row's own position are masked */
+  /* the first chunk's mask read goes out with q's, not after it */
+  float bias0 = 0.0f;
+  int live0 = kcu_dec_live(a, mask, mo + i * a->g.m_row, k0 + threadIdx.x, k1, &bias0);
   for (int e = threadIdx.x; e < E; e += blockDim.x)
     qs[e] = kcu_ld(q, a->dq, qo + i * a->g.q_row + e) * a->scale;
   __syncthreads();
-  int64_t k0 = split * a->split_len, k1 = k0 + a->split_len < a->S ? k0 + a->split_len : a->S;
-  if (a->causal && i + 1 < k1) k1 = i + 1; /* keys after the row's own position are masked */
   float m = -INFINITY, l = 0.0f, acc[KCU_DEC_MAXC];
 #pragma unroll
   for (int c = 0; c < KCU_DEC_MAXC; c++) acc[c] = 0.0f;
   for (int64_t c0 = k0; c0 < k1; c0 += KCU_DEC_KEYS) {
     int64_t key = c0 + threadIdx.x;
-    float sc = -INFINITY, bias = 0.0f;
-    int live = key < k1;
-    if (live && a->g.mask_kind) { /* a masked key's row is never read: a static cache's tail */
-      int64_t mi = mo + i * a->g.m_row + key * a->g.m_col;
-      if (a->g.mask_kind == 1) live = ((const unsigned char *)mask)[mi] != 0;
-      else live = (bias = kcu_ld(mask, a->g.dm, mi)) != -INFINITY;
-    }
+    float sc = -INFINITY, bias = bias0;
+    int live = c0 == k0 ? live0 : kcu_dec_live(a, mask, mo + i * a->g.m_row, key, k1, &bias);
     if (live) {
       int64_t kr = ko + key * a->g.k_row;
       float dot = 0.0f;
@@ -174,20 +185,29 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
     kcu_dec_block(&a, a.dk, a.dv, q, k, v, mask, out, qs, wm, wl, wacc, ps);
 }
 
-/* One block per query row: the splits' sums rescaled to the largest of their maxima. */
+/* One block per query row: the splits' sums rescaled to the largest of their maxima. Each
+ * split's maximum, sum and weight go through shared memory once, so the value loads of all
+ * splits are independent and overlap. */
 __global__ void kcu_attention_decode_merge(kcu_dec_args a, void *out) {
+  __shared__ float w[3][KCU_DEC_MAX_SPLITS]; /* maxima, sums, weights */
   int64_t row = blockIdx.x, b = row / a.L, i = row % a.L, qo, ko, vo, mo, oo;
   kcu_attn_offsets(&a.g, b, &qo, &ko, &vo, &mo, &oo);
   const int64_t stride = a.Ev + 2;
-  const float *pr = a.part + row * a.n_splits * stride;
+  const int n = (int)a.n_splits;
+  const float *pr = a.part + row * n * stride;
+  for (int sp = threadIdx.x; sp < n; sp += blockDim.x)
+    w[0][sp] = pr[sp * stride], w[1][sp] = pr[sp * stride + 1];
+  __syncthreads();
   float most = -INFINITY, sum = 0.0f;
-  for (int64_t sp = 0; sp < a.n_splits; sp++) most = fmaxf(most, pr[sp * stride]);
-  for (int64_t sp = 0; most != -INFINITY && sp < a.n_splits; sp++)
-    if (pr[sp * stride] != -INFINITY) sum += __expf(pr[sp * stride] - most) * pr[sp * stride + 1];
+  for (int sp = 0; sp < n; sp++) most = fmaxf(most, w[0][sp]);
+  for (int sp = threadIdx.x; sp < n; sp += blockDim.x) /* a split with no live key weighs 0 */
+    w[2][sp] = w[0][sp] != -INFINITY ? __expf(w[0][sp] - most) : 0.0f;
+  __syncthreads();
+  for (int sp = 0; sp < n; sp++) sum += w[2][sp] * w[1][sp];
   for (int64_t d = threadIdx.x; d < a.Ev; d += blockDim.x) {
-    float num = 0.0f;
-    for (int64_t sp = 0; sum > 0.0f && sp < a.n_splits; sp++)
-      if (pr[sp * stride] != -INFINITY) num += __expf(pr[sp * stride] - most) * pr[sp * stride + 2 + d];
+    float num = 0.0f; /* every split wrote its row, zeros where it had no live key */
+#pragma unroll 8
+    for (int sp = 0; sp < n; sp++) num += w[2][sp] * pr[sp * stride + 2 + d];
     kcu_st(out, a.dout, oo + i * a.g.o_row + d, sum > 0.0f ? num / sum : 0.0f);
   }
 }
@@ -241,6 +261,7 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
   int sms = kcu_sm_count();
   if (rows < sms && chunks >= 2) {
     int64_t want = (2 * sms + rows - 1) / rows, splits = want < chunks ? want : chunks;
+    if (splits > KCU_DEC_MAX_SPLITS) splits = KCU_DEC_MAX_SPLITS;
     int64_t per_split = (chunks + splits - 1) / splits;
     if ((size_t)(rows * ((chunks + per_split - 1) / per_split) * (a.Ev + 2)) * sizeof(float) <=
         part_bytes) {

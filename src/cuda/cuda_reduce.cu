@@ -183,18 +183,44 @@ __global__ void kcu_argmax_kernel(const void *x, int dx, long long *out, int64_t
   }
 }
 
+/* The thread's share of a contiguous row of floats of dtype DT read by 16-byte vectors (the
+ * dtype a constant, so the unrolled loads issue together), its first `done` elements. */
+template <int DT>
+static __device__ __forceinline__ void kcu_argmax_vectors(const void *x, int64_t base, int64_t n,
+                                                         float *bf, long long *at,
+                                                         int64_t *done) {
+  const int per = DT == KILN_F32 ? 4 : 8;
+  int64_t nv = n / per, v0 = base / per;
+#pragma unroll 4
+  for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
+    float f[8];
+    kcu_ld16(x, DT, v0 + v, f);
+#pragma unroll
+    for (int t = 0; t < per; t++)
+      if (kcu_argmax_takes(f[t], v * per + t, *bf, *at)) *bf = f[t], *at = v * per + t;
+  }
+  *done = nv * per;
+}
+
 /* One block per output, for few outputs over long rows (greedy decoding's argmax over the
- * vocabulary): each warp reduces its share, then the first warp the warps' winners. */
+ * vocabulary): each warp reduces its share, then the first warp the warps' winners. A
+ * contiguous, 16-byte aligned row of floats is read by vectors. */
 __global__ void __launch_bounds__(KCU_REDUCE_THREADS)
     kcu_argmax_block(const void *x, int dx, long long *out, int64_t n, int64_t inner) {
   __shared__ float best_f[KCU_REDUCE_THREADS / 32];
   __shared__ long long best_i[KCU_REDUCE_THREADS / 32], best_at[KCU_REDUCE_THREADS / 32];
-  int64_t o = blockIdx.x, base = (o / inner) * n * inner + o % inner;
+  int64_t o = blockIdx.x, base = (o / inner) * n * inner + o % inner, j0 = 0;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   int integer = kcu_is_int(dx);
   long long at = LLONG_MAX, bi = LLONG_MIN;
   float bf = -INFINITY;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+  int size = dx == KILN_F32 ? 4 : 2;
+  if (inner == 1 && !integer && ((uintptr_t)x + (uint64_t)base * size) % 16 == 0) {
+    if (dx == KILN_F32) kcu_argmax_vectors<KILN_F32>(x, base, n, &bf, &at, &j0);
+    else if (dx == KILN_F16) kcu_argmax_vectors<KILN_F16>(x, base, n, &bf, &at, &j0);
+    else kcu_argmax_vectors<KILN_BF16>(x, base, n, &bf, &at, &j0);
+  }
+  for (int64_t j = j0 + threadIdx.x; j < n; j += blockDim.x) {
     if (integer) {
       long long v = kcu_ldi(x, dx, base + j * inner);
       if (kcu_argmax_takes_int(v, j, bi, at)) bi = v, at = j;

@@ -938,6 +938,12 @@ static void test_index_scan(void) {
     p_op(p, KILN_OP_ARGMAX, 1, OPS(x), OUT(p, KILN_I64, 1, 2), 2, ATTR(1, 0), 0);
     snprintf(name, sizeof name, "argmax vocabulary rows %s", dn);
     compare(p, name, NULL);
+    p = p_new(); /* aligned rows read by vectors, the maximum tied (in f16 and bf16) */
+    x = IN(p, dt, 2, 3, 32000);
+    p_op(p, KILN_OP_ARGMAX, 1, OPS(x), OUT(p, KILN_I64, 1, 3), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "argmax vocabulary rows ties %s", dn);
+    io_range few = {0, 5};
+    compare(p, name, &few);
     p = p_new(); /* a long strided dim: rows of 5000 with 3 columns between */
     x = IN(p, dt, 3, 2, 5000, 3);
     p_op(p, KILN_OP_ARGMAX, 1, OPS(x), OUT(p, KILN_I64, 2, 2, 3), 2, ATTR(1, 0), 0);
