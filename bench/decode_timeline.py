@@ -1,0 +1,104 @@
+"""Kernel timeline of Kiln's decode steps on one GPU: which kernels a step launches, how long each
+runs, and how much of the step is gaps between them.
+
+The decoder is generate_bench.py's (transformers' Llama-family config with seeded random weights,
+fp16, 4 layers, a static cache of 1152 slots), exported once; its blob runs through Kiln's C API
+(libkiln.so through ctypes) on device tensors. After a warm-up, 30 steps are timed around
+kiln_engine_execute, then 10 steps at positions 200-209 run under torch.profiler, whose CUDA
+activity (CUPTI) records every kernel in the process, the ones a replayed CUDA graph launches
+included. For each step: its kernels, its span (first kernel start to last kernel end) and the
+gaps (span minus the kernels' own time); one step's kernels in order; and the time per kernel
+name. Writes decode_trace.json (the profiler's Chrome trace) into OUT and prints the rest.
+
+usage: python3 bench/decode_timeline.py OUT
+"""
+
+import collections
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import generate_bench as gb  # noqa: E402
+
+STEP_GAP_US = 500  # kernels further apart than this belong to different steps
+
+
+def main(out_dir):
+    cfg = gb.llama_config(4, 1152)
+    model = gb.build_model(cfg, torch.float16)
+    blobs = gb.export_program(model, 1152, os.path.join(out_dir, "decode_timeline.pte"))
+    cg = gb.KilnCGenerator(blobs[0], "cuda")
+    cg.generate(gb.prompt_of(16, 32000, 99), 8, "cpu")
+    lib = cg._lib
+    ids = torch.tensor([[5]], dtype=torch.int64)
+    out = torch.zeros(1, dtype=torch.int64)
+    execute, handle, error = lib.lib.kiln_engine_execute, cg.engine._handle, lib.Error()
+
+    def view(t):
+        return cg._view(t.data_ptr(), tuple(t.shape))
+
+    def step(at):
+        pos = torch.tensor([at], dtype=torch.int64)
+        fed = (view(ids), view(pos))
+        ins = (lib.TensorView * 2)(*[fed[k] for k in cg.order])
+        outs = (lib.TensorView * 1)(view(out))
+        st = execute(handle, ins, 2, outs, 1, ctypes.byref(error))
+        assert st == lib.OK, error.message
+
+    for i in range(20):
+        step(141 + i)
+    times = []
+    for i in range(30):
+        t0 = time.perf_counter()
+        step(161 + i)
+        times.append((time.perf_counter() - t0) * 1e6)
+    print("C API step median", round(statistics.median(times), 1), flush=True)
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for i in range(10):
+            step(200 + i)
+            time.sleep(0.002)
+    path = os.path.join(out_dir, "decode_trace.json")
+    prof.export_chrome_trace(path)
+    kernels = [e for e in json.load(open(path))["traceEvents"] if e.get("cat") == "kernel"]
+    kernels.sort(key=lambda e: e["ts"])
+    steps, cur = [], []
+    for e in kernels:
+        if cur and e["ts"] - (cur[-1]["ts"] + cur[-1]["dur"]) > STEP_GAP_US:
+            steps.append(cur)
+            cur = []
+        cur.append(e)
+    steps.append(cur)
+    for s in steps:
+        span = s[-1]["ts"] + s[-1]["dur"] - s[0]["ts"]
+        busy = sum(e["dur"] for e in s)
+        print(f"step: {len(s)} kernels, span {span:.1f} us, kernel time {busy:.1f} us, "
+              f"gaps {span - busy:.1f} us")
+    s = steps[len(steps) // 2]
+    print("one step, in order: start offset, duration, gap before, name")
+    prev_end = s[0]["ts"]
+    for e in s:
+        start, gap = e["ts"] - s[0]["ts"], e["ts"] - prev_end
+        print(f"{start:8.1f} {e['dur']:7.1f} {gap:6.1f}  {e['name'][:110]}")
+        prev_end = e["ts"] + e["dur"]
+    by_name = collections.defaultdict(lambda: [0, 0.0])
+    for st in steps:
+        for e in st:
+            k = e["name"][:80]
+            by_name[k][0] += 1
+            by_name[k][1] += e["dur"]
+    print("per kernel name, per step: count, total us")
+    for k, (n, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
+        print(f"{n / len(steps):6.1f} {t / len(steps):8.1f}  {k}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
