@@ -175,6 +175,7 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
   __shared__ float wm[KCU_DEC_WARPS], wl[KCU_DEC_WARPS];
   __shared__ float wacc[KCU_DEC_WARPS][KCU_ATTN_MAX_HEAD];
   __shared__ float ps[KCU_DEC_WARPS][32];
+  kcu_begin_early();
   if (a.dk == KILN_F16 && a.dv == KILN_F16)
     kcu_dec_block(&a, KILN_F16, KILN_F16, q, k, v, mask, out, qs, wm, wl, wacc, ps);
   else if (a.dk == KILN_BF16 && a.dv == KILN_BF16)
@@ -190,6 +191,7 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
  * splits are independent and overlap. */
 __global__ void kcu_attention_decode_merge(kcu_dec_args a, void *out) {
   __shared__ float w[3][KCU_DEC_MAX_SPLITS]; /* maxima, sums, weights */
+  kcu_begin_early();
   int64_t row = blockIdx.x, b = row / a.L, i = row % a.L, qo, ko, vo, mo, oo;
   kcu_attn_offsets(&a.g, b, &qo, &ko, &vo, &mo, &oo);
   const int64_t stride = a.Ev + 2;
@@ -270,8 +272,8 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
     }
   }
   cudaGetLastError();
-  kcu_attention_decode_kernel<<<(unsigned)(rows * a.n_splits), KCU_DEC_KEYS, 0, s>>>(
+  kcu_launch_early(kcu_attention_decode_kernel, (unsigned)(rows * a.n_splits), KCU_DEC_KEYS, 0, s,
       a, q->data, k->data, v->data, mask ? mask->data : NULL, out->data);
-  if (a.n_splits > 1) kcu_attention_decode_merge<<<(unsigned)rows, 128, 0, s>>>(a, out->data);
+  if (a.n_splits > 1) kcu_launch_early(kcu_attention_decode_merge, (unsigned)rows, 128, 0, s, a, out->data);
   return cudaGetLastError();
 }

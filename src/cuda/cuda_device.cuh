@@ -77,6 +77,27 @@ static __device__ __forceinline__ void kcu_offsets(const kcu_bcast *g, int64_t i
   }
 }
 
+/* Early launch (cuda_early_launch.c). A kernel launched early begins with kcu_begin_early:
+ * it waits there until the kernels ahead of it have ended and their writes are visible (at once
+ * for a kernel launched as usual), then lets the kernel after it launch early. Before the wait
+ * it may read only what no kernel writes (weights) and write nothing. */
+static __device__ __forceinline__ void kcu_begin_early(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Launches kernel k on a one-dimensional grid, early where the device allows; k begins with
+ * kcu_begin_early. */
+template <typename... P, typename... A>
+static cudaError_t kcu_launch_early(void (*k)(P...), unsigned blocks, unsigned threads,
+                                    size_t smem, cudaStream_t s, A... args) {
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t c = kcu_launch_config(blocks, threads, smem, s, 1, &attr);
+  return cudaLaunchKernelEx(&c, k, args...);
+}
+
 /* Float op math shared by the elementwise kernels and the fused pointwise chain, so a fused
  * step computes exactly what its unfused op does. */
 #define KCU_GELU_TANH_K 0.7978845608028654f /* sqrt(2/pi) */

@@ -363,6 +363,7 @@ __global__ void __launch_bounds__(KCU_BLOCK, 4)
     kcu_fx_kernel(const __grid_constant__ kcu_fx p, void *out, int64_t n_runs) {
   extern __shared__ float4 kfx_rf_mem[];
   float *rf = (float *)kfx_rf_mem;
+  kcu_begin_early();
   const int ri = R - 1;
   const I row_runs = (I)(p.dims[ri] / V);
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -535,8 +536,8 @@ static void fx_launch(cudaStream_t s, const kcu_fx &p, void *out, int64_t numel)
   while (block > 32 && per_thread * (size_t)block > 48 * 1024) block /= 2;
   int64_t blocks = (n_runs + block - 1) / block;
   if (blocks > 65535LL * 16) blocks = 65535LL * 16;
-  kcu_fx_kernel<V, R, I><<<(unsigned)blocks, (unsigned)block, per_thread * (size_t)block, s>>>(
-      p, out, n_runs);
+  kcu_launch_early(kcu_fx_kernel<V, R, I>, (unsigned)blocks, (unsigned)block,
+                   per_thread * (size_t)block, s, p, out, n_runs);
 }
 
 template <int R>

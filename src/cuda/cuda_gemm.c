@@ -173,8 +173,9 @@ static void kcu_gemm_geometry(kcu_gemm *g, const kiln_plan *plan, uint32_t op_in
      * after it (over_read bytes at most), and the extra columns are never copied out. */
     int64_t per16 = 16 / (int64_t)es;
     const kiln_tensor_desc *bias = g->has_bias ? &plan->tensors[op->inputs[2]] : NULL;
+    g->w_fixed = w->storage == KILN_STORE_WEIGHT;
     int in_weights =
-        w->storage == KILN_STORE_WEIGHT && (!bias || bias->storage == KILN_STORE_WEIGHT);
+        g->w_fixed && (!bias || bias->storage == KILN_STORE_WEIGHT);
     g->ld_pad = !g->swiglu && !g->residual && in_weights && N % per16
                     ? (N + per16 - 1) / per16 * per16
                     : 0;
@@ -347,7 +348,7 @@ cudaError_t kcu_gemm_run(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
   if (g->gemv)
     return kcu_gemv(s, in[0].data, in[1].data, g->has_bias ? in[2].data : NULL,
                     g->residual ? in[n_in - 1].data : NULL, out->data, out->dtype, g->M, g->N,
-                    g->K, g->act);
+                    g->K, g->act, g->w_fixed);
   cudaError_t rc;
   if (g->swiglu || g->ld_pad) { /* into the scratch, then combined or copied into out */
     kcu_tensor t = *out;

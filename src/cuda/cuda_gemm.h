@@ -35,6 +35,7 @@ typedef struct kcu_gemm {
   int residual;         /* LINEAR adding its last input: cuBLASLt's C with beta 1 */
   int gemv_ok;          /* LINEAR of at most KCU_GEMV_MAX_ROWS rows: the GEMV kernel may run it */
   int gemv;             /* it does (with `act`): faster than cuBLASLt when timed at init */
+  int w_fixed;          /* the weight is one (no kernel writes it): the GEMV launches early */
   kiln_activation act;
   int64_t M, N, K;       /* N: output columns (the weight's rows, or half of them for SwiGLU) */
   /* Two LINEARs write through the engine's scratch (it sizes and sets the buffer): SwiGLU,

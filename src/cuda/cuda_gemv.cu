@@ -6,7 +6,9 @@
  * row in f32 and reduce by warp shuffles; the slices meet in shared memory, and one warp per
  * column applies bias and activation (erf GELU included, which no cuBLASLt epilogue
  * computes), then adds the residual, before the one store. SwiGLU (w = [gate; up], 2N rows)
- * pairs a gate and an up column in one block and stores silu(gate) * up. */
+ * pairs a gate and an up column in one block and stores silu(gate) * up. A weight is read by
+ * a kernel launched early (cuda_early_launch.c): its first loads go out while the kernel ahead
+ * of it still runs, which hides most of a small GEMV's fixed cost. */
 #include "cuda_device.cuh"
 
 #define KCU_GEMV_WARPS 8
@@ -40,6 +42,14 @@ static __device__ __forceinline__ float kcu_gemv_act(int act, float v) {
   }
 }
 
+/* One trip's weight vectors for a lane whose first is at c (zeros past c_end). */
+static __device__ __forceinline__ void kcu_gemv_load(uint4 *wv, const uint4 *wrow, int64_t c,
+                                                     int64_t c_end) {
+#pragma unroll
+  for (int u = 0; u < KCU_GEMV_UNROLL; u++, c += 32)
+    wv[u] = c < c_end ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
+}
+
 /* Warps a launch should have for memory to stay busy: a full H200 holds 132 x 64. */
 #define KCU_GEMV_TARGET_WARPS 8192
 
@@ -65,16 +75,16 @@ static __device__ __forceinline__ void kcu_gemv_body(int dt, int rows, const voi
   float acc[KCU_GEMV_MAX_ROWS];
 #pragma unroll
   for (int m = 0; m < rows; m++) acc[m] = 0.0f;
+  const uint4 *wrow = (const uint4 *)w + row * chunks;
+  uint4 wv[KCU_GEMV_UNROLL];
+  /* Launched early (w a weight): the first loads of the weight go out before the kernel ahead
+   * ends; x is its output, read only after the wait. */
+  if (n < N) kcu_gemv_load(wv, wrow, c_begin + lane, c_end);
+  kcu_begin_early();
   if (n < N) {
-    const uint4 *wrow = (const uint4 *)w + row * chunks;
     const uint4 *xv = (const uint4 *)x;
     for (int64_t c0 = c_begin + lane; c0 < c_end; c0 += 32 * KCU_GEMV_UNROLL) {
-      uint4 wv[KCU_GEMV_UNROLL];
-#pragma unroll
-      for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
-        int64_t c = c0 + 32 * u;
-        wv[u] = c < c_end ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
-      }
+      if (c0 != c_begin + lane) kcu_gemv_load(wv, wrow, c0, c_end);
 #pragma unroll
       for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
         int64_t c = c0 + 32 * u;
@@ -132,25 +142,19 @@ int kcu_gemv_columns(int64_t N) {
 
 cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias,
                      const void *residual, void *y, kiln_dtype dt, int64_t M, int64_t N,
-                     int64_t K, kiln_activation act) {
+                     int64_t K, kiln_activation act, int w_fixed) {
   if (N == 0) return cudaSuccess;
   int glu = act == KILN_ACT_SWIGLU;
   int cols = kcu_gemv_columns(glu ? 2 * N : N);
   if (glu && cols < 2) cols = 2; /* a gate and an up column per output */
   int outs = glu ? cols / 2 : cols;
   unsigned blocks = (unsigned)((N + outs - 1) / outs);
-  int threads = KCU_GEMV_WARPS * 32;
-  if (M == 1 && dt == KILN_F32)
-    kcu_gemv_f32_row<<<blocks, threads, 0, s>>>(x, w, bias, residual, y, 1, N, K, (int)act, cols);
-  else if (M == 1 && dt == KILN_F16)
-    kcu_gemv_f16_row<<<blocks, threads, 0, s>>>(x, w, bias, residual, y, 1, N, K, (int)act, cols);
-  else if (M == 1)
-    kcu_gemv_bf16_row<<<blocks, threads, 0, s>>>(x, w, bias, residual, y, 1, N, K, (int)act, cols);
-  else if (dt == KILN_F32)
-    kcu_gemv_f32<<<blocks, threads, 0, s>>>(x, w, bias, residual, y, (int)M, N, K, (int)act, cols);
-  else if (dt == KILN_F16)
-    kcu_gemv_f16<<<blocks, threads, 0, s>>>(x, w, bias, residual, y, (int)M, N, K, (int)act, cols);
-  else
-    kcu_gemv_bf16<<<blocks, threads, 0, s>>>(x, w, bias, residual, y, (int)M, N, K, (int)act, cols);
-  return cudaGetLastError();
+  void (*kernel)(const void *, const void *, const void *, const void *, void *, int, int64_t,
+                 int64_t, int, int) =
+      M == 1 ? (dt == KILN_F32 ? kcu_gemv_f32_row : dt == KILN_F16 ? kcu_gemv_f16_row
+                                                                    : kcu_gemv_bf16_row)
+             : (dt == KILN_F32 ? kcu_gemv_f32 : dt == KILN_F16 ? kcu_gemv_f16 : kcu_gemv_bf16);
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t c = kcu_launch_config(blocks, KCU_GEMV_WARPS * 32, 0, s, w_fixed, &attr);
+  return cudaLaunchKernelEx(&c, kernel, x, w, bias, residual, y, (int)M, N, K, (int)act, cols);
 }

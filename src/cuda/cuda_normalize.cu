@@ -68,6 +68,7 @@ static __device__ __forceinline__ float kcu_norm_in(const kcu_chain *c, int befo
 __global__ void kcu_norm_rows(kcu_chain c, int before, const void *w, const void *b, void *out,
                               int64_t n, float eps, int rms) {
   __shared__ float scratch[32];
+  kcu_begin_early();
   int64_t base = (int64_t)blockIdx.x * n;
   float mean = 0.0f;
   if (!rms) {
@@ -112,6 +113,7 @@ __global__ void __launch_bounds__(KCU_NORM_THREADS, 1)
     kcu_norm_rows_vec(kcu_chain c, int before, const void *w, const void *b, void *out,
                       int64_t n, float eps, int rms) {
   __shared__ float scratch[32];
+  kcu_begin_early();
   const int per = c.dtype == KILN_F32 ? 4 : 8;
   const int64_t nv = n / per, row_v = (int64_t)blockIdx.x * nv;
   float v[KCU_NORM_VECS][8];
@@ -190,11 +192,11 @@ cudaError_t kcu_norm(cudaStream_t s, const kiln_op *op, const kcu_tensor *in,
   unsigned vec_threads =
       kcu_norm_vec_threads(&c, in, op->n_inputs, span.first_operand, w, b, out, n);
   if (vec_threads)
-    kcu_norm_rows_vec<<<(unsigned)rows, vec_threads, 0, s>>>(
+    kcu_launch_early(kcu_norm_rows_vec, (unsigned)rows, vec_threads, 0, s,
         c, (int)span.n_before, w, b, out->data, n, (float)op->fattr[0],
         op->kind == KILN_OP_RMS_NORM);
   else
-    kcu_norm_rows<<<(unsigned)rows, kcu_row_threads(n), 0, s>>>(
+    kcu_launch_early(kcu_norm_rows, (unsigned)rows, kcu_row_threads(n), 0, s,
         c, (int)span.n_before, w, b, out->data, n, (float)op->fattr[0],
         op->kind == KILN_OP_RMS_NORM);
   return cudaGetLastError();

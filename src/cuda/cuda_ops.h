@@ -29,6 +29,13 @@ void kcu_strides(const kcu_tensor *t, int64_t *strides);
 void kcu_broadcast_strides(const kcu_tensor *t, int32_t rank, const int64_t *dims,
                            int64_t *strides);
 
+/* cuda_early_launch.c: whether the current device launches kernels early (compute capability
+ * 9.0 and up), and a one-dimensional launch configuration, early when asked and possible (attr:
+ * the configuration's storage for its one attribute). */
+int kcu_early_launch_ok(void);
+cudaLaunchConfig_t kcu_launch_config(unsigned blocks, unsigned threads, size_t smem,
+                                     cudaStream_t s, int early, cudaLaunchAttribute *attr);
+
 /* cuda_elementwise.cu: ADD/SUB/MUL/DIV (alpha for ADD/SUB), MINIMUM, MAXIMUM, broadcasting. */
 cudaError_t kcu_binary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *a,
                        const kcu_tensor *b, const kcu_tensor *out, float alpha);
@@ -207,14 +214,16 @@ cudaError_t kcu_batch_norm(cudaStream_t s, const kiln_op *op, const kcu_tensor *
 /* cuda_gemv.cu: y[M,N] = act(x[M,K] w[N,K]^T + bias) + residual for a few rows, f32
  * accumulation, bias and residual (y's shape and dtype; either may be NULL) and activation
  * fused; x and w contiguous and 16-byte aligned. With KILN_ACT_SWIGLU, w has 2N rows (gate over
- * up), no bias or residual: y = silu(x gate^T) * (x up^T). */
+ * up), no bias or residual: y = silu(x gate^T) * (x up^T). w_fixed: w is a weight, which no
+ * kernel writes, so the GEMV launches early and starts reading it before the kernel ahead of
+ * it ends. */
 #define KCU_GEMV_MAX_ROWS 8
 static inline int kcu_gemv_fits(int64_t M, int64_t K) {
   return M >= 1 && M <= KCU_GEMV_MAX_ROWS && K > 0 && K % 8 == 0;
 }
 cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias,
                      const void *residual, void *y, kiln_dtype dt, int64_t M, int64_t N,
-                     int64_t K, kiln_activation act);
+                     int64_t K, kiln_activation act, int w_fixed);
 /* The output columns one GEMV block of 8 warps takes for N columns (8, 4, 2 or 1; the warps
  * split each column's K 8 / columns ways): enough warps for memory to stay busy. */
 int kcu_gemv_columns(int64_t N);

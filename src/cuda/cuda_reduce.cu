@@ -209,6 +209,7 @@ __global__ void __launch_bounds__(KCU_REDUCE_THREADS)
     kcu_argmax_block(const void *x, int dx, long long *out, int64_t n, int64_t inner) {
   __shared__ float best_f[KCU_REDUCE_THREADS / 32];
   __shared__ long long best_i[KCU_REDUCE_THREADS / 32], best_at[KCU_REDUCE_THREADS / 32];
+  kcu_begin_early();
   int64_t o = blockIdx.x, base = (o / inner) * n * inner + o % inner, j0 = 0;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   int integer = kcu_is_int(dx);
@@ -257,7 +258,7 @@ cudaError_t kcu_argmax(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *ou
   int64_t inner = 1, n = x->dims[dim];
   for (int d = dim + 1; d < x->rank; d++) inner *= x->dims[d];
   if (out->numel <= 4096 && n >= 4096) {
-    kcu_argmax_block<<<(unsigned)out->numel, KCU_REDUCE_THREADS, 0, s>>>(
+    kcu_launch_early(kcu_argmax_block, (unsigned)out->numel, KCU_REDUCE_THREADS, 0, s,
         x->data, x->dtype, (long long *)out->data, n, inner);
     return cudaGetLastError();
   }

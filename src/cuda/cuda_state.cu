@@ -7,6 +7,7 @@
   __global__ void name(const type *src, const void *idx, int didx, type *out, int64_t outer, \
                        int64_t n_idx, int64_t inner, int64_t len, int *fault,              \
                        long long *bad) {                                                  \
+    kcu_begin_early();                                                                    \
     int found = 0;                                                                        \
     for (int64_t k = threadIdx.x; k < n_idx; k += blockDim.x) {                           \
       long long v = kcu_ldi(idx, didx, k);                                                \
@@ -47,10 +48,10 @@ cudaError_t kcu_index_copy(cudaStream_t s, const kcu_tensor *x, const kcu_tensor
   if (n == 0) return cudaSuccess;
   unsigned grid = kcu_grid(n, 4);
   switch (kiln_dtype_size(x->dtype)) {
-  case 1: kcu_index_copy1<<<grid, KCU_BLOCK, 0, s>>>((const unsigned char *)values->data, idx->data, idx->dtype, (unsigned char *)out->data, outer, n_idx, inner, len, fault, bad); break;
-  case 2: kcu_index_copy2<<<grid, KCU_BLOCK, 0, s>>>((const unsigned short *)values->data, idx->data, idx->dtype, (unsigned short *)out->data, outer, n_idx, inner, len, fault, bad); break;
-  case 4: kcu_index_copy4<<<grid, KCU_BLOCK, 0, s>>>((const unsigned int *)values->data, idx->data, idx->dtype, (unsigned int *)out->data, outer, n_idx, inner, len, fault, bad); break;
-  default: kcu_index_copy8<<<grid, KCU_BLOCK, 0, s>>>((const unsigned long long *)values->data, idx->data, idx->dtype, (unsigned long long *)out->data, outer, n_idx, inner, len, fault, bad); break;
+  case 1: kcu_launch_early(kcu_index_copy1, grid, KCU_BLOCK, 0, s, (const unsigned char *)values->data, idx->data, idx->dtype, (unsigned char *)out->data, outer, n_idx, inner, len, fault, bad); break;
+  case 2: kcu_launch_early(kcu_index_copy2, grid, KCU_BLOCK, 0, s, (const unsigned short *)values->data, idx->data, idx->dtype, (unsigned short *)out->data, outer, n_idx, inner, len, fault, bad); break;
+  case 4: kcu_launch_early(kcu_index_copy4, grid, KCU_BLOCK, 0, s, (const unsigned int *)values->data, idx->data, idx->dtype, (unsigned int *)out->data, outer, n_idx, inner, len, fault, bad); break;
+  default: kcu_launch_early(kcu_index_copy8, grid, KCU_BLOCK, 0, s, (const unsigned long long *)values->data, idx->data, idx->dtype, (unsigned long long *)out->data, outer, n_idx, inner, len, fault, bad); break;
   }
   return cudaGetLastError();
 }

@@ -323,6 +323,39 @@ static void test_gemm(void) {
     snprintf(name, sizeof name, "linear gemv %s", kiln_dtype_name(dt));
     compare(p, name, NULL);
 
+    /* Early launch: each GEMV starts while the kernel ahead of it, which writes its input,
+     * still runs. A norm over one long row writes x; the SwiGLU GEMV's output is the next
+     * GEMV's input. A weight a norm computes is no weight: that GEMV launches as usual. */
+    kcu_test_gemv_choice = 1;
+    p = p_new();
+    x = IN(p, dt, 2, 1, 16384);
+    uint32_t h = MID(p, dt, 2, 1, 16384), g = MID(p, dt, 2, 1, 512);
+    p_op(p, KILN_OP_RMS_NORM, 2, OPS(x, p_weight(p, dt, 1, DIMS(16384), 0.5, 1.5)), h, 2,
+         ATTR(1, 1), 1e-6);
+    w = p_weight(p, dt, 2, DIMS(1024, 16384), -0.02, 0.02);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(h, w), g, 1, ATTR(KILN_ACT_SWIGLU), 0);
+    w = p_weight(p, dt, 2, DIMS(256, 512), -0.1, 0.1);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(g, w), OUT(p, dt, 2, 1, 256), 1, ATTR(KILN_ACT_NONE), 0);
+    snprintf(name, sizeof name, "norm then linear gemv chain %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+    p = p_new();
+    w = MID(p, dt, 2, 256, 4096);
+    p_op(p, KILN_OP_RMS_NORM, 1, OPS(IN(p, dt, 2, 256, 4096)), w, 2, ATTR(1, 0), 1e-6);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(IN(p, dt, 2, 1, 4096), w), OUT(p, dt, 2, 1, 256), 1,
+         ATTR(KILN_ACT_NONE), 0);
+    snprintf(name, sizeof name, "linear gemv computed weight %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+    p = p_new(); /* kernels launched early one after another, each reading the last's output */
+    x = IN(p, dt, 2, 4, 16384);
+    uint32_t h2 = MID(p, dt, 2, 4, 16384);
+    h = MID(p, dt, 2, 4, 16384);
+    p_op(p, KILN_OP_RMS_NORM, 1, OPS(x), h, 2, ATTR(1, 0), 1e-6);
+    p_op(p, KILN_OP_LAYER_NORM, 1, OPS(h), h2, 2, ATTR(1, 0), 1e-5);
+    p_op(p, KILN_OP_ARGMAX, 1, OPS(h2), OUT(p, KILN_I64, 1, 4), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "early launch chain norm norm argmax %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+    kcu_test_gemv_choice = -1;
+
     p = p_new();
     uint32_t a = IN(p, dt, 4, 2, 3, 17, 32), bm = IN(p, dt, 4, 2, 3, 32, 24);
     p_op(p, KILN_OP_MATMUL, 2, OPS(a, bm), OUT(p, dt, 4, 2, 3, 17, 24), 0, NULL, 0);
