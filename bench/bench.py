@@ -432,17 +432,19 @@ def et_dev_minus_dev(r):
 
 def link_columns(r, links):
     """ET dev - dev, the host goal (Kiln dev + 10 us + the I/O at 70% of the pinned rates) and
-    the achieved fraction of the link: I/O bytes at the pinned rates over Kiln ET minus Kiln dev."""
+    the achieved fraction of the link: I/O bytes at the pinned rates over Kiln ET minus Kiln dev
+    ("-" where that difference is no more than the bytes' time at the pinned rates: a fraction
+    over 1 is the two timings' noise, not a rate)."""
     if "kiln_et_dev" not in r or "kiln_dev" not in r or not links:
         return "- | - | - | -"
     et, dev = spread(r["kiln_et"])[0], spread(r["kiln_dev"])[0]
     delta = et_dev_minus_dev(r)
     wire = (r["in_bytes"] / links["h2d"] + r["out_bytes"] / links["d2h"]) * 1e6
     goal = dev + 10 + wire / 0.7
-    fraction = wire / max(et - dev, 1e-9)
+    fraction = f"{wire / (et - dev):.2f}" if et - dev > wire else "-"
     dev_mark = "met" if delta <= 10 else "missed"
     host_mark = "met" if et <= goal else "missed"
-    return f"{delta:.1f} ({dev_mark}) | {goal:.0f} ({host_mark}) | {wire:.0f} | {fraction:.2f}"
+    return f"{delta:.1f} ({dev_mark}) | {goal:.0f} ({host_mark}) | {wire:.0f} | {fraction}"
 
 
 def stage_line(stage):

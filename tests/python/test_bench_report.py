@@ -44,6 +44,9 @@ def test_host_goal_and_link_fraction():
     assert float(met[3]) == round(wire / (goal - 1 - 100), 2)
     missed = bench.link_columns(row([goal + 5] * 9, [125.0] * 9, dev), LINKS).split(" | ")
     assert missed[0] == "25.0 (missed)" and missed[1].endswith("(missed)")
+    # The host path timed no slower than the bytes' time at the link's rate: noise, no fraction.
+    for et in (99.0, 100.0 + wire):
+        assert bench.link_columns(row([et] * 9, [101.0] * 9, dev), LINKS).split(" | ")[3] == "-"
 
 
 def test_sweep_table_lists_every_setting():
