@@ -29,6 +29,7 @@ static size_t kcu_attn_smem(int64_t E, int64_t Ev) {
 __global__ void __launch_bounds__(KCU_ATTN_WARPS * 32)
     kcu_attention_kernel(kcu_attn_args a, const void *q, const void *k, const void *v,
                          const void *mask, void *out) {
+  kcu_begin_early();
   extern __shared__ float smem[];
   float *ks = smem;                                /* [TILE][E + 1] */
   float *vs = ks + KCU_ATTN_TILE * (a.E + 1);      /* [TILE][Ev] */
@@ -249,9 +250,9 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
   for (int d = 0; a.vec && d < a.g.nb; d++) a.vec = a.g.kb[d] % 8 == 0 && a.g.vb[d] % 8 == 0;
   int64_t rows = KCU_ATTN_WARPS * KCU_ATTN_ROWS;
   a.n_tiles = (a.L + rows - 1) / rows;
-  kcu_attention_kernel<<<(unsigned)(batch * a.n_tiles), KCU_ATTN_WARPS * 32,
-                         kcu_attn_smem(a.E, a.Ev), s>>>(a, q->data, k->data, v->data,
-                                                        mask ? mask->data : NULL, out->data);
+  kcu_launch_early(kcu_attention_kernel, (unsigned)(batch * a.n_tiles), KCU_ATTN_WARPS * 32,
+                   kcu_attn_smem(a.E, a.Ev), s, a, q->data, k->data, v->data,
+                   mask ? mask->data : NULL, out->data);
   return cudaGetLastError();
 }
 
@@ -282,6 +283,7 @@ static __device__ __forceinline__ float kcu_attn_logit(const kcu_attn_rows_args 
  * chunk was read: a chunk's P bytes end before the next chunk's scores begin. */
 __global__ void __launch_bounds__(KCU_ATTN_ROW_THREADS)
     kcu_attention_softmax_kernel(kcu_attn_rows_args a, float *scores, const void *mask) {
+  kcu_begin_early();
   __shared__ float red[KCU_ATTN_ROW_THREADS / 32];
   int64_t r = blockIdx.x;
   int64_t i = r % a.L, qo, ko, vo, mo, oo;
@@ -318,7 +320,7 @@ cudaError_t kcu_attention_softmax(cudaStream_t s, float *scores, kiln_dtype p_dt
   a.dp = p_dtype;
   a.causal = causal;
   a.scale = scale;
-  kcu_attention_softmax_kernel<<<(unsigned)rows, KCU_ATTN_ROW_THREADS, 0, s>>>(
+  kcu_launch_early(kcu_attention_softmax_kernel, (unsigned)rows, KCU_ATTN_ROW_THREADS, 0, s,
       a, scores, mask ? mask->data : NULL);
   return cudaGetLastError();
 }

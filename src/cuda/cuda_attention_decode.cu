@@ -272,8 +272,9 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
     }
   }
   cudaGetLastError();
-  kcu_launch_early(kcu_attention_decode_kernel, (unsigned)(rows * a.n_splits), KCU_DEC_KEYS, 0, s,
-      a, q->data, k->data, v->data, mask ? mask->data : NULL, out->data);
-  if (a.n_splits > 1) kcu_launch_early(kcu_attention_decode_merge, (unsigned)rows, 128, 0, s, a, out->data);
+  kcu_launch_early(kcu_attention_decode_kernel, (unsigned)(rows * a.n_splits), KCU_DEC_KEYS, 0,
+                   s, a, q->data, k->data, v->data, mask ? mask->data : NULL, out->data);
+  if (a.n_splits > 1)
+    kcu_launch_early(kcu_attention_decode_merge, (unsigned)rows, 128, 0, s, a, out->data);
   return cudaGetLastError();
 }

@@ -6,6 +6,7 @@
 __global__ void kcu_batch_norm_kernel(const void *x, const void *mean, const void *var,
                                       const void *weight, const void *bias, void *out, int dt,
                                       int64_t n, int64_t channels, int64_t inner, float eps) {
+  kcu_begin_early();
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t c = (i / inner) % channels;
@@ -23,7 +24,7 @@ extern "C" cudaError_t kcu_batch_norm(cudaStream_t s, const kiln_op *op, const k
   int64_t inner = 1;
   if (out->numel == 0) return cudaSuccess;
   for (int d = 2; d < x->rank; d++) inner *= x->dims[d];
-  kcu_batch_norm_kernel<<<kcu_grid(out->numel, 1), KCU_BLOCK, 0, s>>>(
+  kcu_launch_early(kcu_batch_norm_kernel, kcu_grid(out->numel, 1), KCU_BLOCK, 0, s,
       x->data, in[1].data, in[2].data, has_weight ? in[3].data : NULL,
       has_bias ? in[3 + has_weight].data : NULL, out->data, x->dtype, out->numel, x->dims[1],
       inner, (float)op->fattr[0]);

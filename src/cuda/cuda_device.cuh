@@ -88,13 +88,14 @@ static __device__ __forceinline__ void kcu_begin_early(void) {
 #endif
 }
 
-/* Launches kernel k on a one-dimensional grid, early where the device allows; k begins with
+/* Launches kernel k early where the device allows, as k<<<grid, block, smem, s>>>(args...)
+ * would launch it otherwise; every kernel of the engine is launched so, and begins with
  * kcu_begin_early. */
 template <typename... P, typename... A>
-static cudaError_t kcu_launch_early(void (*k)(P...), unsigned blocks, unsigned threads,
-                                    size_t smem, cudaStream_t s, A... args) {
+static cudaError_t kcu_launch_early(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                                    cudaStream_t s, A... args) {
   cudaLaunchAttribute attr;
-  cudaLaunchConfig_t c = kcu_launch_config(blocks, threads, smem, s, 1, &attr);
+  cudaLaunchConfig_t c = kcu_launch_config(grid, block, smem, s, 1, &attr);
   return cudaLaunchKernelEx(&c, k, args...);
 }
 

@@ -28,14 +28,12 @@ int kcu_early_launch_ok(void) {
   return k == 2;
 }
 
-cudaLaunchConfig_t kcu_launch_config(unsigned blocks, unsigned threads, size_t smem,
-                                     cudaStream_t s, int early, cudaLaunchAttribute *attr) {
+cudaLaunchConfig_t kcu_launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                     int early, cudaLaunchAttribute *attr) {
   cudaLaunchConfig_t c;
   memset(&c, 0, sizeof c);
-  c.gridDim.x = blocks;
-  c.gridDim.y = c.gridDim.z = 1;
-  c.blockDim.x = threads;
-  c.blockDim.y = c.blockDim.z = 1;
+  c.gridDim = grid;
+  c.blockDim = block;
   c.dynamicSmemBytes = smem;
   c.stream = s;
   if (early && kcu_early_launch_ok()) {

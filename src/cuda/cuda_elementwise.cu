@@ -29,6 +29,7 @@ static __device__ __forceinline__ long long kcu_unop_int(int op, long long v) {
 /* n_ops 1 (unary) or 2 (binary); all operands share dtype dt and the output's shape. */
 __global__ void kcu_pointwise_vec(int op, int binary, const void *a, const void *b, void *out,
                                   int dt, int64_t n, float p) {
+  kcu_begin_early();
   int per = dt == KILN_F32 ? 4 : 8;
   int64_t nv = n / per;
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -49,6 +50,7 @@ __global__ void kcu_pointwise_vec(int op, int binary, const void *a, const void 
 
 __global__ void kcu_binary_generic(kcu_bcast g, int op, const void *a, int da, const void *b,
                                    int db, void *out, int dout, float alpha, int64_t n) {
+  kcu_begin_early();
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t off[2];
@@ -65,6 +67,7 @@ __global__ void kcu_binary_generic(kcu_bcast g, int op, const void *a, int da, c
 
 __global__ void kcu_unary_generic(int op, const void *x, int dx, void *out, int dout, float p,
                                   int64_t n) {
+  kcu_begin_early();
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     if (op == KILN_OP_CAST && (kcu_is_int(dx) || kcu_is_int(dout))) {
@@ -80,6 +83,7 @@ __global__ void kcu_unary_generic(int op, const void *x, int dx, void *out, int 
 
 __global__ void kcu_where_kernel(kcu_bcast g, const unsigned char *c, const void *a, int da,
                                  const void *b, int db, void *out, int dout, int64_t n) {
+  kcu_begin_early();
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t off[3];
@@ -142,12 +146,12 @@ cudaError_t kcu_binary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *a,
                        const kcu_tensor *b, const kcu_tensor *out, float alpha) {
   if (out->numel == 0) return cudaSuccess;
   if (kcu_vec_ok(out, a, b)) {
-    kcu_pointwise_vec<<<kcu_grid(out->numel, 8), KCU_BLOCK, 0, s>>>(
+    kcu_launch_early(kcu_pointwise_vec, kcu_grid(out->numel, 8), KCU_BLOCK, 0, s,
         kind, 1, a->data, b->data, out->data, out->dtype, out->numel, alpha);
   } else {
     const kcu_tensor *ops[2] = {a, b};
     kcu_bcast g = kcu_make_bcast(out, ops, 2);
-    kcu_binary_generic<<<kcu_grid(out->numel, 4), KCU_BLOCK, 0, s>>>(
+    kcu_launch_early(kcu_binary_generic, kcu_grid(out->numel, 4), KCU_BLOCK, 0, s,
         g, kind, a->data, a->dtype, b->data, b->dtype, out->data, out->dtype, alpha, out->numel);
   }
   return cudaGetLastError();
@@ -157,10 +161,10 @@ cudaError_t kcu_unary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
                       const kcu_tensor *out, float param) {
   if (out->numel == 0) return cudaSuccess;
   if (kind != KILN_OP_CAST && kcu_vec_ok(out, x, NULL)) {
-    kcu_pointwise_vec<<<kcu_grid(out->numel, 8), KCU_BLOCK, 0, s>>>(
-        kind, 0, x->data, NULL, out->data, out->dtype, out->numel, param);
+    kcu_launch_early(kcu_pointwise_vec, kcu_grid(out->numel, 8), KCU_BLOCK, 0, s,
+        kind, 0, x->data, (const void *)NULL, out->data, out->dtype, out->numel, param);
   } else {
-    kcu_unary_generic<<<kcu_grid(out->numel, 4), KCU_BLOCK, 0, s>>>(
+    kcu_launch_early(kcu_unary_generic, kcu_grid(out->numel, 4), KCU_BLOCK, 0, s,
         kind, x->data, x->dtype, out->data, out->dtype, param, out->numel);
   }
   return cudaGetLastError();
@@ -171,7 +175,7 @@ cudaError_t kcu_where(cudaStream_t s, const kcu_tensor *cond, const kcu_tensor *
   if (out->numel == 0) return cudaSuccess;
   const kcu_tensor *ops[3] = {cond, a, b};
   kcu_bcast g = kcu_make_bcast(out, ops, 3);
-  kcu_where_kernel<<<kcu_grid(out->numel, 4), KCU_BLOCK, 0, s>>>(
+  kcu_launch_early(kcu_where_kernel, kcu_grid(out->numel, 4), KCU_BLOCK, 0, s,
       g, (const unsigned char *)cond->data, a->data, a->dtype, b->data, b->dtype, out->data,
       out->dtype, out->numel);
   return cudaGetLastError();
@@ -184,6 +188,7 @@ cudaError_t kcu_activation(cudaStream_t s, kiln_activation act, const kcu_tensor
 }
 
 __global__ void kcu_swiglu_kernel(const void *t, void *out, int dt, int64_t M, int64_t N) {
+  kcu_begin_early();
   int64_t stride = (int64_t)gridDim.x * blockDim.x, n = M * N;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t m = i / N, j = i % N;
@@ -195,6 +200,6 @@ __global__ void kcu_swiglu_kernel(const void *t, void *out, int dt, int64_t M, i
 cudaError_t kcu_swiglu(cudaStream_t s, const void *t, void *out, kiln_dtype dt, int64_t M,
                        int64_t N) {
   if (M * N == 0) return cudaSuccess;
-  kcu_swiglu_kernel<<<kcu_grid(M * N, 4), KCU_BLOCK, 0, s>>>(t, out, (int)dt, M, N);
+  kcu_launch_early(kcu_swiglu_kernel, kcu_grid(M * N, 4), KCU_BLOCK, 0, s, t, out, (int)dt, M, N);
   return cudaGetLastError();
 }

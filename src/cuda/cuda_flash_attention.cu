@@ -286,6 +286,7 @@ static __device__ __forceinline__ void kcu_flash_body(const kcu_flash_args *a, c
   __global__ void __launch_bounds__(KCU_FLASH_WARPS * 32)                                      \
       name(kcu_flash_args a, const void *q, const void *k, const void *v, const void *mask,    \
            void *out) {                                                                        \
+    kcu_begin_early();                                                                         \
     kcu_flash_body(&a, q, k, v, mask, out, D, BF16);                                           \
   }
 KCU_FLASH_KERNEL(kcu_flash_f16_64, 64, 0)
@@ -351,7 +352,8 @@ cudaError_t kcu_flash_attention(cudaStream_t s, const kcu_tensor *q, const kcu_t
   void (*kernel)(kcu_flash_args, const void *, const void *, const void *, const void *, void *) =
       D == 64 ? (bf16 ? kcu_flash_bf16_64 : kcu_flash_f16_64)
               : (bf16 ? kcu_flash_bf16_128 : kcu_flash_f16_128);
-  kernel<<<(unsigned)(a.batch * a.n_qtiles), KCU_FLASH_WARPS * 32, kcu_flash_smem(D), s>>>(
-      a, q->data, k->data, v->data, mask ? mask->data : NULL, out->data);
+  kcu_launch_early(kernel, (unsigned)(a.batch * a.n_qtiles), KCU_FLASH_WARPS * 32,
+                   kcu_flash_smem(D), s, a, q->data, k->data, v->data,
+                   mask ? mask->data : NULL, out->data);
   return cudaGetLastError();
 }

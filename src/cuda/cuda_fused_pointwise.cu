@@ -9,6 +9,7 @@
 
 /* Every operand contiguous and of the output's shape: 16 bytes per operand per thread. */
 __global__ void kcu_chain_vec(kcu_chain c, void *out, int64_t n) {
+  kcu_begin_early();
   int per = c.dtype == KILN_F32 ? 4 : 8;
   int64_t nv = n / per;
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -31,6 +32,7 @@ __global__ void kcu_chain_vec(kcu_chain c, void *out, int64_t n) {
 
 /* Any broadcast: input 0 has the output's shape, the others are read at their offsets. */
 __global__ void kcu_chain_generic(kcu_chain c, void *out, int64_t n) {
+  kcu_begin_early();
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
     kcu_st(out, c.dtype, i, kcu_chain_apply(&c, 0, c.n_steps, kcu_ld(c.in[0], c.dtype, i), i));
@@ -77,8 +79,10 @@ cudaError_t kcu_fused_pointwise(cudaStream_t s, const kiln_op *op, const kcu_ten
   kiln_pw_span_of(op, &span);
   kcu_chain_init(&c, &span, in, op->n_inputs, out);
   if (kcu_chain_vec_ok(in, op->n_inputs, out))
-    kcu_chain_vec<<<kcu_grid(out->numel, 8), KCU_BLOCK, 0, s>>>(c, out->data, out->numel);
+    kcu_launch_early(kcu_chain_vec, kcu_grid(out->numel, 8), KCU_BLOCK, 0, s, c, out->data,
+                     out->numel);
   else
-    kcu_chain_generic<<<kcu_grid(out->numel, 4), KCU_BLOCK, 0, s>>>(c, out->data, out->numel);
+    kcu_launch_early(kcu_chain_generic, kcu_grid(out->numel, 4), KCU_BLOCK, 0, s, c, out->data,
+                     out->numel);
   return cudaGetLastError();
 }

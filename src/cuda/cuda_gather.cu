@@ -6,6 +6,7 @@
 #define KCU_DEFINE_GATHER(name, type)                                                      \
   __global__ void name(const type *x, const void *idx, int didx, type *out, int64_t outer, \
                        int64_t n_idx, int64_t inner, int64_t src_dim, int *fault) {       \
+    kcu_begin_early();                                                                    \
     int64_t n = outer * n_idx * inner;                                                    \
     int64_t stride = (int64_t)gridDim.x * blockDim.x;                                     \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) { \
@@ -34,10 +35,10 @@ static cudaError_t kcu_gather(cudaStream_t s, const kcu_tensor *x, const kcu_ten
   if (n == 0) return cudaSuccess;
   unsigned grid = kcu_grid(n, 4);
   switch (kiln_dtype_size(x->dtype)) {
-  case 1: kcu_gather1<<<grid, KCU_BLOCK, 0, s>>>((const unsigned char *)x->data, idx->data, idx->dtype, (unsigned char *)out->data, outer, n_idx, inner, src_dim, fault); break;
-  case 2: kcu_gather2<<<grid, KCU_BLOCK, 0, s>>>((const unsigned short *)x->data, idx->data, idx->dtype, (unsigned short *)out->data, outer, n_idx, inner, src_dim, fault); break;
-  case 4: kcu_gather4<<<grid, KCU_BLOCK, 0, s>>>((const unsigned int *)x->data, idx->data, idx->dtype, (unsigned int *)out->data, outer, n_idx, inner, src_dim, fault); break;
-  default: kcu_gather8<<<grid, KCU_BLOCK, 0, s>>>((const unsigned long long *)x->data, idx->data, idx->dtype, (unsigned long long *)out->data, outer, n_idx, inner, src_dim, fault); break;
+  case 1: kcu_launch_early(kcu_gather1, grid, KCU_BLOCK, 0, s, (const unsigned char *)x->data, idx->data, idx->dtype, (unsigned char *)out->data, outer, n_idx, inner, src_dim, fault); break;
+  case 2: kcu_launch_early(kcu_gather2, grid, KCU_BLOCK, 0, s, (const unsigned short *)x->data, idx->data, idx->dtype, (unsigned short *)out->data, outer, n_idx, inner, src_dim, fault); break;
+  case 4: kcu_launch_early(kcu_gather4, grid, KCU_BLOCK, 0, s, (const unsigned int *)x->data, idx->data, idx->dtype, (unsigned int *)out->data, outer, n_idx, inner, src_dim, fault); break;
+  default: kcu_launch_early(kcu_gather8, grid, KCU_BLOCK, 0, s, (const unsigned long long *)x->data, idx->data, idx->dtype, (unsigned long long *)out->data, outer, n_idx, inner, src_dim, fault); break;
   }
   return cudaGetLastError();
 }
@@ -78,6 +79,7 @@ typedef struct kcu_gather_geom {
 
 __global__ void kcu_gather_dim_kernel(kcu_gather_geom g, const void *x, const void *idx,
                                       int didx, void *out, size_t elem, int64_t n, int *fault) {
+  kcu_begin_early();
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t rest = i, from = 0;
@@ -107,7 +109,7 @@ cudaError_t kcu_gather_dim(cudaStream_t s, const kcu_tensor *x, const kcu_tensor
   g.size = x->dims[dim];
   for (int d = 0; d < idx->rank; d++) g.dims[d] = idx->dims[d];
   kcu_strides(x, g.xstr);
-  kcu_gather_dim_kernel<<<kcu_grid(out->numel, 4), KCU_BLOCK, 0, s>>>(
+  kcu_launch_early(kcu_gather_dim_kernel, kcu_grid(out->numel, 4), KCU_BLOCK, 0, s,
       g, x->data, idx->data, idx->dtype, out->data, kiln_dtype_size(x->dtype), out->numel, fault);
   return cudaGetLastError();
 }
@@ -128,6 +130,7 @@ typedef struct kcu_index_geom {
 
 __global__ void kcu_index_kernel(kcu_index_geom g, const void *x, void *out, size_t elem,
                                  int64_t n, int *fault) {
+  kcu_begin_early();
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t rest = i, from = 0, at[KCU_MAX_INDICES];
@@ -173,7 +176,7 @@ cudaError_t kcu_advanced_index(cudaStream_t s, const kcu_tensor *x, const kcu_te
     g.idx[k] = idx[k].data;
     g.dtype[k] = idx[k].dtype;
   }
-  kcu_index_kernel<<<kcu_grid(out->numel, 4), KCU_BLOCK, 0, s>>>(
+  kcu_launch_early(kcu_index_kernel, kcu_grid(out->numel, 4), KCU_BLOCK, 0, s,
       g, x->data, out->data, kiln_dtype_size(x->dtype), out->numel, fault);
   return cudaGetLastError();
 }

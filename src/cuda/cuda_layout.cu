@@ -14,6 +14,7 @@ typedef struct kcu_copy_args {
 
 #define KCU_DEFINE_COPY(name, type)                                                        \
   __global__ void name(kcu_copy_args a, const type *src, type *dst) {                     \
+    kcu_begin_early();                                                                    \
     int64_t stride = (int64_t)gridDim.x * blockDim.x;                                     \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += stride) { \
       int64_t s = a.g.src_base, t = a.g.dst_base, r = i;                                  \
@@ -37,6 +38,7 @@ typedef struct kcu_copy_args32 {
 
 #define KCU_DEFINE_COPY32(name, type)                                                      \
   __global__ void name(kcu_copy_args32 a, const type *src, type *dst) {                   \
+    kcu_begin_early();                                                                    \
     unsigned stride = gridDim.x * blockDim.x;                                             \
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += stride) {      \
       unsigned s = a.src_base, t = a.dst_base, r = i;                                     \
@@ -69,6 +71,7 @@ static __device__ __forceinline__ unsigned kcu_pick4(unsigned q, unsigned a, uns
 
 __global__ void kcu_pitch_rows(const uint4 *src, uint4 *dst, unsigned rows, unsigned L,
                                unsigned P, int es_log) {
+  kcu_begin_early();
   const unsigned W = 16u >> es_log, es = 1u << es_log;
   for (unsigned r = blockIdx.y; r < rows; r += gridDim.y) {
     unsigned long long d0 = (unsigned long long)r * L; /* the row's first destination element */
@@ -129,6 +132,7 @@ static __device__ __forceinline__ unsigned kcu_row_start(const kcu_copy_args32 &
 
 #define KCU_DEFINE_ROWS(name, type)                                                        \
   __global__ void name(kcu_copy_args32 a, const type *src, type *dst) {                   \
+    kcu_begin_early();                                                                    \
     const unsigned W = 16 / sizeof(type), L = a.dims[a.rank - 1];                         \
     const unsigned step = a.src_strides[a.rank - 1], n_vec = a.n / W;                     \
     unsigned stride = gridDim.x * blockDim.x, first = blockIdx.x * blockDim.x + threadIdx.x; \
@@ -247,7 +251,7 @@ cudaError_t kcu_strided_copy(cudaStream_t s, const void *src, void *dst, size_t 
       unsigned long long vectors = (g->dims[1] * elem_size + 15) / 16;
       dim3 pitch_grid((unsigned)((vectors + KCU_BLOCK - 1) / KCU_BLOCK),
                       g->dims[0] < 65535 ? (unsigned)g->dims[0] : 65535u);
-      kcu_pitch_rows<<<pitch_grid, KCU_BLOCK, 0, s>>>(
+      kcu_launch_early(kcu_pitch_rows, pitch_grid, KCU_BLOCK, 0, s,
           (const uint4 *)((const char *)src + g->src_base * elem_size),
           (uint4 *)((char *)dst + g->dst_base * elem_size), (unsigned)g->dims[0],
           (unsigned)g->dims[1], (unsigned)g->src_strides[0],
@@ -257,28 +261,28 @@ cudaError_t kcu_strided_copy(cudaStream_t s, const void *src, void *dst, size_t 
     if (kcu_rows_fit(&b, elem_size, dst)) {
       unsigned rows_grid = kcu_grid(a.n / (int64_t)(16 / elem_size) + 1, 1);
       switch (elem_size) {
-      case 1: kcu_rows1<<<rows_grid, KCU_BLOCK, 0, s>>>(b, (const unsigned char *)src, (unsigned char *)dst); break;
-      case 2: kcu_rows2<<<rows_grid, KCU_BLOCK, 0, s>>>(b, (const unsigned short *)src, (unsigned short *)dst); break;
-      case 4: kcu_rows4<<<rows_grid, KCU_BLOCK, 0, s>>>(b, (const unsigned int *)src, (unsigned int *)dst); break;
-      default: kcu_rows8<<<rows_grid, KCU_BLOCK, 0, s>>>(b, (const unsigned long long *)src, (unsigned long long *)dst); break;
+      case 1: kcu_launch_early(kcu_rows1, rows_grid, KCU_BLOCK, 0, s, b, (const unsigned char *)src, (unsigned char *)dst); break;
+      case 2: kcu_launch_early(kcu_rows2, rows_grid, KCU_BLOCK, 0, s, b, (const unsigned short *)src, (unsigned short *)dst); break;
+      case 4: kcu_launch_early(kcu_rows4, rows_grid, KCU_BLOCK, 0, s, b, (const unsigned int *)src, (unsigned int *)dst); break;
+      default: kcu_launch_early(kcu_rows8, rows_grid, KCU_BLOCK, 0, s, b, (const unsigned long long *)src, (unsigned long long *)dst); break;
       }
       return cudaGetLastError();
     }
     switch (elem_size) {
-    case 1: kcu_copy32_1<<<grid, KCU_BLOCK, 0, s>>>(b, (const unsigned char *)src, (unsigned char *)dst); break;
-    case 2: kcu_copy32_2<<<grid, KCU_BLOCK, 0, s>>>(b, (const unsigned short *)src, (unsigned short *)dst); break;
-    case 4: kcu_copy32_4<<<grid, KCU_BLOCK, 0, s>>>(b, (const unsigned int *)src, (unsigned int *)dst); break;
-    case 8: kcu_copy32_8<<<grid, KCU_BLOCK, 0, s>>>(b, (const unsigned long long *)src, (unsigned long long *)dst); break;
-    default: kcu_copy32_16<<<grid, KCU_BLOCK, 0, s>>>(b, (const uint4 *)src, (uint4 *)dst); break;
+    case 1: kcu_launch_early(kcu_copy32_1, grid, KCU_BLOCK, 0, s, b, (const unsigned char *)src, (unsigned char *)dst); break;
+    case 2: kcu_launch_early(kcu_copy32_2, grid, KCU_BLOCK, 0, s, b, (const unsigned short *)src, (unsigned short *)dst); break;
+    case 4: kcu_launch_early(kcu_copy32_4, grid, KCU_BLOCK, 0, s, b, (const unsigned int *)src, (unsigned int *)dst); break;
+    case 8: kcu_launch_early(kcu_copy32_8, grid, KCU_BLOCK, 0, s, b, (const unsigned long long *)src, (unsigned long long *)dst); break;
+    default: kcu_launch_early(kcu_copy32_16, grid, KCU_BLOCK, 0, s, b, (const uint4 *)src, (uint4 *)dst); break;
     }
     return cudaGetLastError();
   }
   switch (elem_size) {
-  case 1: kcu_copy1<<<grid, KCU_BLOCK, 0, s>>>(a, (const unsigned char *)src, (unsigned char *)dst); break;
-  case 2: kcu_copy2<<<grid, KCU_BLOCK, 0, s>>>(a, (const unsigned short *)src, (unsigned short *)dst); break;
-  case 4: kcu_copy4<<<grid, KCU_BLOCK, 0, s>>>(a, (const unsigned int *)src, (unsigned int *)dst); break;
-  case 8: kcu_copy8<<<grid, KCU_BLOCK, 0, s>>>(a, (const unsigned long long *)src, (unsigned long long *)dst); break;
-  default: kcu_copy16<<<grid, KCU_BLOCK, 0, s>>>(a, (const uint4 *)src, (uint4 *)dst); break;
+  case 1: kcu_launch_early(kcu_copy1, grid, KCU_BLOCK, 0, s, a, (const unsigned char *)src, (unsigned char *)dst); break;
+  case 2: kcu_launch_early(kcu_copy2, grid, KCU_BLOCK, 0, s, a, (const unsigned short *)src, (unsigned short *)dst); break;
+  case 4: kcu_launch_early(kcu_copy4, grid, KCU_BLOCK, 0, s, a, (const unsigned int *)src, (unsigned int *)dst); break;
+  case 8: kcu_launch_early(kcu_copy8, grid, KCU_BLOCK, 0, s, a, (const unsigned long long *)src, (unsigned long long *)dst); break;
+  default: kcu_launch_early(kcu_copy16, grid, KCU_BLOCK, 0, s, a, (const uint4 *)src, (uint4 *)dst); break;
   }
   return cudaGetLastError();
 }

@@ -31,6 +31,7 @@ static __device__ __forceinline__ int kcu_cmp_int(int cmp, long long a, long lon
 
 __global__ void kcu_compare_kernel(kcu_bcast g, int cmp, const void *a, const void *b, int dt,
                                    unsigned char *out, int64_t n) {
+  kcu_begin_early();
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   int floating = kcu_is_floating(dt);
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -50,6 +51,7 @@ static __device__ __forceinline__ long long kcu_truth(const void *p, int dt, int
 /* LOGICAL on the truth of each input, BITWISE on the integers (NOT of a bool: logical not). */
 __global__ void kcu_bool_kernel(kcu_bcast g, int logical, int which, int n_in, const void *a,
                                 int da, const void *b, int db, void *out, int dout, int64_t n) {
+  kcu_begin_early();
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     int64_t off[2];
@@ -72,7 +74,7 @@ cudaError_t kcu_compare(cudaStream_t s, kiln_compare cmp, const kcu_tensor *a,
   if (out->numel == 0) return cudaSuccess;
   const kcu_tensor *ops[2] = {a, b};
   kcu_bcast g = kcu_make_bcast(out, ops, 2);
-  kcu_compare_kernel<<<kcu_grid(out->numel, 4), KCU_BLOCK, 0, s>>>(
+  kcu_launch_early(kcu_compare_kernel, kcu_grid(out->numel, 4), KCU_BLOCK, 0, s,
       g, (int)cmp, a->data, b->data, a->dtype, (unsigned char *)out->data, out->numel);
   return cudaGetLastError();
 }
@@ -83,7 +85,7 @@ cudaError_t kcu_bool_op(cudaStream_t s, kiln_op_kind kind, kiln_bool_op which,
   const kcu_tensor *ops[2] = {&in[0], n_in > 1 ? &in[1] : &in[0]};
   kcu_bcast g = kcu_make_bcast(out, ops, (int)n_in);
   const kcu_tensor *b = ops[1];
-  kcu_bool_kernel<<<kcu_grid(out->numel, 4), KCU_BLOCK, 0, s>>>(
+  kcu_launch_early(kcu_bool_kernel, kcu_grid(out->numel, 4), KCU_BLOCK, 0, s,
       g, kind == KILN_OP_LOGICAL, (int)which, (int)n_in, in[0].data, in[0].dtype, b->data,
       b->dtype, out->data, out->dtype, out->numel);
   return cudaGetLastError();

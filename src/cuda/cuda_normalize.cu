@@ -3,6 +3,7 @@
 #include "cuda_chain.cuh"
 
 __global__ void kcu_softmax_rows(const void *x, int dx, void *out, int dout, int64_t n, int log) {
+  kcu_begin_early();
   __shared__ float scratch[32];
   int64_t row = blockIdx.x;
   int64_t base = row * n;
@@ -21,6 +22,7 @@ __global__ void kcu_softmax_rows(const void *x, int dx, void *out, int dout, int
 
 __global__ void kcu_softmax_cols(const void *x, int dx, void *out, int dout, int64_t outer,
                                  int64_t n, int64_t inner, int log) {
+  kcu_begin_early();
   int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < outer * inner; c += stride) {
     int64_t base = (c / inner) * n * inner + c % inner;
@@ -48,10 +50,10 @@ cudaError_t kcu_softmax(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *o
   for (int d = 0; d < dim; d++) outer *= x->dims[d];
   for (int d = dim + 1; d < x->rank; d++) inner *= x->dims[d];
   if (inner == 1 && outer <= 0x7fffffffLL) {
-    kcu_softmax_rows<<<(unsigned)outer, kcu_row_threads(n), 0, s>>>(x->data, x->dtype, out->data,
-                                                                   out->dtype, n, log);
+    kcu_launch_early(kcu_softmax_rows, (unsigned)outer, kcu_row_threads(n), 0, s, x->data,
+                     x->dtype, out->data, out->dtype, n, log);
   } else {
-    kcu_softmax_cols<<<kcu_grid(outer * inner, 1), KCU_BLOCK, 0, s>>>(
+    kcu_launch_early(kcu_softmax_cols, kcu_grid(outer * inner, 1), KCU_BLOCK, 0, s,
         x->data, x->dtype, out->data, out->dtype, outer, n, inner, log);
   }
   return cudaGetLastError();

@@ -30,11 +30,11 @@ void kcu_broadcast_strides(const kcu_tensor *t, int32_t rank, const int64_t *dim
                            int64_t *strides);
 
 /* cuda_early_launch.c: whether the current device launches kernels early (compute capability
- * 9.0 and up), and a one-dimensional launch configuration, early when asked and possible (attr:
- * the configuration's storage for its one attribute). */
+ * 9.0 and up), and a launch configuration, early when asked and possible (attr: storage for
+ * its one attribute). */
 int kcu_early_launch_ok(void);
-cudaLaunchConfig_t kcu_launch_config(unsigned blocks, unsigned threads, size_t smem,
-                                     cudaStream_t s, int early, cudaLaunchAttribute *attr);
+cudaLaunchConfig_t kcu_launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                     int early, cudaLaunchAttribute *attr);
 
 /* cuda_elementwise.cu: ADD/SUB/MUL/DIV (alpha for ADD/SUB), MINIMUM, MAXIMUM, broadcasting. */
 cudaError_t kcu_binary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *a,

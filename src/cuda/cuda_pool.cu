@@ -16,6 +16,7 @@ typedef struct kcu_pool_geom {
 } kcu_pool_geom;
 
 __global__ void kcu_pool_kernel(kcu_pool_geom g, const void *x, void *out, int dt, int64_t n) {
+  kcu_begin_early();
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const int V = g.vec;
   const int64_t C = g.cvec * V;
@@ -74,6 +75,7 @@ __global__ void kcu_pool_kernel(kcu_pool_geom g, const void *x, void *out, int d
 /* Global average of NCHW planes: one warp per plane of n contiguous elements. */
 __global__ void kcu_global_avg_planes(const void *x, void *out, int dt, int64_t planes,
                                       int64_t n) {
+  kcu_begin_early();
   const int64_t warps = (int64_t)gridDim.x * blockDim.x / 32;
   const int lane = threadIdx.x & 31;
   for (int64_t p = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; p < planes; p += warps) {
@@ -90,6 +92,7 @@ __global__ void kcu_global_avg_planes(const void *x, void *out, int dt, int64_t 
  * (threadIdx.x) by KCU_GAP_SLICES position slices (threadIdx.y), which meet in shared memory. */
 __global__ void kcu_global_avg_channels(const void *x, void *out, int dt, int64_t batch,
                                         int64_t cvec, int vec, int64_t positions) {
+  kcu_begin_early();
   __shared__ float part[KCU_GAP_SLICES][32][8];
   const int64_t C = cvec * vec, chunks = (cvec + 31) / 32;
   for (int64_t blk = blockIdx.x; blk < batch * chunks; blk += gridDim.x) {
@@ -127,13 +130,14 @@ static int kcu_channel_vector(const kiln_planes *d, const kcu_tensor *x, const k
 static cudaError_t kcu_global_avg(cudaStream_t s, const kiln_planes *d, int vec,
                                   const kcu_tensor *x, const kcu_tensor *out) {
   if (d->channels == 1) {
-    kcu_global_avg_planes<<<kcu_grid(d->batch * 32, 1), KCU_BLOCK, 0, s>>>(
+    kcu_launch_early(kcu_global_avg_planes, kcu_grid(d->batch * 32, 1), KCU_BLOCK, 0, s,
         x->data, out->data, x->dtype, d->batch, d->h * d->w);
   } else {
     int64_t cvec = d->channels / vec, blocks = d->batch * ((cvec + 31) / 32);
     dim3 threads(32, KCU_GAP_SLICES);
-    kcu_global_avg_channels<<<(unsigned)(blocks < 65535 * 16 ? blocks : 65535 * 16), threads, 0,
-                              s>>>(x->data, out->data, x->dtype, d->batch, cvec, vec, d->h * d->w);
+    kcu_launch_early(kcu_global_avg_channels,
+                     (unsigned)(blocks < 65535 * 16 ? blocks : 65535 * 16), threads, 0, s,
+                     x->data, out->data, x->dtype, d->batch, cvec, vec, d->h * d->w);
   }
   return cudaGetLastError();
 }
@@ -155,6 +159,7 @@ extern "C" cudaError_t kcu_pool(cudaStream_t s, const kiln_op *op, const kiln_wi
            : op->kind == KILN_OP_AVG_POOL2D ? KCU_POOL_AVG
                                             : KCU_POOL_ADAPTIVE;
   int64_t n = g.batch * g.oh * g.ow * g.cvec;
-  kcu_pool_kernel<<<kcu_grid(n, 1), KCU_BLOCK, 0, s>>>(g, x->data, out->data, x->dtype, n);
+  kcu_launch_early(kcu_pool_kernel, kcu_grid(n, 1), KCU_BLOCK, 0, s, g, x->data, out->data,
+                   x->dtype, n);
   return cudaGetLastError();
 }

@@ -28,6 +28,7 @@ static __device__ __forceinline__ float kcu_fold(int op, float acc, float v) {
 /* Each group of `lanes` threads (1 or 32) reduces one output element. */
 __global__ void kcu_reduce_kernel(kcu_reduce_geom g, int op, const void *x, int dx, void *out,
                                   int dout, int64_t n_out, int lanes) {
+  kcu_begin_early();
   int64_t gid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / lanes;
   int lane = (int)(threadIdx.x % lanes);
   int64_t groups = (int64_t)gridDim.x * blockDim.x / lanes;
@@ -64,6 +65,7 @@ __global__ void kcu_reduce_kernel(kcu_reduce_geom g, int op, const void *x, int 
 #define KCU_REDUCE_THREADS 1024
 __global__ void kcu_reduce_block(kcu_reduce_geom g, int op, const void *x, int dx, void *out,
                                  int dout) {
+  kcu_begin_early();
   __shared__ long long iscratch[32];
   __shared__ float fscratch[32];
   int64_t o = blockIdx.x;
@@ -123,12 +125,12 @@ cudaError_t kcu_reduce(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *x,
   }
   g.trailing = g.nr == x->rank - first_reduced;
   if (out->numel <= 4096 && g.rcount >= 8192) {
-    kcu_reduce_block<<<(unsigned)out->numel, KCU_REDUCE_THREADS, 0, s>>>(g, kind, x->data, x->dtype,
-                                                                         out->data, out->dtype);
+    kcu_launch_early(kcu_reduce_block, (unsigned)out->numel, KCU_REDUCE_THREADS, 0, s, g, kind,
+                     x->data, x->dtype, out->data, out->dtype);
     return cudaGetLastError();
   }
   int lanes = g.rcount >= 32 ? 32 : 1;
-  kcu_reduce_kernel<<<kcu_grid(out->numel * lanes, 1), KCU_BLOCK, 0, s>>>(
+  kcu_launch_early(kcu_reduce_kernel, kcu_grid(out->numel * lanes, 1), KCU_BLOCK, 0, s,
       g, kind, x->data, x->dtype, out->data, out->dtype, out->numel, lanes);
   return cudaGetLastError();
 }
@@ -150,6 +152,7 @@ static __device__ __forceinline__ int kcu_argmax_takes_int(long long v, long lon
 /* x viewed as [outer, n, inner]; each group of `lanes` threads (1 or 32) finds one output. */
 __global__ void kcu_argmax_kernel(const void *x, int dx, long long *out, int64_t n_out,
                                   int64_t n, int64_t inner, int lanes) {
+  kcu_begin_early();
   int64_t gid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / lanes;
   int lane = (int)(threadIdx.x % lanes);
   int64_t groups = (int64_t)gridDim.x * blockDim.x / lanes;
@@ -263,7 +266,7 @@ cudaError_t kcu_argmax(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *ou
     return cudaGetLastError();
   }
   int lanes = n >= 32 ? 32 : 1;
-  kcu_argmax_kernel<<<kcu_grid(out->numel * lanes, 1), KCU_BLOCK, 0, s>>>(
+  kcu_launch_early(kcu_argmax_kernel, kcu_grid(out->numel * lanes, 1), KCU_BLOCK, 0, s,
       x->data, x->dtype, (long long *)out->data, out->numel, n, inner, lanes);
   return cudaGetLastError();
 }

@@ -49,6 +49,7 @@ static __device__ __forceinline__ float kcu_lerp(float a, float b, float l) {
 }
 
 __global__ void kcu_resize_kernel(kcu_resize_geom g, const void *x, void *out, int dt, int64_t n) {
+  kcu_begin_early();
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   const int V = g.vec;
   const int64_t C = g.cvec * V;
@@ -99,6 +100,7 @@ extern "C" cudaError_t kcu_resize(cudaStream_t s, const kiln_op *op, const kiln_
   g.ratio_h = kcu_ratio(d->h, d->oh, op->fattr[0], g.align_corners);
   g.ratio_w = kcu_ratio(d->w, d->ow, op->fattr[1], g.align_corners);
   int64_t n = g.batch * g.oh * g.ow * g.cvec;
-  kcu_resize_kernel<<<kcu_grid(n, 1), KCU_BLOCK, 0, s>>>(g, x->data, out->data, x->dtype, n);
+  kcu_launch_early(kcu_resize_kernel, kcu_grid(n, 1), KCU_BLOCK, 0, s, g, x->data, out->data,
+                   x->dtype, n);
   return cudaGetLastError();
 }

@@ -14,6 +14,7 @@ static __device__ __forceinline__ float kcu_as_dtype(float v, int dt) {
 /* Every lane of a warp walks the same line and chunks, so the shuffles see full warps. */
 __global__ void kcu_cumsum_kernel(const void *x, int dx, void *out, int dout, int64_t lines,
                                   int64_t n, int64_t inner, int lanes) {
+  kcu_begin_early();
   int64_t gid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / lanes;
   int lane = (int)(threadIdx.x % lanes);
   int64_t groups = (int64_t)gridDim.x * blockDim.x / lanes;
@@ -54,7 +55,7 @@ cudaError_t kcu_cumsum(cudaStream_t s, const kcu_tensor *x, const kcu_tensor *ou
   for (int d = 0; d < dim; d++) outer *= x->dims[d];
   for (int d = dim + 1; d < x->rank; d++) inner *= x->dims[d];
   int lanes = n >= 64 ? 32 : 1;
-  kcu_cumsum_kernel<<<kcu_grid(outer * inner * lanes, 1), KCU_BLOCK, 0, s>>>(
+  kcu_launch_early(kcu_cumsum_kernel, kcu_grid(outer * inner * lanes, 1), KCU_BLOCK, 0, s,
       x->data, x->dtype, out->data, out->dtype, outer * inner, n, inner, lanes);
   return cudaGetLastError();
 }

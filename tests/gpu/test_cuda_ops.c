@@ -347,12 +347,14 @@ static void test_gemm(void) {
     compare(p, name, NULL);
     p = p_new(); /* kernels launched early one after another, each reading the last's output */
     x = IN(p, dt, 2, 4, 16384);
-    uint32_t h2 = MID(p, dt, 2, 4, 16384);
+    uint32_t h2 = MID(p, dt, 2, 4, 16384), h3 = MID(p, dt, 2, 4, 16384);
     h = MID(p, dt, 2, 4, 16384);
     p_op(p, KILN_OP_RMS_NORM, 1, OPS(x), h, 2, ATTR(1, 0), 1e-6);
-    p_op(p, KILN_OP_LAYER_NORM, 1, OPS(h), h2, 2, ATTR(1, 0), 1e-5);
-    p_op(p, KILN_OP_ARGMAX, 1, OPS(h2), OUT(p, KILN_I64, 1, 4), 2, ATTR(1, 0), 0);
-    snprintf(name, sizeof name, "early launch chain norm norm argmax %s", kiln_dtype_name(dt));
+    p_op(p, KILN_OP_MUL, 2, OPS(h, x), h2, 0, NULL, 0);
+    p_op(p, KILN_OP_LAYER_NORM, 1, OPS(h2), h3, 2, ATTR(1, 0), 1e-5);
+    p_op(p, KILN_OP_ARGMAX, 1, OPS(h3), OUT(p, KILN_I64, 1, 4), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "early launch chain norm mul norm argmax %s",
+             kiln_dtype_name(dt));
     compare(p, name, NULL);
     kcu_test_gemv_choice = -1;
 
