@@ -7,8 +7,10 @@ fp16, 4 layers, a static cache of 1152 slots), exported once; its blob runs thro
 kiln_engine_execute, then 10 steps at positions 200-209 run under torch.profiler, whose CUDA
 activity (CUPTI) records every kernel in the process, the ones a replayed CUDA graph launches
 included. For each step: its kernels, its span (first kernel start to last kernel end) and the
-gaps (span minus the kernels' own time); one step's kernels in order; and the time per kernel
-name. Writes decode_trace.json (the profiler's Chrome trace) into OUT and prints the rest.
+gaps (span minus the kernels' own time: negative where kernels launched early overlap, each
+counting from its start, before the one ahead of it ends); one step's kernels in order; and the
+time per kernel name. Writes decode_trace.json (the profiler's Chrome trace) into OUT and prints
+the rest.
 
 usage: python3 bench/decode_timeline.py OUT
 """
