@@ -6,9 +6,10 @@
  * row in f32 and reduce by warp shuffles; the slices meet in shared memory, and one warp per
  * column applies bias and activation (erf GELU included, which no cuBLASLt epilogue
  * computes), then adds the residual, before the one store. SwiGLU (w = [gate; up], 2N rows)
- * pairs a gate and an up column in one block and stores silu(gate) * up. A weight is read by
- * a kernel launched early (cuda_early_launch.c): its first loads go out while the kernel ahead
- * of it still runs, which hides most of a small GEMV's fixed cost. */
+ * pairs a gate and an up column in one block and stores silu(gate) * up. A weight no kernel
+ * writes is read by a kernel launched early (cuda_early_launch.c): its first loads go out while
+ * the kernel ahead of it still runs (measured in a decode step: no faster, within the runs'
+ * spread, than loading after the wait). */
 #include "cuda_device.cuh"
 
 #define KCU_GEMV_WARPS 8
