@@ -15,21 +15,17 @@ the rest.
 usage: python3 bench/decode_timeline.py OUT
 """
 
-import collections
 import ctypes
-import json
 import os
 import statistics
 import sys
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import generate_bench as gb  # noqa: E402
-
-STEP_GAP_US = 500  # kernels further apart than this belong to different steps
+import timeline  # noqa: E402
 
 
 def main(out_dir):
@@ -62,42 +58,9 @@ def main(out_dir):
         step(161 + i)
         times.append((time.perf_counter() - t0) * 1e6)
     print("C API step median", round(statistics.median(times), 1), flush=True)
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        for i in range(10):
-            step(200 + i)
-            time.sleep(0.002)
-    path = os.path.join(out_dir, "decode_trace.json")
-    prof.export_chrome_trace(path)
-    kernels = [e for e in json.load(open(path))["traceEvents"] if e.get("cat") == "kernel"]
-    kernels.sort(key=lambda e: e["ts"])
-    steps, cur = [], []
-    for e in kernels:
-        if cur and e["ts"] - (cur[-1]["ts"] + cur[-1]["dur"]) > STEP_GAP_US:
-            steps.append(cur)
-            cur = []
-        cur.append(e)
-    steps.append(cur)
-    for s in steps:
-        span = s[-1]["ts"] + s[-1]["dur"] - s[0]["ts"]
-        busy = sum(e["dur"] for e in s)
-        print(f"step: {len(s)} kernels, span {span:.1f} us, kernel time {busy:.1f} us, "
-              f"gaps {span - busy:.1f} us")
-    s = steps[len(steps) // 2]
-    print("one step, in order: start offset, duration, gap before, name")
-    prev_end = s[0]["ts"]
-    for e in s:
-        start, gap = e["ts"] - s[0]["ts"], e["ts"] - prev_end
-        print(f"{start:8.1f} {e['dur']:7.1f} {gap:6.1f}  {e['name'][:110]}")
-        prev_end = e["ts"] + e["dur"]
-    by_name = collections.defaultdict(lambda: [0, 0.0])
-    for st in steps:
-        for e in st:
-            k = e["name"][:80]
-            by_name[k][0] += 1
-            by_name[k][1] += e["dur"]
-    print("per kernel name, per step: count, total us")
-    for k, (n, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
-        print(f"{n / len(steps):6.1f} {t / len(steps):8.1f}  {k}")
+    at = iter(range(200, 200 + timeline.CALLS))
+    steps = timeline.profiled_calls(lambda: step(next(at)), os.path.join(out_dir, "decode_trace.json"))
+    timeline.report(steps, "decode steps at positions 200-209")
 
 
 if __name__ == "__main__":
