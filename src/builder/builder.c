@@ -3,6 +3,7 @@
 #include "runtime/alloc.h"
 #include "builder/derive_symbols.h"
 #include "builder/fold.h"
+#include "builder/fold_attention_mask.h"
 #include "builder/fold_batch_norm.h"
 #include "builder/fuse.h"
 #include "builder/fuse_attention.h"
@@ -794,8 +795,8 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
  * multiplies, batch norms folded into convolutions, epilogues fused (residuals through a
  * flattening reshape too), dead code removed, convolutions laid out channels-last, then SwiGLU's gate and up projections joined into one GEMM, repeated
  * k and v heads dropped (grouped-query attention), attention's head split and merge taken into
- * the SDPA, the reshape chains those leave folded and the copies they leave dropped,
- * written-out RMSNorms made RMS_NORM ops, pointwise chains fused (after the epilogues, so a
+ * the SDPA, the reshape chains those leave folded and the copies they leave dropped, constant
+ * attention masks that say only "causal" folded into the SDPA, written-out RMSNorms made RMS_NORM ops, pointwise chains fused (after the epilogues, so a
  * GEMM keeps its activation), pointwise ops next to a norm fused into it, then linears of one
  * input (attention's q, k and v) joined into one GEMM whose outputs are column slices (after
  * every pattern pass, so each saw the linears apart, SwiGLU's gate and up among them; right
@@ -821,6 +822,7 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
   if (opts->fuse && ((s = kiln_fold_reshapes(g, err)) || (s = kiln_drop_copies(g, err)) ||
                      (s = kiln_graph_remove_dead(g, err))))
     return s;
+  if (opts->fuse && (s = kiln_fold_attention_masks(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_rms_norms(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_pointwise(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_norms(g, err))) return s;

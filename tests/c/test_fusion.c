@@ -559,6 +559,43 @@ static void g_swiglu_peek(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 3); }
 static void g_swiglu_two_inputs(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 4); }
 static void g_swiglu_sigmoid(kiln_builder *b, kiln_dtype dt) { swiglu(b, dt, 5); }
 
+/* SDPA of q [1,2,3,8] over k, v [1,2,5,8] with a constant mask, as a model of static shapes
+ * builds its causal mask: the bool tril [1,1,3,5] (case 0), the same as f32 0 / -inf (1) and as
+ * f16 0 / -65504 (2, dt f16 only), every key kept by a bool [1,1,1,5] (3), the tril as f32 0 /
+ * -FLT_MAX (4); masks that stay: one that also removes key 0 of row 2 (5), an additive 0.5 (6),
+ * the tril in head 0 and all kept in head 1 of a [1,2,3,5] (7). */
+static int mask_case;
+static void g_const_mask(kiln_builder *b, kiln_dtype dt) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t q = in(b, "q", dt, 4, D(1, 2, 3, 8)), k = in(b, "k", dt, 4, D(1, 2, 5, 8));
+  int32_t v = in(b, "v", dt, 4, D(1, 2, 5, 8)), m = -1;
+  uint8_t keep[30];
+  float add[30];
+  uint16_t half[30];
+  for (int e = 0; e < 30; e++) {
+    int i = e / 5 % 3, j = e % 5;
+    keep[e] = mask_case == 3 || (mask_case == 7 && e >= 15) || j <= i;
+    if (mask_case == 5 && i == 2 && j == 0) keep[e] = 0;
+    add[e] = keep[e] ? (mask_case == 6 && j == 1 ? 0.5f : 0.0f)
+                     : mask_case == 4 ? -3.40282347e38f : -INFINITY;
+    half[e] = keep[e] ? 0x0000u : 0xfbffu;
+  }
+  if (mask_case == 1 || mask_case == 4 || mask_case == 6)
+    m = kiln_builder_add_constant(b, KILN_F32, 4, D(1, 1, 3, 5), add, 15 * sizeof(float), &err);
+  else if (mask_case == 2)
+    m = kiln_builder_add_constant(b, KILN_F16, 4, D(1, 1, 3, 5), half, 15 * 2, &err);
+  else if (mask_case == 3)
+    m = kiln_builder_add_constant(b, KILN_BOOL, 4, D(1, 1, 1, 5), keep, 5, &err);
+  else if (mask_case == 7)
+    m = kiln_builder_add_constant(b, KILN_BOOL, 4, D(1, 2, 3, 5), keep, 30, &err);
+  else
+    m = kiln_builder_add_constant(b, KILN_BOOL, 4, D(1, 1, 3, 5), keep, 15, &err);
+  int32_t a = kiln_builder_add_op(b, KILN_OP_SDPA, T(q, k, v, m), 4, D(0, 1), 2, NULL, 0, &err);
+  if (a < 0) fprintf(stderr, "g_const_mask: %s\n", err.message);
+  CHECK(m >= 0 && a >= 0);
+  out(b, a, "y");
+}
+
 /* ---------------------------------------------------------------- building and running */
 
 typedef struct built {
@@ -1433,6 +1470,33 @@ static void test_grouped_kv(void) {
             (apart[c] == g_gqa_noop) == !find_op(&x, KILN_OP_EXPAND, 1));
     }
     release(&x);
+  }
+}
+
+/* ---------------------------------------------------------------- constant attention masks */
+
+/* A constant mask that says only "causal" or nothing goes (the SDPA causal where it was the
+ * tril); any other stays. Fused and unfused plans (the mask kept) give the same bytes. */
+static void test_constant_masks(void) {
+  built x;
+  for (mask_case = 0; mask_case < 8; mask_case++) {
+    for (int t = 0; t < 3; t++) {
+      kiln_dtype dt = t == 0 ? KILN_F32 : t == 1 ? KILN_F16 : KILN_BF16;
+      if ((mask_case == 2 && dt != KILN_F16) ||
+          ((mask_case == 1 || mask_case == 4 || mask_case == 6) && dt != KILN_F32))
+        continue;
+      int folds = mask_case <= 4;
+      if (build(g_const_mask, dt, 1, &x)) {
+        const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+        CHECK(a && a->n_inputs == (folds ? 3u : 4u) && a->iattr[1] == !folds);
+        CHECK(a && a->iattr[0] == (folds && mask_case != 3));
+        if (a && a->n_inputs != (folds ? 3u : 4u))
+          fprintf(stderr, "constant mask case %d %s: %u inputs\n", mask_case,
+                  kiln_dtype_name(dt), (unsigned)a->n_inputs);
+      }
+      release(&x);
+      check_same_as_unfused(g_const_mask, dt, -2.0, 2.0);
+    }
   }
 }
 
@@ -2493,6 +2557,7 @@ int main(void) {
   test_activations_recognized();
   test_joined_linears_pack_heads();
   test_grouped_kv();
+  test_constant_masks();
   test_swiglu();
   test_groups_fuse();
   test_group_refusals();
