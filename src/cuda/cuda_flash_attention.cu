@@ -147,6 +147,22 @@ static __device__ __forceinline__ void kcu_flash_body(const kcu_flash_args *a, c
 
   for (int t = 0; t < n_tiles; t++) {
     uint32_t buf = (uint32_t)(t & 1) * TILEB;
+    int64_t t0 = (int64_t)t * KCU_FLASH_BK;
+    /* A bool mask's bits for this tile's 32 scores of this lane, loaded before the wait for K
+     * and V so the two round trips overlap: every load unconditional (an index out of range
+     * reads the first element; those scores are masked below), so all 32 are in flight at
+     * once, and one register holds them. An additive mask is read where it is added. */
+    uint32_t kept = 0;
+    if (a->g.mask_kind == 1) {
+#pragma unroll
+      for (int n = 0; n < KCU_FLASH_BK / 8; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          int64_t i = wrow + g + (c >> 1) * 8, j = t0 + n * 8 + 2 * t4 + (c & 1);
+          int64_t mi = i < a->L && j < a->S ? mo + i * a->g.m_row + j * a->g.m_col : mo;
+          kept |= (uint32_t)(((const unsigned char *)mask)[mi] != 0) << (n * 4 + c);
+        }
+    }
     if (t + 1 < n_tiles) {
       uint32_t next = (uint32_t)((t + 1) & 1) * TILEB;
       kcu_flash_load(sk + next, kg, (int64_t)(t + 1) * KCU_FLASH_BK, a->S, a->g.k_row, D);
@@ -157,7 +173,6 @@ static __device__ __forceinline__ void kcu_flash_body(const kcu_flash_args *a, c
       kcu_cp_wait(0);
     }
     __syncthreads();
-    int64_t t0 = (int64_t)t * KCU_FLASH_BK;
     /* Keys at or past kmax in this tile are masked for all 16 rows of the warp (beyond S, or
      * beyond the warp's last row when causal): their mma steps are skipped. */
     int64_t lim = a->S - t0;
@@ -194,16 +209,10 @@ static __device__ __forceinline__ void kcu_flash_body(const kcu_flash_args *a, c
         for (int c = 0; c < 4; c++) {
           int64_t i = wrow + g + (c >> 1) * 8, j = t0 + n * 8 + 2 * t4 + (c & 1);
           float x = s[n][c] * a->scale_log2;
-          if (j >= a->S || (a->causal && j > i)) {
-            x = -INFINITY;
-          } else if (a->g.mask_kind && i < a->L) { /* rows past L are padding: no mask row */
-            int64_t mi = mo + i * a->g.m_row + j * a->g.m_col;
-            if (a->g.mask_kind == 1) {
-              if (!((const unsigned char *)mask)[mi]) x = -INFINITY;
-            } else {
-              x += kcu_ld(mask, a->g.dm, mi) * KCU_FLASH_LOG2E;
-            }
-          }
+          if (j >= a->S || (a->causal && j > i)) x = -INFINITY;
+          else if (a->g.mask_kind == 1 && !(kept >> (n * 4 + c) & 1u)) x = -INFINITY;
+          else if (a->g.mask_kind == 2 && i < a->L) /* rows past L are padding: no mask row */
+            x += kcu_ld(mask, a->g.dm, mo + i * a->g.m_row + j * a->g.m_col) * KCU_FLASH_LOG2E;
           s[n][c] = x;
         }
     }

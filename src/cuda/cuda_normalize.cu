@@ -94,6 +94,7 @@ __global__ void kcu_norm_rows(kcu_chain c, int before, const void *w, const void
 
 #define KCU_NORM_VECS 2      /* 16-byte vectors of the row each thread holds */
 #define KCU_NORM_THREADS 512 /* the most threads a row takes */
+#define KCU_NORM_MANY_ROWS 512 /* rows enough to fill the GPU with blocks of several vectors */
 
 /* Steps [from, to) on the elements v of 16-byte vector vi, every operand of x's shape. */
 static __device__ __forceinline__ void kcu_norm_steps(const kcu_chain *c, int from, int to,
@@ -159,10 +160,10 @@ __global__ void __launch_bounds__(KCU_NORM_THREADS, 1)
   }
 }
 
-/* Threads for kcu_norm_rows_vec on rows of n elements, or 0 when it cannot take them. */
+/* Threads for kcu_norm_rows_vec on `rows` rows of n elements, or 0 when it cannot take them. */
 static unsigned kcu_norm_vec_threads(const kcu_chain *c, const kcu_tensor *in, uint32_t n_in,
                                      uint32_t first_operand, const void *w, const void *b,
-                                     const kcu_tensor *out, int64_t n) {
+                                     const kcu_tensor *out, int64_t n, int64_t rows) {
   int per = c->dtype == KILN_F32 ? 4 : 8;
   int64_t nv = n / per;
   uintptr_t addr = (uintptr_t)in[0].data | (uintptr_t)out->data | (uintptr_t)w | (uintptr_t)b;
@@ -172,7 +173,9 @@ static unsigned kcu_norm_vec_threads(const kcu_chain *c, const kcu_tensor *in, u
   }
   if (n % per != 0 || (addr & 15u) != 0 || nv > KCU_NORM_THREADS * KCU_NORM_VECS) return 0;
   int64_t t = (nv + KCU_NORM_VECS - 1) / KCU_NORM_VECS;
-  if (nv <= KCU_NORM_THREADS) t = nv; /* one vector a thread while the block allows it */
+  /* Few rows: one vector a thread while the block allows it, for the shortest row latency.
+   * Many: KCU_NORM_VECS a thread, so smaller blocks keep more rows in flight on each SM. */
+  if (nv <= KCU_NORM_THREADS && rows < KCU_NORM_MANY_ROWS) t = nv;
   return (unsigned)((t + 31) / 32 * 32);
 }
 
@@ -192,7 +195,7 @@ cudaError_t kcu_norm(cudaStream_t s, const kiln_op *op, const kcu_tensor *in,
   int64_t rows = n ? x->numel / n : 0;
   if (rows == 0) return cudaSuccess;
   unsigned vec_threads =
-      kcu_norm_vec_threads(&c, in, op->n_inputs, span.first_operand, w, b, out, n);
+      kcu_norm_vec_threads(&c, in, op->n_inputs, span.first_operand, w, b, out, n, rows);
   if (vec_threads)
     kcu_launch_early(kcu_norm_rows_vec, (unsigned)rows, vec_threads, 0, s,
         c, (int)span.n_before, w, b, out->data, n, (float)op->fattr[0],

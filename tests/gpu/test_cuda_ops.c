@@ -762,6 +762,13 @@ static void test_normalize_reduce(void) {
     p_op(p, KILN_OP_LAYER_NORM, 3, OPS(x, w, b), OUT(p, dt, 3, 3, 40, 1024), 2, ATTR(1, 3), 1e-5);
     snprintf(name, sizeof name, "layer_norm w+b %s", kiln_dtype_name(dt));
     compare(p, name, NULL);
+    /* 600 rows: the blocks take two vectors a thread (the last thread of a row one) */
+    p = p_new();
+    x = IN(p, dt, 3, 2, 300, 1000);
+    w = p_weight(p, dt, 1, DIMS(1000), 0.5, 1.5), b = p_weight(p, dt, 1, DIMS(1000), -1, 1);
+    p_op(p, KILN_OP_LAYER_NORM, 3, OPS(x, w, b), OUT(p, dt, 3, 2, 300, 1000), 2, ATTR(1, 3), 1e-5);
+    snprintf(name, sizeof name, "layer_norm w+b 600 rows %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
     p = p_new();
     x = IN(p, dt, 3, 5, 6, 64);
     p_op(p, KILN_OP_LAYER_NORM, 1, OPS(x), OUT(p, dt, 3, 5, 6, 64), 2, ATTR(2, 0), 1e-5);
