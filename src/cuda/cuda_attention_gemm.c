@@ -109,16 +109,16 @@ cudaError_t kcu_attn_gemm_run(const kcu_attn_gemm *a, cublasLtHandle_t lt, cudaS
 
 void kcu_attn_gemm_tune(kcu_attn_gemm *a, cublasLtHandle_t lt, cudaStream_t s,
                         const kcu_tensor *in, const kcu_tensor *out, void *scratch,
-                        void *workspace, size_t workspace_size) {
+                        void *workspace, size_t workspace_size, const kcu_cold *cold) {
   kcu_tensor scores;
   memset(&scores, 0, sizeof scores);
   scores.data = scratch;
   scores.dtype = KILN_F32;
   kcu_tensor qk[2] = {in[0], in[1]};
-  kcu_gemm_tune(&a->scores, lt, s, qk, 2, &scores, workspace, workspace_size);
+  kcu_gemm_tune(&a->scores, lt, s, qk, 2, &scores, workspace, workspace_size, cold);
   scores.dtype = a->p_dtype;
   kcu_tensor pv[2] = {scores, in[2]};
-  kcu_gemm_tune(&a->values, lt, s, pv, 2, out, workspace, workspace_size);
+  kcu_gemm_tune(&a->values, lt, s, pv, 2, out, workspace, workspace_size, cold);
 }
 
 void kcu_attn_gemm_release(kcu_attn_gemm *a) {

@@ -26,10 +26,11 @@ cudaError_t kcu_attn_gemm_run(const kcu_attn_gemm *a, cublasLtHandle_t lt, cudaS
                               const kcu_tensor *in, const kcu_tensor *mask, const kcu_tensor *out,
                               int causal, float scale, void *scratch, void *workspace,
                               size_t workspace_size);
-/* Times both matmuls' candidates on the engine's buffers and keeps the fastest (init). */
+/* Times both matmuls' candidates on the engine's buffers and keeps the fastest (init; cold as
+ * for kcu_gemm_tune). */
 void kcu_attn_gemm_tune(kcu_attn_gemm *a, cublasLtHandle_t lt, cudaStream_t s,
                         const kcu_tensor *in, const kcu_tensor *out, void *scratch,
-                        void *workspace, size_t workspace_size);
+                        void *workspace, size_t workspace_size, const kcu_cold *cold);
 void kcu_attn_gemm_release(kcu_attn_gemm *a);
 
 #endif

@@ -924,7 +924,9 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
     return st;
   if ((st = kcu_alloc_state(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_setup_io(s, e, err)) != KILN_OK) return st;
-  /* Buffers exist now: time the heuristic's matmul candidates on them and keep the fastest. */
+  /* Buffers exist now: time the heuristic's matmul candidates on them and keep the fastest,
+   * each run after the weights are read through where they outgrow the L2 cache. */
+  kcu_cold cold = {s->weights, kcu_cold_bytes(e->weights_size)};
   for (uint32_t i = 0; i < e->plan.n_ops; i++) {
     const kiln_op *op = &e->plan.ops[i];
     int attn = op->kind == KILN_OP_SDPA && s->attn[i].active;
@@ -934,10 +936,10 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
     kcu_tensor out = kcu_resolve(s, &e->plan, op->output, s->dev_in, s->dev_out);
     if (attn)
       kcu_attn_gemm_tune(&s->attn[i], s->lt, s->stream, in, &out, s->attn_scratch, s->workspace,
-                         s->workspace_size);
+                         s->workspace_size, &cold);
     else
       switch (kcu_gemm_tune(&s->gemm[i], s->lt, s->stream, in, op->n_inputs, &out, s->workspace,
-                            s->workspace_size)) {
+                            s->workspace_size, &cold)) {
       case KCU_CHOICE_MEASURED: s->stats.choices_measured++; break;
       case KCU_CHOICE_REUSED: s->stats.choices_reused++; break;
       default: break;

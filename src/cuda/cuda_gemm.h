@@ -79,12 +79,21 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
 cudaError_t kcu_gemm_run(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
                          const kcu_tensor *in, uint32_t n_in, const kcu_tensor *out,
                          void *workspace, size_t workspace_size);
+/* A region init reads through before each timed run (kcu_read_through), so that the run reads
+ * its weights from device memory as a call does: the blob's weights, bytes from
+ * kcu_cold_bytes (0: the weights fit in the L2 cache, and runs are timed on it warm). */
+typedef struct kcu_cold {
+  const void *data;
+  size_t bytes;
+} kcu_cold;
 /* Times each candidate algorithm, and the GEMV kernel where it may run, on the engine's own
- * buffers and keeps the fastest (init); a GEMM the process timed before keeps that choice
+ * buffers and keeps the fastest (init): each the fastest of 5 runs, each run after the cold
+ * region (NULL: none) is read through. A GEMM the process timed before keeps that choice
  * (cuda_choice_cache.h). Returns which of the three (nothing to choose, measured, reused). */
 enum { KCU_CHOICE_NONE, KCU_CHOICE_MEASURED, KCU_CHOICE_REUSED };
 int kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_tensor *in,
-                  uint32_t n_in, const kcu_tensor *out, void *workspace, size_t workspace_size);
+                  uint32_t n_in, const kcu_tensor *out, void *workspace, size_t workspace_size,
+                  const kcu_cold *cold);
 /* Remembers the sizes, algorithm and GEMV choice kcu_gemm_tune settled on (init). */
 void kcu_gemm_keep_tuned(kcu_gemm *g);
 /* A dynamic op at this call's sizes (plan: the call's tensors): its layouts set in place and,

@@ -36,6 +36,12 @@ int kcu_early_launch_ok(void);
 cudaLaunchConfig_t kcu_launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                                      int early, cudaLaunchAttribute *attr);
 
+/* cuda_cold_cache.cu: bytes of a region to read so the L2 cache holds none of what came before
+ * (0 when the region fits in the cache, where a call finds it too, else the region up to twice
+ * the cache), and the read: `bytes` at data (16-byte aligned) on s, writing nothing. */
+size_t kcu_cold_bytes(size_t region);
+cudaError_t kcu_read_through(cudaStream_t s, const void *data, size_t bytes);
+
 /* cuda_elementwise.cu: ADD/SUB/MUL/DIV (alpha for ADD/SUB), MINIMUM, MAXIMUM, broadcasting. */
 cudaError_t kcu_binary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *a,
                        const kcu_tensor *b, const kcu_tensor *out, float alpha);

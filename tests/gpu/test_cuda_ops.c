@@ -2196,7 +2196,8 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
              cudaMalloc(&b.ws, b.ws_size) == cudaSuccess &&
              kcu_attn_gemm_init(&b.ag, b.lt, &pl, 0, 0, b.ws_size, &err) == KILN_OK && b.ag.active &&
              cudaMalloc(&b.scratch, b.ag.scratch_bytes) == cudaSuccess;
-  if (gemm) kcu_attn_gemm_tune(&b.ag, b.lt, b.s, b.in, &b.out[1], b.scratch, b.ws, b.ws_size);
+  if (gemm)
+    kcu_attn_gemm_tune(&b.ag, b.lt, b.s, b.in, &b.out[1], b.scratch, b.ws, b.ws_size, NULL);
   cudaGetLastError();
   double flash = bench_us(&b, 0), lt = gemm ? bench_us(&b, 1) : -1.0, fma = bench_us(&b, 2);
   double flops = 4.0 * (double)batch * heads * L * L * E * (causal ? 0.5 : 1.0);
