@@ -5,6 +5,7 @@
 #include "builder/fold.h"
 #include "builder/fold_attention_mask.h"
 #include "builder/fold_batch_norm.h"
+#include "builder/fold_identity_ops.h"
 #include "builder/fuse.h"
 #include "builder/fuse_attention.h"
 #include "builder/fuse_group.h"
@@ -791,7 +792,8 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
 
 /* Rewrites g: ops computing what an earlier op computed merged into it, constants folded,
  * GEMMs recognized, copies of what nothing writes dropped (so no clone hides a residual from
- * its GEMM), written-out activations made the op they compute, outer products made
+ * its GEMM), written-out activations made the op they compute, gathers and ANDs that give their
+ * input back made views of it, outer products made
  * multiplies, batch norms folded into convolutions, epilogues fused (residuals through a
  * flattening reshape too), dead code removed, convolutions laid out channels-last, then SwiGLU's gate and up projections joined into one GEMM, repeated
  * k and v heads dropped (grouped-query attention), attention's head split and merge taken into
@@ -811,6 +813,7 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
   if (opts->fuse && ((s = kiln_drop_copies(g, err)) || (s = kiln_recognize_activations(g, err))))
     return s;
+  if (opts->fuse && (s = kiln_fold_identity_ops(g, err))) return s;
   if (opts->fuse && (s = kiln_outer_products_to_mul(g, err))) return s;
   if (opts->fuse && (s = kiln_fold_batch_norm(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_epilogues(g, err))) return s;

@@ -56,6 +56,12 @@ static int mask_pattern(const kiln_gtensor *m, int64_t L, int64_t S) {
   return keeps_all ? 0 : is_causal ? 1 : -1;
 }
 
+static int has_symbols(const kiln_op *op) {
+  for (uint32_t k = 0; k < op->n_iattr; k++)
+    if (op->iattr_sym[k].symbol) return 1;
+  return 0;
+}
+
 kiln_status kiln_fold_attention_masks(kiln_graph *g, kiln_error *err) {
   (void)err;
   for (uint32_t i = 0; i < g->n_ops; i++) {
@@ -66,6 +72,12 @@ kiln_status kiln_fold_attention_masks(kiln_graph *g, kiln_error *err) {
     int packed = op->n_iattr > 2 && op->iattr[2] == 1;
     uint32_t mi = packed ? 1u : 3u;
     if (op->n_inputs != mi + 1) continue;
+    /* an expanded mask: the SDPA broadcasts it itself */
+    for (int32_t p = g->tensors[op->inputs[mi]].producer;
+         g->tensors[op->inputs[mi]].node == KILN_NODE_OP && p >= 0 && !g->dead[p] &&
+         g->ops[p].kind == KILN_OP_EXPAND && !has_symbols(&g->ops[p]);
+         p = g->tensors[op->inputs[mi]].producer)
+      op->inputs[mi] = g->ops[p].inputs[0];
     const kiln_gtensor *m = &g->tensors[op->inputs[mi]];
     if (m->node != KILN_NODE_CONSTANT) continue;
     const kiln_tensor_desc *q = &g->tensors[op->inputs[0]].desc;

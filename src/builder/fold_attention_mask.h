@@ -1,10 +1,11 @@
-/* Attention masks that are constants of the program, read once at build. */
+/* Attention masks read at build: expanded ones, and constants of the program. */
 #ifndef KILN_FOLD_ATTENTION_MASK_H
 #define KILN_FOLD_ATTENTION_MASK_H
 
 #include "builder/graph.h"
 
-/* An SDPA whose mask is a constant (a model with static shapes builds its causal mask from
+/* An SDPA whose mask is an EXPAND reads the EXPAND's input (the SDPA broadcasts its mask).
+ * An SDPA whose mask is a constant (a model with static shapes builds its causal mask from
  * positions alone, and export folds it) loses the mask where the mask adds nothing the SDPA
  * cannot say itself: a mask that keeps every key the SDPA scores goes, and one that keeps
  * exactly keys j <= i of query row i (over every batch and head) becomes causal = 1. A bool

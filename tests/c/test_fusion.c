@@ -596,6 +596,33 @@ static void g_const_mask(kiln_builder *b, kiln_dtype dt) {
   out(b, a, "y");
 }
 
+/* A padding mask as transformers builds it for an encoder: am i64 [2,5] cast to bool, gathered
+ * as am[arange(2)[:,None,None,None], arange(5)] into [2,1,1,5], ANDed with a constant all-true
+ * [1,1,3,1] into [2,1,3,5], the mask of SDPA over q [2,2,3,8], k, v [2,2,5,8]. `ident_case` 1:
+ * the key indices reversed (a real gather); 2: one false in the constant (a real AND); 3: OR
+ * with an all-false constant (nothing either). */
+static int ident_case;
+static void g_padding_mask(kiln_builder *b, kiln_dtype dt) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t q = in(b, "q", dt, 4, D(2, 2, 3, 8)), k = in(b, "k", dt, 4, D(2, 2, 5, 8));
+  int32_t v = in(b, "v", dt, 4, D(2, 2, 5, 8)), am = in(b, "am", KILN_I64, 2, D(2, 5));
+  int64_t rows[2] = {0, 1}, keys[5];
+  uint8_t fill[3];
+  for (int j = 0; j < 5; j++) keys[j] = ident_case == 1 ? 4 - j : j;
+  for (int i = 0; i < 3; i++) fill[i] = ident_case == 3 ? 0 : !(ident_case == 2 && i == 1);
+  int32_t r = kiln_builder_add_constant(b, KILN_I64, 4, D(2, 1, 1, 1), rows, sizeof rows, &err);
+  int32_t c = kiln_builder_add_constant(b, KILN_I64, 4, D(1, 1, 1, 5), keys, sizeof keys, &err);
+  int32_t f = kiln_builder_add_constant(b, KILN_BOOL, 4, D(1, 1, 3, 1), fill, sizeof fill, &err);
+  int32_t keep = op(b, KILN_OP_CAST, T(am), 1, KILN_BOOL, 1, NULL, 0);
+  int32_t pad = op(b, KILN_OP_INDEX, T(keep, r, c), 3, 3, 1, NULL, 0);
+  int32_t m = op(b, KILN_OP_BITWISE, T(f, pad), 2, ident_case == 3 ? KILN_BOOL_OR : KILN_BOOL_AND,
+                 1, NULL, 0);
+  int32_t a = kiln_builder_add_op(b, KILN_OP_SDPA, T(q, k, v, m), 4, D(0, 1), 2, NULL, 0, &err);
+  if (a < 0) fprintf(stderr, "g_padding_mask: %s\n", err.message);
+  CHECK(r >= 0 && c >= 0 && f >= 0 && a >= 0);
+  out(b, a, "y");
+}
+
 /* ---------------------------------------------------------------- building and running */
 
 typedef struct built {
@@ -1496,6 +1523,32 @@ static void test_constant_masks(void) {
       }
       release(&x);
       check_same_as_unfused(g_const_mask, dt, -2.0, 2.0);
+    }
+  }
+}
+
+/* The gather that picks every element in order becomes a view, the AND with all-true (OR with
+ * all-false) its other operand, and the SDPA reads the [2,1,1,5] mask itself: no INDEX, BITWISE
+ * or EXPAND left. A real gather or a real AND stays. Fused and unfused plans give the same
+ * bytes. */
+static void test_identity_ops(void) {
+  built x;
+  for (ident_case = 0; ident_case < 4; ident_case++) {
+    for (int t = 0; t < 3; t++) {
+      kiln_dtype dt = t == 0 ? KILN_F32 : t == 1 ? KILN_F16 : KILN_BF16;
+      if (build(g_padding_mask, dt, 1, &x)) {
+        const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+        CHECK(!find_op(&x, KILN_OP_INDEX, 0) == (ident_case != 1));
+        CHECK(!find_op(&x, KILN_OP_BITWISE, 0) == (ident_case != 2));
+        CHECK(!find_op(&x, KILN_OP_EXPAND, 0));
+        CHECK(a && a->n_inputs == 4);
+        if (a && ident_case != 2) {
+          const kiln_tensor_desc *m = &x.plan.tensors[a->inputs[3]];
+          CHECK(m->rank == 4 && m->dims[0] == 2 && m->dims[2] == 1 && m->dims[3] == 5);
+        }
+      }
+      release(&x);
+      check_same_as_unfused(g_padding_mask, dt, -2.0, 2.0);
     }
   }
 }
@@ -2558,6 +2611,7 @@ int main(void) {
   test_joined_linears_pack_heads();
   test_grouped_kv();
   test_constant_masks();
+  test_identity_ops();
   test_swiglu();
   test_groups_fuse();
   test_group_refusals();
