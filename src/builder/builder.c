@@ -790,22 +790,23 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
   return KILN_OK;
 }
 
-/* Rewrites g: ops computing what an earlier op computed merged into it, constants folded,
- * GEMMs recognized, copies of what nothing writes dropped (so no clone hides a residual from
- * its GEMM), written-out activations made the op they compute, gathers and ANDs that give their
- * input back made views of it, outer products made
- * multiplies, batch norms folded into convolutions, epilogues fused (residuals through a
- * flattening reshape too), dead code removed, convolutions laid out channels-last, then SwiGLU's gate and up projections joined into one GEMM, repeated
- * k and v heads dropped (grouped-query attention), attention's head split and merge taken into
- * the SDPA, the reshape chains those leave folded and the copies they leave dropped, constant
- * attention masks that say only "causal" folded into the SDPA, written-out RMSNorms made RMS_NORM ops, pointwise chains fused (after the epilogues, so a
- * GEMM keeps its activation), pointwise ops next to a norm fused into it, then linears of one
- * input (attention's q, k and v) joined into one GEMM whose outputs are column slices (after
- * every pattern pass, so each saw the linears apart, SwiGLU's gate and up among them; right
- * before the grouping, as a linear joins only where its slice is a view or the grouping will
- * read its columns in place) and attention's head split taken into the SDPA once more where
- * they were its q, k and v, then what remains of pointwise ops, casts and views
- * grouped into FUSED ops (in a dynamic plan, those whose index maps hold at every size). */
+/* Rewrites g: ops computing what an earlier op computed merged into it, constants folded, GEMMs
+ * recognized, copies of what nothing writes dropped (so no clone hides a residual from its GEMM),
+ * written-out activations made the op they compute, gathers and ANDs that give their input back
+ * made views of it, outer products made multiplies, batch norms folded into convolutions,
+ * epilogues fused (residuals through a flattening reshape too), dead code removed, convolutions
+ * laid out channels-last, then SwiGLU's gate and up projections joined into one GEMM, repeated k
+ * and v heads dropped (grouped-query attention), attention's head split and merge taken into the
+ * SDPA, the reshape chains those leave folded and the copies they leave dropped, constant
+ * attention masks that say only "causal" folded into the SDPA, written-out RMSNorms made RMS_NORM
+ * ops, pointwise chains fused (after the epilogues, so a GEMM keeps its activation), pointwise ops
+ * next to a norm fused into it, then linears of one input (attention's q, k and v) joined into one
+ * GEMM whose outputs are column slices (after every pattern pass, so each saw the linears apart,
+ * SwiGLU's gate and up among them; right before the grouping, as a linear joins only where its
+ * slice is a view or the grouping will read its columns in place) and attention's head split taken
+ * into the SDPA once more where they were its q, k and v, then what remains of pointwise ops,
+ * casts and views grouped into FUSED ops (in a dynamic plan, those whose index maps hold at every
+ * size). */
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
                               const kiln_builder *b, kiln_error *err) {
   kiln_status s;

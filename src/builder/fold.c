@@ -174,9 +174,7 @@ static void bypass(kiln_graph *g, uint32_t i, int32_t src) {
 static int identity_when_same_shape(const kiln_op *op) {
   if (op->kind == KILN_OP_RESHAPE) return 1;
   if (op->kind != KILN_OP_EXPAND && !(op->kind == KILN_OP_SLICE && op->iattr[3] == 1)) return 0;
-  for (uint32_t k = 0; k < op->n_iattr; k++)
-    if (op->iattr_sym[k].symbol) return 0;
-  return 1;
+  return !kiln_op_follows_symbol(op);
 }
 
 kiln_status kiln_fold_reshapes(kiln_graph *g, kiln_error *err) {

@@ -56,12 +56,6 @@ static int mask_pattern(const kiln_gtensor *m, int64_t L, int64_t S) {
   return keeps_all ? 0 : is_causal ? 1 : -1;
 }
 
-static int has_symbols(const kiln_op *op) {
-  for (uint32_t k = 0; k < op->n_iattr; k++)
-    if (op->iattr_sym[k].symbol) return 1;
-  return 0;
-}
-
 kiln_status kiln_fold_attention_masks(kiln_graph *g, kiln_error *err) {
   (void)err;
   for (uint32_t i = 0; i < g->n_ops; i++) {
@@ -75,7 +69,7 @@ kiln_status kiln_fold_attention_masks(kiln_graph *g, kiln_error *err) {
     /* an expanded mask: the SDPA broadcasts it itself */
     for (int32_t p = g->tensors[op->inputs[mi]].producer;
          g->tensors[op->inputs[mi]].node == KILN_NODE_OP && p >= 0 && !g->dead[p] &&
-         g->ops[p].kind == KILN_OP_EXPAND && !has_symbols(&g->ops[p]);
+         g->ops[p].kind == KILN_OP_EXPAND && !kiln_op_follows_symbol(&g->ops[p]);
          p = g->tensors[op->inputs[mi]].producer)
       op->inputs[mi] = g->ops[p].inputs[0];
     const kiln_gtensor *m = &g->tensors[op->inputs[mi]];

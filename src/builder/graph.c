@@ -145,6 +145,12 @@ int kiln_graph_is_output(const kiln_graph *g, int32_t t) {
   return 0;
 }
 
+int kiln_op_follows_symbol(const kiln_op *op) {
+  for (uint32_t k = 0; k < op->n_iattr; k++)
+    if (op->iattr_sym[k].symbol) return 1;
+  return 0;
+}
+
 void kiln_graph_mark_state_derived(const kiln_graph *g, uint8_t *from_state) {
   for (uint32_t t = 0; t < g->n_tensors; t++) from_state[t] = g->tensors[t].node == KILN_NODE_STATE;
   for (uint32_t i = 0; i < g->n_ops; i++) {

@@ -74,6 +74,8 @@ int32_t kiln_graph_producer(const kiln_graph *g, uint32_t t, const uint32_t *use
                             uint32_t readers);
 /* 1 when tensor t is named by an output binding or is a state's value after the run. */
 int kiln_graph_is_output(const kiln_graph *g, int32_t t);
+/* Whether any of op's integer attributes follows a symbol (a size known at the bound only). */
+int kiln_op_follows_symbol(const kiln_op *op);
 /* from_state[t] = 1 for each state tensor and each live op's output downstream of one: bytes a
  * state's in-place write may change during the run, so two reads of one such tensor at
  * different places may differ. */
