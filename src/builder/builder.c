@@ -814,7 +814,7 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
   if ((s = kiln_fold_constants(g, err)) || (s = kiln_recognize_gemm(g, err))) return s;
   if (opts->fuse && ((s = kiln_drop_copies(g, err)) || (s = kiln_recognize_activations(g, err))))
     return s;
-  if (opts->fuse && (s = kiln_fold_identity_ops(g, err))) return s;
+  if (opts->fuse && (s = kiln_fold_identity_ops(g, b->n_symbols != 0, err))) return s;
   if (opts->fuse && (s = kiln_outer_products_to_mul(g, err))) return s;
   if (opts->fuse && (s = kiln_fold_batch_norm(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_epilogues(g, err))) return s;
@@ -826,7 +826,7 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
   if (opts->fuse && ((s = kiln_fold_reshapes(g, err)) || (s = kiln_drop_copies(g, err)) ||
                      (s = kiln_graph_remove_dead(g, err))))
     return s;
-  if (opts->fuse && (s = kiln_fold_attention_masks(g, err))) return s;
+  if (opts->fuse && (s = kiln_fold_attention_masks(g, b->n_symbols != 0, err))) return s;
   if (opts->fuse && (s = kiln_fuse_rms_norms(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_pointwise(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_norms(g, err))) return s;

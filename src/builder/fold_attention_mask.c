@@ -56,7 +56,7 @@ static int mask_pattern(const kiln_gtensor *m, int64_t L, int64_t S) {
   return keeps_all ? 0 : is_causal ? 1 : -1;
 }
 
-kiln_status kiln_fold_attention_masks(kiln_graph *g, kiln_error *err) {
+kiln_status kiln_fold_attention_masks(kiln_graph *g, int dynamic, kiln_error *err) {
   (void)err;
   for (uint32_t i = 0; i < g->n_ops; i++) {
     kiln_op *op = &g->ops[i];
@@ -73,14 +73,12 @@ kiln_status kiln_fold_attention_masks(kiln_graph *g, kiln_error *err) {
          p = g->tensors[op->inputs[mi]].producer)
       op->inputs[mi] = g->ops[p].inputs[0];
     const kiln_gtensor *m = &g->tensors[op->inputs[mi]];
-    if (m->node != KILN_NODE_CONSTANT) continue;
+    if (dynamic || m->node != KILN_NODE_CONSTANT) continue;
     const kiln_tensor_desc *q = &g->tensors[op->inputs[0]].desc;
     const kiln_tensor_desc *k = &g->tensors[op->inputs[packed ? 0 : 1]].desc;
     /* packed: qkv [B, L, 3, H, E], L = S; else q [..., L, E], k [..., S, E] */
     int64_t L = packed ? q->dims[1] : q->dims[q->rank - 2];
     int64_t S = packed ? L : k->dims[k->rank - 2];
-    if (q->sym[packed ? 1 : q->rank - 2].symbol || k->sym[packed ? 1 : k->rank - 2].symbol)
-      continue; /* a dynamic length: the mask's shape is the bound's, not the call's */
     int pattern = mask_pattern(m, L, S);
     if (pattern < 0) continue;
     if (pattern == 1) op->iattr[0] = 1;

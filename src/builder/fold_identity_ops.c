@@ -11,12 +11,6 @@ static uint64_t numel(const kiln_tensor_desc *d) {
   return n;
 }
 
-static int has_symbol(const kiln_tensor_desc *d) {
-  for (int32_t k = 0; k < d->rank; k++)
-    if (d->sym[k].symbol) return 1;
-  return 0;
-}
-
 /* Element at multi-index b (of rank rb, right-aligned) of the constant integer tensor t,
  * broadcasting its dims of size 1. */
 static int64_t index_at(const kiln_gtensor *t, const int64_t *b, int32_t rb) {
@@ -40,8 +34,7 @@ static int64_t index_at(const kiln_gtensor *t, const int64_t *b, int32_t rb) {
  * indices constant, and the source of each output element at the output's own linear place. */
 static int index_is_identity(const kiln_graph *g, const kiln_op *op) {
   const kiln_tensor_desc *x = &g->tensors[op->inputs[0]].desc, *out = &g->tensors[op->output].desc;
-  if (has_symbol(x) || has_symbol(out) || numel(x) != numel(out) ||
-      numel(out) > KILN_IDENTITY_MAX_ELEMS)
+  if (numel(x) != numel(out) || numel(out) > KILN_IDENTITY_MAX_ELEMS)
     return 0;
   int32_t first = -1, last = -1, n_idx = 0;
   for (int32_t d = 0; d < x->rank; d++)
@@ -99,7 +92,7 @@ static int32_t kept_operand(const kiln_graph *g, const kiln_op *op) {
   for (int k = 0; k < 2; k++) {
     const kiln_gtensor *c = &g->tensors[op->inputs[k]], *x = &g->tensors[op->inputs[1 - k]];
     if (x->desc.dtype == KILN_BOOL && g->tensors[op->output].desc.dtype == KILN_BOOL &&
-        !has_symbol(&x->desc) && all_bool(c, value))
+        all_bool(c, value))
       return (int32_t)op->inputs[1 - k];
   }
   return -1;
@@ -119,11 +112,11 @@ static void become_view(kiln_graph *g, uint32_t i, int32_t x, kiln_op_kind kind)
   memset(op->fattr, 0, sizeof op->fattr);
 }
 
-kiln_status kiln_fold_identity_ops(kiln_graph *g, kiln_error *err) {
+kiln_status kiln_fold_identity_ops(kiln_graph *g, int dynamic, kiln_error *err) {
   (void)err;
-  for (uint32_t i = 0; i < g->n_ops; i++) {
+  for (uint32_t i = 0; i < g->n_ops && !dynamic; i++) {
     const kiln_op *op = &g->ops[i];
-    if (g->dead[i] || has_symbol(&g->tensors[op->output].desc)) continue;
+    if (g->dead[i]) continue;
     if (op->kind == KILN_OP_INDEX && index_is_identity(g, op)) {
       become_view(g, i, (int32_t)op->inputs[0], KILN_OP_RESHAPE);
       continue;
