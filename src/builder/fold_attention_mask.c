@@ -40,8 +40,7 @@ static int mask_pattern(const kiln_gtensor *m, int64_t L, int64_t S) {
   if (d->rank < 2 || !m->data) return -1;
   int64_t rows = d->dims[d->rank - 2], cols = d->dims[d->rank - 1];
   if ((rows != L && rows != 1) || (cols != S && cols != 1)) return -1;
-  uint64_t count = 1;
-  for (int32_t k = 0; k < d->rank; k++) count *= (uint64_t)d->dims[k];
+  uint64_t count = d->nbytes / kiln_dtype_size(d->dtype);
   int keeps_all = 1, is_causal = 1;
   for (uint64_t e = 0; e < count && (keeps_all || is_causal); e++) {
     int64_t j = (int64_t)(e % (uint64_t)cols), i = (int64_t)(e / (uint64_t)cols % (uint64_t)rows);

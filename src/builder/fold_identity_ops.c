@@ -5,11 +5,7 @@
 
 #define KILN_IDENTITY_MAX_ELEMS ((uint64_t)1 << 20) /* the most a gather is checked over */
 
-static uint64_t numel(const kiln_tensor_desc *d) {
-  uint64_t n = 1;
-  for (int32_t k = 0; k < d->rank; k++) n *= (uint64_t)d->dims[k];
-  return n;
-}
+static uint64_t numel(const kiln_tensor_desc *d) { return d->nbytes / kiln_dtype_size(d->dtype); }
 
 /* Element at multi-index b (of rank rb, right-aligned) of the constant integer tensor t,
  * broadcasting its dims of size 1. */
@@ -114,7 +110,8 @@ static void become_view(kiln_graph *g, uint32_t i, int32_t x, kiln_op_kind kind)
 
 kiln_status kiln_fold_identity_ops(kiln_graph *g, int dynamic, kiln_error *err) {
   (void)err;
-  for (uint32_t i = 0; i < g->n_ops && !dynamic; i++) {
+  if (dynamic) return KILN_OK;
+  for (uint32_t i = 0; i < g->n_ops; i++) {
     const kiln_op *op = &g->ops[i];
     if (g->dead[i]) continue;
     if (op->kind == KILN_OP_INDEX && index_is_identity(g, op)) {
