@@ -111,6 +111,9 @@ def main(name, batch, dtype_name, out_dir):
           for _, kind, dt, shape in engine.bindings() if kind == _lib.IO_OUTPUT]
     for _ in range(20):
         engine.execute(xs, ys)
+    stats = engine.cuda_stats()
+    print(f"fused groups: {stats['fused_compiled']} compiled at load, "
+          f"{stats['fused_interpreted']} interpreted")
     tag = f"{name}_b{batch}_{dtype_name}"
     report(profiled_calls(lambda: engine.execute(xs, ys), os.path.join(out_dir, f"kiln_{tag}.json")),
            f"Kiln, {name} batch {batch} {dtype_name}")

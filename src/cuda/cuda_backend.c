@@ -23,6 +23,7 @@
 #include "runtime/vision_shape.h"
 #include "cuda_check.h"
 #include "cuda_conv.h"
+#include "cuda_fused_group.h"
 #include "cuda_gemm.h"
 #include "cuda_ops.h"
 #include "cuda_staging.h"
@@ -55,6 +56,12 @@
  * the device can address); DEVSTAGE (an unaligned buffer the device can address): one
  * cudaMemcpyAsync to or from the engine's buffer. */
 typedef enum kcu_mode { KCU_HOST, KCU_BOUND, KCU_DEVSTAGE } kcu_mode;
+
+/* A FUSED op's kernel compiled at load and the run length it was compiled for. */
+typedef struct kcu_fx_kernel {
+  cudaKernel_t kernel;
+  int32_t run;
+} kcu_fx_kernel;
 
 typedef struct kcu_io {
   uint32_t tensor;
@@ -101,6 +108,8 @@ typedef struct kcu_state {
   kcu_conv *conv;      /* one per op; used by CONV and CONV_TRANSPOSE */
   void *conv_ws;       /* one workspace for every convolution, sized for the chosen algorithms */
   size_t conv_ws_size;
+  kcu_fx_jit *fx_jit;  /* the FUSED kernels compiled at load (static plans) */
+  kcu_fx_kernel *fx;   /* one per op; used by FUSED: its compiled kernel, or none */
   void *attn_scratch;  /* scores of the SDPA op (or SwiGLU's gate and up) being run */
   size_t attn_scratch_bytes;
   cudaGraphExec_t graph_host, graph_dev;
@@ -280,6 +289,9 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
     return kcu_pool(st, op, &win, &d, &in[0], &out);
   }
   case KILN_OP_FUSED:
+    if (s->fx && s->fx[i].kernel)
+      return kcu_fx_jit_launch(st, s->fx[i].kernel, s->fx[i].run, in, op->n_inputs, out.data,
+                               out.numel);
     return kcu_fused(st, p, op, in, &out);
   case KILN_OP_CUMSUM:
     return kcu_cumsum(st, &in[0], &out, (int32_t)op->iattr[0]);
@@ -507,6 +519,8 @@ static void kcu_destroy(kiln_engine *e) {
   for (uint32_t i = 0; s->conv && i < e->plan.n_ops; i++) kcu_conv_release(&s->conv[i]);
   if (s->dnn) cudnnDestroy(s->dnn);
   cudaFree(s->conv_ws);
+  kcu_fx_jit_free(s->fx_jit);
+  free(s->fx);
   for (uint32_t i = 0; s->in && i < s->n_in; i++) cudaFree(s->in[i].dev);
   for (uint32_t i = 0; s->out && i < s->n_out; i++) cudaFree(s->out[i].dev);
   kcu_staging_release(&s->staging);
@@ -709,6 +723,52 @@ static kiln_status kcu_check_dynamic_op(const kiln_plan *p, uint32_t i, kiln_err
                    i, kiln_op_name(op->kind));
 }
 
+/* A plan tensor's dtype and dims, without an address: for what is decided before any run. */
+static kcu_tensor kcu_shape_of(const kiln_plan *p, uint32_t index) {
+  const kiln_tensor_desc *t = &p->tensors[index];
+  kcu_tensor r;
+  memset(&r, 0, sizeof r);
+  r.dtype = t->dtype;
+  r.rank = t->rank;
+  r.numel = 1;
+  for (int d = 0; d < t->rank; d++) r.dims[d] = t->dims[d], r.numel *= t->dims[d];
+  return r;
+}
+
+/* A static plan's FUSED ops each get a kernel compiled for their program and sizes (one compile
+ * for every op with the same source); a dynamic plan's are interpreted at each call's sizes. */
+static kiln_status kcu_compile_fused(kcu_state *s, const kiln_plan *p, kiln_error *err) {
+  int major = 0, minor = 0;
+  if (s->dynamic) return KILN_OK;
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    const kiln_op *op = &p->ops[i];
+    kcu_tensor in[KILN_MAX_OP_INPUTS], out = kcu_shape_of(p, op->output);
+    kcu_fx prog;
+    cudaKernel_t kernel = NULL;
+    const char *why = NULL;
+    if (op->kind != KILN_OP_FUSED || out.numel == 0) continue;
+    if (!s->fx && !(s->fx = (kcu_fx_kernel *)kcu_calloc(s, p->n_ops, sizeof(kcu_fx_kernel))))
+      return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                       "out of host memory for the fused kernel table of %u ops; free memory "
+                       "and load again", p->n_ops);
+    if (!major && (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s->device) ||
+                   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, s->device)))
+      return kcu_cuda_error(s, cudaGetLastError(), "device query", err);
+    for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = kcu_shape_of(p, op->inputs[k]);
+    if (kcu_fx_prepare(p, op, in, &out, &prog) != cudaSuccess)
+      return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
+                       "op %u (fused): its program does not decode at the plan's sizes; "
+                       "re-export the program", i);
+    kiln_status st = kcu_fx_jit_kernel(&s->fx_jit, &prog, major * 10 + minor, &kernel, &why, err);
+    if (st != KILN_OK) return st;
+    s->fx[i].kernel = kernel;
+    s->fx[i].run = prog.run;
+    if (kernel) s->stats.fused_compiled++;
+    else s->stats.fused_interpreted++;
+  }
+  return KILN_OK;
+}
+
 static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error *err) {
   const kiln_plan *p = &e->plan;
   int gemms = 0, attention = 0, attn_gemm = 0, convs = 0;
@@ -800,7 +860,7 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     if (rc == cudaSuccess) rc = kcu_flash_prepare();
     if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "attention kernel setup", err);
   }
-  return KILN_OK;
+  return kcu_compile_fused(s, p, err);
 }
 
 static kiln_status kcu_instantiate(kcu_state *s, const kiln_plan *p, int host_copies,

@@ -24,6 +24,9 @@ typedef struct kiln_cuda_stats {
   uint64_t shape_evictions; /* of those, how many took the slot of another shape */
   uint64_t choices_measured; /* GEMM algorithm and convolution plan choices init timed here */
   uint64_t choices_reused;   /* ones it took from an earlier load in the process instead */
+  uint64_t fused_compiled;    /* FUSED ops running a kernel compiled for them at load */
+  uint64_t fused_interpreted; /* FUSED ops the interpreting kernel runs (a dynamic plan's, or
+                                 every one where NVRTC is not installed) */
 } kiln_cuda_stats;
 
 /* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend.

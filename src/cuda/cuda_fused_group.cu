@@ -1,5 +1,8 @@
-/* FUSED: one generic kernel interprets a group's register program, each thread over a run of
- * V consecutive output elements along the innermost dim, so that the instruction dispatch, the
+/* FUSED: the decoded program every FUSED kernel takes (kcu_fx_prepare), and the interpreting
+ * kernel that runs a dynamic plan's groups (a static plan's run kernels compiled for them at
+ * load, cuda_fused_jit.c, where NVRTC is installed). One generic kernel interprets a group's
+ * register program, each thread over a run of V consecutive output elements along the
+ * innermost dim, so that the instruction dispatch, the
  * coordinates, each load's address and the outer box tests are paid once per run. The program
  * is decoded on the host into a kernel argument (so a captured graph keeps it), with the
  * output's dims coalesced where every map allows, then padded with leading 1s to rank 4 or 8,
@@ -13,52 +16,11 @@
  * In a dynamic plan every choice (merged dims, run length, vector width, index width) follows
  * the call's sizes: the program is decoded for them before each eager run or capture, never
  * per replay. A small output runs in shorter runs, so that more threads share it. */
+#include "cuda_fused_group.h"
 #include "runtime/fused_program.h"
 #include "cuda_device.cuh"
 
 #include <string.h>
-
-enum {
-  KFX_FULL = 1,  /* the box is the whole output */
-  KFX_OUTER = 2, /* the box covers every outer (not innermost) dim */
-  KFX_INNER = 4  /* the box covers the innermost dim */
-};
-
-enum {
-  KFX_A_ACC = 1, /* operand a is the previous instruction's result */
-  KFX_B_ACC = 2, /* operand b is */
-  KFX_SPILL = 4  /* the result is read again after the next instruction */
-};
-
-/* Runs under which an output is cut into shorter runs: about 128 threads an SM on an H200. */
-#define KFX_FEW_RUNS 16384
-
-typedef struct kcu_fx_map {
-  int32_t slot, box; /* box: KFX_FULL | KFX_OUTER | KFX_INNER */
-  int64_t offset;
-  int64_t stride[KILN_MAX_RANK], lo[KILN_MAX_RANK], hi[KILN_MAX_RANK];
-} kcu_fx_map;
-
-/* The program as the kernel reads it: about 3.5 KB, under the 4 KB a kernel argument takes. */
-typedef struct kcu_fx {
-  int32_t rank, n_instrs, out_dtype;
-  int32_t out_vec;  /* the output is 16-byte aligned: a run of 16 bytes stores as one vector */
-  int32_t n_rf;     /* registers in the shared-memory register file */
-  int32_t in_dtype[KILN_MAX_OP_INPUTS];
-  const void *in[KILN_MAX_OP_INPUTS];
-  int64_t dims[KILN_MAX_RANK]; /* coalesced */
-  /* 32-bit division by dims[d] (by the runs per row for the innermost) as a multiply: n / d =
-   * (t + ((n - t) >> s1)) >> s2 with t = umulhi(n, m) */
-  uint32_t div_m[KILN_MAX_RANK];
-  uint8_t div_s1[KILN_MAX_RANK], div_s2[KILN_MAX_RANK];
-  kcu_fx_map maps[KILN_FX_MAX_MAPS];
-  uint32_t code[KILN_FX_MAX_INSTRS]; /* code | dst << 4 | a << 8 | b << 12 | arg << 16 */
-  uint8_t flags[KILN_FX_MAX_INSTRS]; /* KFX_A_ACC | KFX_B_ACC | KFX_SPILL */
-  union {
-    float f;     /* POW's exponent, GELU's tanh flag, ADD/SUB's alpha */
-    int64_t i;   /* SELECT's bound */
-  } imm[KILN_FX_MAX_INSTRS];
-} kcu_fx;
 
 static_assert(sizeof(kcu_fx) <= 4096, "a kernel argument takes at most 4 KB");
 
@@ -552,13 +514,12 @@ static void fx_launch_v(cudaStream_t s, const kcu_fx &p, int v, void *out, int64
     fx_launch<1, R, uint32_t>(s, p, out, numel);
 }
 
-cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
-                      const kcu_tensor *in, const kcu_tensor *out) {
+cudaError_t kcu_fx_prepare(const kiln_plan *plan, const kiln_op *op, const kcu_tensor *in,
+                           const kcu_tensor *out, kcu_fx *p_out) {
   const kiln_tensor_desc *desc[KILN_MAX_OP_INPUTS];
   kiln_fx_prog prog;
-  kcu_fx p;
+  kcu_fx &p = *p_out;
   int v;
-  if (out->numel == 0) return cudaSuccess;
   for (uint32_t k = 0; k < op->n_inputs; k++) desc[k] = &plan->tensors[op->inputs[k]];
   /* at this call's sizes (plan holds them), boxes cut to the call's output dims; cuda_check.c
    * decoded it at these sizes before any run, so it decodes again */
@@ -617,11 +578,22 @@ cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
     fx_divisor(&p, p.rank - 1, (uint64_t)(p.dims[p.rank - 1] / v));
     for (int d = 0; d + 1 < p.rank; d++) fx_divisor(&p, d, (uint64_t)p.dims[d]);
   }
-  if (!narrow)
+  p.run = narrow ? v : 1;
+  p.narrow = narrow;
+  return cudaSuccess;
+}
+
+cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
+                      const kcu_tensor *in, const kcu_tensor *out) {
+  kcu_fx p;
+  if (out->numel == 0) return cudaSuccess;
+  cudaError_t rc = kcu_fx_prepare(plan, op, in, out, &p);
+  if (rc != cudaSuccess) return rc;
+  if (!p.narrow)
     fx_launch<1, KILN_MAX_RANK, int64_t>(s, p, out->data, out->numel); /* rare: one variant */
   else if (p.rank == 4)
-    fx_launch_v<4>(s, p, v, out->data, out->numel);
+    fx_launch_v<4>(s, p, p.run, out->data, out->numel);
   else
-    fx_launch_v<KILN_MAX_RANK>(s, p, v, out->data, out->numel);
+    fx_launch_v<KILN_MAX_RANK>(s, p, p.run, out->data, out->numel);
   return cudaGetLastError();
 }

@@ -73,7 +73,8 @@ cudaError_t kcu_bool_op(cudaStream_t s, kiln_op_kind kind, kiln_bool_op which,
 cudaError_t kcu_fused_pointwise(cudaStream_t s, const kiln_op *op, const kcu_tensor *in,
                                 const kcu_tensor *out);
 
-/* cuda_fused_group.cu: FUSED, its register program interpreted per run of output elements. */
+/* cuda_fused_group.cu: FUSED, its register program interpreted per run of output elements (for
+ * dynamic plans, and where no kernel was compiled for the group at load: cuda_fused_jit.c). */
 cudaError_t kcu_fused(cudaStream_t s, const kiln_plan *plan, const kiln_op *op,
                       const kcu_tensor *in, const kcu_tensor *out);
 

@@ -73,6 +73,14 @@ static void compare(prog *p, const char *name, const io_range *ranges) {
   kiln_engine *gpu = p_load(p, &kiln_cuda_backend, 0, &err);
   if (!gpu) fprintf(stderr, "%s: cuda load: %s\n", name, err.message);
   CHECK(cpu && gpu);
+  if (gpu) { /* a static plan's fused groups each run a kernel compiled for them at load */
+    uint64_t fused = 0;
+    kiln_cuda_stats fs;
+    for (uint32_t i = 0; i < p->n_ops; i++)
+      fused += p->ops[i].kind == KILN_OP_FUSED && p_count(&p->tensors[p->ops[i].output]) > 0;
+    CHECK(kiln_cuda_engine_stats(gpu, &fs, &err) == KILN_OK);
+    CHECK(fs.fused_compiled == fused && fs.fused_interpreted == 0);
+  }
   if (cpu && gpu) {
     kiln_status st = p_execute(cpu, p, in, cpu_out, &err);
     if (st != KILN_OK) fprintf(stderr, "%s: cpu run: %s\n", name, err.message);
