@@ -187,30 +187,45 @@ cudaError_t kcu_activation(cudaStream_t s, kiln_activation act, const kcu_tensor
   return kcu_unary(s, kind, t, t, param);
 }
 
-/* silu(gate) * up of t's rows [gate | up] (2N wide) into out's rows (N wide), v elements a
- * thread: one scalar (v = 1), or a 16-byte vector (v = 4 for f32, 8 for f16 and bf16) where N
- * is a multiple of v, so each thread's loads and store are one instruction each. */
-__global__ void kcu_swiglu_kernel(const void *t, void *out, int dt, int64_t M, int64_t N, int v) {
+/* silu(gate) * up of t's rows [gate | up] (2N wide) into out's rows (N wide), V elements a
+ * thread: one scalar (V = 1), or a 16-byte vector (V = 4 for f32, 8 for f16 and bf16) where N
+ * is a multiple of V, so each thread's loads and store are one instruction each. A row per
+ * block row (blockIdx.y), so no thread divides its index; dtype and V are constants. */
+template <int DT, int V>
+__global__ void kcu_swiglu_kernel(const void *t, void *out, int64_t M, int64_t N) {
   kcu_begin_early();
-  int64_t stride = (int64_t)gridDim.x * blockDim.x, nv = N / v, n = M * nv;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    int64_t m = i / nv, j = (i % nv) * v;
-    float gate[8], up[8];
-    kcu_ldv(t, dt, m * 2 * N + j, v, gate);
-    kcu_ldv(t, dt, m * 2 * N + N + j, v, up);
+  const int64_t nv = N / V, step = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t m = blockIdx.y; m < M; m += gridDim.y)
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < nv; j += step) {
+      float gate[8], up[8];
+      kcu_ldv(t, DT, m * 2 * N + j * V, V, gate);
+      kcu_ldv(t, DT, m * 2 * N + N + j * V, V, up);
 #pragma unroll
-    for (int k = 0; k < 8; k++)
-      if (k < v) gate[k] = kcu_unop(KILN_OP_SILU, gate[k], 0.0f) * up[k];
-    kcu_stv(out, dt, i * v, v, gate);
-  }
+      for (int k = 0; k < V; k++) gate[k] = kcu_unop(KILN_OP_SILU, gate[k], 0.0f) * up[k];
+      kcu_stv(out, DT, m * N + j * V, V, gate);
+    }
+}
+
+template <int DT, int V>
+static void kcu_swiglu_launch(cudaStream_t s, const void *t, void *out, int64_t M, int64_t N) {
+  int64_t nv = N / V, bx = (nv + KCU_BLOCK - 1) / KCU_BLOCK;
+  dim3 grid((unsigned)(bx < 65535 ? bx : 65535), (unsigned)(M < 65535 ? M : 65535));
+  kcu_launch_early(kcu_swiglu_kernel<DT, V>, grid, KCU_BLOCK, 0, s, t, out, M, N);
 }
 
 cudaError_t kcu_swiglu(cudaStream_t s, const void *t, void *out, kiln_dtype dt, int64_t M,
                        int64_t N) {
   if (M * N == 0) return cudaSuccess;
-  int v = dt == KILN_F32 ? 4 : (dt == KILN_F16 || dt == KILN_BF16) ? 8 : 1;
-  if (N % v || (uintptr_t)t % 16 || (uintptr_t)out % 16) v = 1;
-  kcu_launch_early(kcu_swiglu_kernel, kcu_grid(M * N / v, 2), KCU_BLOCK, 0, s, t, out, (int)dt,
-                   M, N, v);
+  int vec = N % (dt == KILN_F32 ? 4 : 8) == 0 && (uintptr_t)t % 16 == 0 &&
+            (uintptr_t)out % 16 == 0;
+  if (dt == KILN_F16)
+    vec ? kcu_swiglu_launch<KILN_F16, 8>(s, t, out, M, N)
+        : kcu_swiglu_launch<KILN_F16, 1>(s, t, out, M, N);
+  else if (dt == KILN_BF16)
+    vec ? kcu_swiglu_launch<KILN_BF16, 8>(s, t, out, M, N)
+        : kcu_swiglu_launch<KILN_BF16, 1>(s, t, out, M, N);
+  else
+    vec ? kcu_swiglu_launch<KILN_F32, 4>(s, t, out, M, N)
+        : kcu_swiglu_launch<KILN_F32, 1>(s, t, out, M, N);
   return cudaGetLastError();
 }
