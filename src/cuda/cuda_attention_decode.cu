@@ -1,15 +1,23 @@
-/* SDPA for a few query rows over many keys (decoding: one new token against its KV cache).
- * A block takes one query row and a split of the keys, one key per thread: each thread reads
- * its key's whole row (16-byte loads) against the row of q in shared memory, each warp keeps
- * an online softmax over its keys and the weighted sum of their value rows, and the block's
- * warps merge at the end. Value rows of 16-byte vectors that tile a warp (head dims 32-256 in
- * f16 and bf16, 16-128 in f32) are read a vector per lane, several rows at once, so a warp's
- * 32 rows are a few round trips to memory rather than 32; other rows a lane per value dim.
- * Keys the mask removes are not scored, and value rows are read only by a warp with a live key
- * among its 32 (the lane-per-dim path skips each masked one), so a static cache costs about its
- * filled part. With several splits the block leaves its running max, sum and unnormalized row
- * in the scratch and a second kernel merges the splits, so a handful of rows still fills the
- * GPU. */
+/* SDPA for a few query rows over many keys (decoding: one new token against its KV cache). The
+ * keys are split among many warps, each keeping an online softmax over its own keys and the
+ * weighted sum of their value rows; with several splits each leaves its running max, sum and
+ * unnormalized row in the scratch and a second kernel merges them, so a handful of rows still
+ * fills the GPU. Keys the mask removes are not scored and their value rows are not read, so a
+ * static cache costs about its filled part.
+ *
+ * Key and value rows of 16-byte vectors (f16, bf16 or f32, head dims up to 256, k and v alike
+ * and aligned): the warp path. The lanes of a warp share each row, a 16-byte chunk a lane
+ * (lpr = E / 8 lanes a row in f16, 32 / lpr rows at once), q's chunk in registers; a lane
+ * group scores 8 keys a pass with their loads issued together and reduces each dot product by
+ * shuffles, so a pass is one round trip for the keys and one for the values. A warp takes a
+ * split of a few passes: Nsight Compute on an H200 showed the block-per-split kernel below
+ * latency-bound (one block of 4 warps an SM, a warp issuing every 16 cycles through about 2000
+ * instructions), so the work is cut into many short warps instead.
+ *
+ * Other rows (scalar loads): a block takes one query row and a split of the keys, one key per
+ * thread; each thread reads its key's whole row against the row of q in shared memory, each
+ * warp keeps an online softmax over its keys, value rows a lane per value dim, and the block's
+ * warps merge at the end. */
 #include "cuda_device.cuh"
 
 #include <string.h>
@@ -18,11 +26,13 @@
 #define KCU_DEC_KEYS (KCU_DEC_WARPS * 32) /* keys a block scores at once: one per thread */
 #define KCU_DEC_MAXC (KCU_ATTN_MAX_HEAD / 32)
 #define KCU_DEC_MAX_SPLITS 256 /* the merge keeps three floats a split in shared memory */
+#define KCU_DEC_MERGE_WARPS 4
 
 typedef struct kcu_dec_args {
   kcu_attn_geometry g;
   int64_t L, S, E, Ev, n_splits, split_len;
   int causal, dq, dk, dv, dout;
+  int64_t warp_blocks; /* the warp path: blocks a query row (KCU_DECW_WARPS splits each) */
   int kvec; /* elements per 16-byte load of k rows (4 or 8), 0: scalar loads */
   int vvec; /* 1: value rows by 16-byte vectors, Ev / (4 or 8) lanes to a row; 0: by scalars */
   float scale;
@@ -186,31 +196,144 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
     kcu_dec_block(&a, a.dk, a.dv, q, k, v, mask, out, qs, wm, wl, wacc, ps);
 }
 
-/* One block per query row: the splits' sums rescaled to the largest of their maxima. Each
- * split's maximum, sum and weight go through shared memory once, so the value loads of all
- * splits are independent and overlap. */
-__global__ void kcu_attention_decode_merge(kcu_dec_args a, void *out) {
-  __shared__ float w[3][KCU_DEC_MAX_SPLITS]; /* maxima, sums, weights */
+#define KCU_DECW_WARPS 4  /* warps a block of the warp path: splits of one query row */
+#define KCU_DECW_UNROLL 8 /* keys a lane group scores a pass, their loads issued together */
+
+/* The warp path (see the top): dtype DT for k and v, a split of keys a warp. */
+template <int DT>
+__global__ void __launch_bounds__(KCU_DECW_WARPS * 32)
+    kcu_attention_decode_warps(kcu_dec_args a, const void *q, const void *k, const void *v,
+                               const void *mask, void *out) {
   kcu_begin_early();
-  int64_t row = blockIdx.x, b = row / a.L, i = row % a.L, qo, ko, vo, mo, oo;
+  const int VEC = DT == KILN_F32 ? 4 : 8, U = KCU_DECW_UNROLL;
+  const int lane = threadIdx.x & 31, lpr = (int)(a.E / VEC), rpw = 32 / lpr;
+  const int sub = lane / lpr, sl = lane % lpr;
+  /* 32-bit index math: blocks and rows are under 2^31 */
+  const uint32_t blocks = (uint32_t)a.warp_blocks, row = blockIdx.x / blocks;
+  const int64_t split = (blockIdx.x - row * blocks) * KCU_DECW_WARPS + (threadIdx.x >> 5);
+  if (split >= a.n_splits) return; /* a whole warp: no shuffle waits on it */
+  int64_t b = row / (uint32_t)a.L, i = row - b * a.L, qo, ko, vo, mo, oo;
+  kcu_attn_offsets(&a.g, b, &qo, &ko, &vo, &mo, &oo);
+  int64_t k0 = split * a.split_len, k1 = k0 + a.split_len < a.S ? k0 + a.split_len : a.S;
+  if (a.causal && i + 1 < k1) k1 = i + 1;
+  const int64_t mrow = mo + i * a.g.m_row;
+  float qf[8], acc[8], m = -INFINITY, l = 0.0f;
+#pragma unroll
+  for (int t = 0; t < VEC; t++) {
+    qf[t] = kcu_ld(q, a.dq, qo + i * a.g.q_row + sl * VEC + t) * a.scale;
+    acc[t] = 0.0f;
+  }
+  for (int64_t c0 = k0; c0 < k1; c0 += (int64_t)rpw * U) {
+    uint4 raw[KCU_DECW_UNROLL];
+    float sc[KCU_DECW_UNROLL], bias[KCU_DECW_UNROLL];
+    int live[KCU_DECW_UNROLL];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int64_t key = c0 + u * rpw + sub;
+      bias[u] = 0.0f;
+      live[u] = kcu_dec_live(&a, mask, mrow, key, k1, &bias[u]);
+      raw[u] = live[u] ? ((const uint4 *)k)[(ko + key * a.g.k_row) / VEC + sl]
+                       : make_uint4(0, 0, 0, 0);
+    }
+    float most = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      float f[8], dot = 0.0f;
+      kcu_unpack16(raw[u], DT, f);
+#pragma unroll
+      for (int t = 0; t < VEC; t++) dot += qf[t] * f[t];
+      for (int off = lpr / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      sc[u] = live[u] ? dot + bias[u] : -INFINITY;
+      most = fmaxf(most, sc[u]);
+    }
+    for (int off = lpr; off < 32; off <<= 1)
+      most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, off));
+    float m_new = fmaxf(m, most); /* the same in every lane */
+    if (m_new == -INFINITY) continue;
+    float corr = __expf(m - m_new), sum = 0.0f, p[KCU_DECW_UNROLL];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      p[u] = live[u] ? __expf(sc[u] - m_new) : 0.0f;
+      sum += p[u];
+      int64_t key = c0 + u * rpw + sub; /* a key not scored: its value row is not read */
+      raw[u] = live[u] ? ((const uint4 *)v)[(vo + key * a.g.v_row) / VEC + sl]
+                       : make_uint4(0, 0, 0, 0);
+    }
+    for (int off = lpr; off < 32; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    l = l * corr + sum;
+    m = m_new;
+#pragma unroll
+    for (int t = 0; t < VEC; t++) acc[t] *= corr;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      float f[8];
+      kcu_unpack16(raw[u], DT, f);
+#pragma unroll
+      for (int t = 0; t < VEC; t++) acc[t] += p[u] * f[t];
+    }
+  }
+  for (int off = lpr; off < 32; off <<= 1) /* the row groups' sums into every group */
+#pragma unroll
+    for (int t = 0; t < VEC; t++) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off);
+  if (sub != 0) return;
+  if (a.n_splits > 1) {
+    float *pr = a.part + ((int64_t)row * a.n_splits + split) * (a.Ev + 2);
+#pragma unroll
+    for (int t = 0; t < VEC; t++) pr[2 + sl * VEC + t] = acc[t];
+    if (sl == 0) pr[0] = m, pr[1] = l;
+  } else {
+#pragma unroll
+    for (int t = 0; t < VEC; t++) /* every key masked: zeros */
+      kcu_st(out, a.dout, oo + i * a.g.o_row + sl * VEC + t, l > 0.0f ? acc[t] / l : 0.0f);
+  }
+}
+
+/* One block per query row: the splits' sums rescaled to the largest of their maxima. Each
+ * split's maximum, sum and weight go through shared memory once (the largest maximum and the
+ * total by block reductions, not a loop over every split); then each warp sums the rows
+ * of every fourth split (a lane per value dim, the loads of several splits in flight, a split
+ * with no live key skipped) and the four warps' sums meet in shared memory. */
+__global__ void __launch_bounds__(KCU_DEC_MERGE_WARPS * 32)
+    kcu_attention_decode_merge(kcu_dec_args a, void *out) {
+  __shared__ float w[3][KCU_DEC_MAX_SPLITS]; /* maxima, sums, weights */
+  __shared__ float num[KCU_DEC_MERGE_WARPS][KCU_ATTN_MAX_HEAD];
+  __shared__ float red[KCU_DEC_MERGE_WARPS];
+  kcu_begin_early();
+  const uint32_t row = blockIdx.x;
+  int64_t b = row / (uint32_t)a.L, i = row - b * a.L, qo, ko, vo, mo, oo;
   kcu_attn_offsets(&a.g, b, &qo, &ko, &vo, &mo, &oo);
   const int64_t stride = a.Ev + 2;
-  const int n = (int)a.n_splits;
-  const float *pr = a.part + row * n * stride;
-  for (int sp = threadIdx.x; sp < n; sp += blockDim.x)
+  const int n = (int)a.n_splits, Ev = (int)a.Ev, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float *pr = a.part + (int64_t)row * n * stride;
+  float most = -INFINITY, sum = 0.0f, acc[KCU_DEC_MAXC];
+  for (int sp = threadIdx.x; sp < n; sp += blockDim.x) {
     w[0][sp] = pr[sp * stride], w[1][sp] = pr[sp * stride + 1];
-  __syncthreads();
-  float most = -INFINITY, sum = 0.0f;
-  for (int sp = 0; sp < n; sp++) most = fmaxf(most, w[0][sp]);
-  for (int sp = threadIdx.x; sp < n; sp += blockDim.x) /* a split with no live key weighs 0 */
+    most = fmaxf(most, w[0][sp]);
+  }
+  most = kcu_block_reduce(most, 1, red); /* the block's threads, each with a few splits */
+  for (int sp = threadIdx.x; sp < n; sp += blockDim.x) { /* a split with no live key weighs 0 */
     w[2][sp] = w[0][sp] != -INFINITY ? __expf(w[0][sp] - most) : 0.0f;
+    sum += w[2][sp] * w[1][sp];
+  }
+  sum = kcu_block_reduce(sum, 0, red); /* its barriers also publish w */
+#pragma unroll
+  for (int c = 0; c < KCU_DEC_MAXC; c++) acc[c] = 0.0f;
+#pragma unroll 4
+  for (int sp = warp; sp < n; sp += KCU_DEC_MERGE_WARPS) {
+    float ws = w[2][sp];
+    if (ws == 0.0f) continue; /* the same in every lane; the split's row holds zeros */
+#pragma unroll
+    for (int c = 0; c < KCU_DEC_MAXC; c++)
+      if (lane + 32 * c < Ev) acc[c] += ws * pr[sp * stride + 2 + lane + 32 * c];
+  }
+#pragma unroll
+  for (int c = 0; c < KCU_DEC_MAXC; c++)
+    if (lane + 32 * c < Ev) num[warp][lane + 32 * c] = acc[c];
   __syncthreads();
-  for (int sp = 0; sp < n; sp++) sum += w[2][sp] * w[1][sp];
-  for (int64_t d = threadIdx.x; d < a.Ev; d += blockDim.x) {
-    float num = 0.0f; /* every split wrote its row, zeros where it had no live key */
-#pragma unroll 8
-    for (int sp = 0; sp < n; sp++) num += w[2][sp] * pr[sp * stride + 2 + d];
-    kcu_st(out, a.dout, oo + i * a.g.o_row + d, sum > 0.0f ? num / sum : 0.0f);
+  for (int d = threadIdx.x; d < Ev; d += blockDim.x) {
+    float total = 0.0f;
+    for (int k = 0; k < KCU_DEC_MERGE_WARPS; k++) total += num[k][d];
+    kcu_st(out, a.dout, oo + i * a.g.o_row + d, sum > 0.0f ? total / sum : 0.0f);
   }
 }
 
@@ -225,9 +348,41 @@ static int kcu_sm_count(void) {
   return n;
 }
 
+/* Warps of the warp path a launch aims at: 16 an SM, each with a short chain of work. */
+#define KCU_DECW_TARGET 16
+
 size_t kcu_attention_part_bytes(int64_t Ev, int sms) {
-  /* Splits happen only while rows < sms, and then rows * splits < 3 * sms (see below). */
-  return (size_t)3 * (size_t)sms * (size_t)(Ev + 2) * sizeof(float);
+  /* Splits of all rows together: at most KCU_DECW_TARGET * sms (the warp path) and fewer than
+   * 3 * sms (the block path; see below). */
+  return (size_t)KCU_DECW_TARGET * (size_t)sms * (size_t)(Ev + 2) * sizeof(float);
+}
+
+/* The warp path's splits (a whole number of passes each) and launch, for k and v of dtype dt. */
+static void kcu_decode_warps(cudaStream_t s, kcu_dec_args *a, int64_t rows, int sms,
+                             size_t part_bytes, const void *q, const void *k, const void *v,
+                             const void *mask, void *out) {
+  int per = a->dk == KILN_F32 ? 4 : 8, lpr = (int)(a->E / per);
+  int64_t pass = (int64_t)(32 / lpr) * KCU_DECW_UNROLL, passes = (a->S + pass - 1) / pass;
+  int64_t splits = sms > 0 ? ((int64_t)KCU_DECW_TARGET * sms + rows - 1) / rows : 1;
+  int64_t fit = (int64_t)(part_bytes / ((size_t)rows * (size_t)(a->Ev + 2) * sizeof(float)));
+  if (splits > passes) splits = passes;
+  if (splits > KCU_DEC_MAX_SPLITS) splits = KCU_DEC_MAX_SPLITS;
+  if (splits > fit) splits = fit;
+  if (splits < 1) splits = 1;
+  int64_t per_split = (passes + splits - 1) / splits;
+  a->split_len = per_split * pass;
+  a->n_splits = (passes + per_split - 1) / per_split;
+  a->warp_blocks = (a->n_splits + KCU_DECW_WARPS - 1) / KCU_DECW_WARPS;
+  unsigned grid = (unsigned)(rows * a->warp_blocks);
+  if (a->dk == KILN_F16)
+    kcu_launch_early(kcu_attention_decode_warps<KILN_F16>, grid, KCU_DECW_WARPS * 32, 0, s, *a,
+                     q, k, v, mask, out);
+  else if (a->dk == KILN_BF16)
+    kcu_launch_early(kcu_attention_decode_warps<KILN_BF16>, grid, KCU_DECW_WARPS * 32, 0, s, *a,
+                     q, k, v, mask, out);
+  else
+    kcu_launch_early(kcu_attention_decode_warps<KILN_F32>, grid, KCU_DECW_WARPS * 32, 0, s, *a,
+                     q, k, v, mask, out);
 }
 
 cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, int64_t batch,
@@ -257,10 +412,21 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
   for (int d = 0; vvec && d < a.g.nb; d++) vvec = a.g.vb[d] % vper == 0;
   a.vvec = vvec;
   int64_t rows = batch * a.L, chunks = (a.S + KCU_DEC_KEYS - 1) / KCU_DEC_KEYS;
+  int sms = kcu_sm_count();
+  int lanes_k = (int)(a.E / per);
+  if (a.kvec && vvec && k->dtype == v->dtype && a.E == a.Ev && lanes_k >= 1 && lanes_k <= 32 &&
+      32 % lanes_k == 0) {
+    cudaGetLastError();
+    kcu_decode_warps(s, &a, rows, sms, part_bytes, q->data, k->data, v->data,
+                     mask ? mask->data : NULL, out->data);
+    if (a.n_splits > 1)
+      kcu_launch_early(kcu_attention_decode_merge, (unsigned)rows, KCU_DEC_MERGE_WARPS * 32, 0,
+                       s, a, out->data);
+    return cudaGetLastError();
+  }
   a.n_splits = 1;
   a.split_len = chunks * KCU_DEC_KEYS;
   /* Fewer rows than SMs: split the keys in whole chunks, about two blocks per SM. */
-  int sms = kcu_sm_count();
   if (rows < sms && chunks >= 2) {
     int64_t want = (2 * sms + rows - 1) / rows, splits = want < chunks ? want : chunks;
     if (splits > KCU_DEC_MAX_SPLITS) splits = KCU_DEC_MAX_SPLITS;
@@ -275,6 +441,7 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
   kcu_launch_early(kcu_attention_decode_kernel, (unsigned)(rows * a.n_splits), KCU_DEC_KEYS, 0,
                    s, a, q->data, k->data, v->data, mask ? mask->data : NULL, out->data);
   if (a.n_splits > 1)
-    kcu_launch_early(kcu_attention_decode_merge, (unsigned)rows, 128, 0, s, a, out->data);
+    kcu_launch_early(kcu_attention_decode_merge, (unsigned)rows, KCU_DEC_MERGE_WARPS * 32, 0, s,
+                     a, out->data);
   return cudaGetLastError();
 }

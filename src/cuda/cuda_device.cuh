@@ -101,27 +101,29 @@ static cudaError_t kcu_launch_early(void (*k)(P...), dim3 grid, dim3 block, size
 
 #include "cuda_op_math.cuh"
 
-/* Loads up to 8 floats from 16 bytes of dtype dt. */
-static __device__ __forceinline__ int kcu_ld16(const void *p, int dt, int64_t v, float *f) {
-  uint4 raw = ((const uint4 *)p)[v];
-  if (dt == KILN_F32) {
-    f[0] = __uint_as_float(raw.x); f[1] = __uint_as_float(raw.y);
-    f[2] = __uint_as_float(raw.z); f[3] = __uint_as_float(raw.w);
-    return 4;
-  }
+/* Unpacks 16 bytes of dtype dt held in a register into 4 (f32) or 8 floats. */
+static __device__ __forceinline__ void kcu_unpack16(uint4 raw, int dt, float *f) {
   unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
   for (int k = 0; k < 4; k++) {
-    if (dt == KILN_F16) {
-      __half2 h = *(__half2 *)&w[k];
-      float2 t = __half22float2(h);
-      f[2 * k] = t.x; f[2 * k + 1] = t.y;
+    if (dt == KILN_F32) {
+      f[k] = __uint_as_float(w[k]);
+    } else if (dt == KILN_F16) {
+      float2 t = __half22float2(*(const __half2 *)&w[k]);
+      f[2 * k] = t.x;
+      f[2 * k + 1] = t.y;
     } else {
-      __nv_bfloat162 h = *(__nv_bfloat162 *)&w[k];
-      float2 t = __bfloat1622float2(h);
-      f[2 * k] = t.x; f[2 * k + 1] = t.y;
+      float2 t = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+      f[2 * k] = t.x;
+      f[2 * k + 1] = t.y;
     }
   }
-  return 8;
+}
+
+/* Loads up to 8 floats from 16 bytes of dtype dt (vector v of p). */
+static __device__ __forceinline__ int kcu_ld16(const void *p, int dt, int64_t v, float *f) {
+  kcu_unpack16(((const uint4 *)p)[v], dt, f);
+  return dt == KILN_F32 ? 4 : 8;
 }
 
 static __device__ __forceinline__ void kcu_st16(void *p, int dt, int64_t v, const float *f) {
@@ -188,10 +190,13 @@ static __device__ __forceinline__ float kcu_block_reduce(float v, int is_max, fl
 static __device__ __forceinline__ void kcu_attn_offsets(const kcu_attn_geometry *g, int64_t b,
                                                         int64_t *qo, int64_t *ko, int64_t *vo,
                                                         int64_t *mo, int64_t *oo) {
+  /* 32-bit division: a batch index and every batch dim are under 2^31 (grid limits), and a
+   * 64-bit division costs a kernel tens of instructions more */
+  uint32_t rest = (uint32_t)b;
   *qo = *ko = *vo = *mo = *oo = 0;
   for (int d = g->nb - 1; d >= 0; d--) {
-    int64_t c = b % g->bdims[d];
-    b /= g->bdims[d];
+    int64_t c = rest % (uint32_t)g->bdims[d];
+    rest /= (uint32_t)g->bdims[d];
     *qo += c * g->qb[d];
     *ko += c / g->kv_group[d] * g->kb[d];
     *vo += c / g->kv_group[d] * g->vb[d];

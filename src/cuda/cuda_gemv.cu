@@ -15,25 +15,6 @@
 #define KCU_GEMV_WARPS 8
 #define KCU_GEMV_UNROLL 4 /* 16-byte weight loads in flight per lane */
 
-/* Unpacks 16 bytes of dtype dt held in a register into 4 (f32) or 8 floats. */
-static __device__ __forceinline__ void kcu_unpack16(uint4 raw, int dt, float *f) {
-  unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int k = 0; k < 4; k++) {
-    if (dt == KILN_F32) {
-      f[k] = __uint_as_float(w[k]);
-    } else if (dt == KILN_F16) {
-      float2 t = __half22float2(*(const __half2 *)&w[k]);
-      f[2 * k] = t.x;
-      f[2 * k + 1] = t.y;
-    } else {
-      float2 t = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-      f[2 * k] = t.x;
-      f[2 * k + 1] = t.y;
-    }
-  }
-}
-
 static __device__ __forceinline__ float kcu_gemv_act(int act, float v) {
   switch (act) {
   case KILN_ACT_RELU: return kcu_unop(KILN_OP_RELU, v, 0.0f);
