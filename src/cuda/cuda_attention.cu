@@ -237,7 +237,7 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
   } else {
     batch = kcu_attn_geometry_init(&a.g, q, k, v, mask, out, a.S);
   }
-  if (part && a.L <= KCU_ATTN_SPLIT_ROWS) /* decoding: a thread per key, keys split among blocks */
+  if (part && a.L <= KCU_ATTN_SPLIT_ROWS) /* decoding: the keys split among warps or blocks */
     return kcu_attention_decode(s, &a.g, batch, q, k, v, mask, out, causal, scale, part,
                                 part_bytes);
   a.causal = causal;

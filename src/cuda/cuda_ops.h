@@ -172,8 +172,8 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
 /* Query rows up to which an SDPA runs on the decoding kernel (cuda_attention_decode.cu):
  * neither tensor-core path fills the GPU with so few rows. */
 #define KCU_ATTN_SPLIT_ROWS 8
-/* cuda_attention_decode.cu: a thread per key, the keys split among blocks when the rows alone
- * cannot fill the GPU, the splits' partial rows in part and merged after. */
+/* cuda_attention_decode.cu: the keys split among warps (f16 rows of 16-byte vectors) or blocks
+ * when the rows alone cannot fill the GPU, the splits' partial rows in part and merged after. */
 cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, int64_t batch,
                                  const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v,
                                  const kcu_tensor *mask, const kcu_tensor *out, int causal,
