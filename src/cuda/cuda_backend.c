@@ -199,17 +199,8 @@ static void *kcu_tensor_addr(const kcu_state *s, const kiln_tensor_desc *t, void
 
 static kcu_tensor kcu_resolve(const kcu_state *s, const kiln_plan *p, uint32_t index,
                               void *const *in, void *const *out) {
-  const kiln_tensor_desc *t = &p->tensors[index];
-  kcu_tensor r;
-  memset(&r, 0, sizeof r);
-  r.data = kcu_tensor_addr(s, t, in, out);
-  r.dtype = t->dtype;
-  r.rank = t->rank;
-  r.numel = 1;
-  for (int d = 0; d < t->rank; d++) {
-    r.dims[d] = t->dims[d];
-    r.numel *= t->dims[d];
-  }
+  kcu_tensor r = kcu_tensor_shape(&p->tensors[index]);
+  r.data = kcu_tensor_addr(s, &p->tensors[index], in, out);
   return r;
 }
 
@@ -723,30 +714,20 @@ static kiln_status kcu_check_dynamic_op(const kiln_plan *p, uint32_t i, kiln_err
                    i, kiln_op_name(op->kind));
 }
 
-/* A plan tensor's dtype and dims, without an address: for what is decided before any run. */
-static kcu_tensor kcu_shape_of(const kiln_plan *p, uint32_t index) {
-  const kiln_tensor_desc *t = &p->tensors[index];
-  kcu_tensor r;
-  memset(&r, 0, sizeof r);
-  r.dtype = t->dtype;
-  r.rank = t->rank;
-  r.numel = 1;
-  for (int d = 0; d < t->rank; d++) r.dims[d] = t->dims[d], r.numel *= t->dims[d];
-  return r;
-}
-
 /* A static plan's FUSED ops each get a kernel compiled for their program and sizes (one compile
  * for every op with the same source); a dynamic plan's are interpreted at each call's sizes. */
 static kiln_status kcu_compile_fused(kcu_state *s, const kiln_plan *p, kiln_error *err) {
   int major = 0, minor = 0;
-  if (s->dynamic) return KILN_OK;
   for (uint32_t i = 0; i < p->n_ops; i++) {
     const kiln_op *op = &p->ops[i];
-    kcu_tensor in[KILN_MAX_OP_INPUTS], out = kcu_shape_of(p, op->output);
+    kcu_tensor in[KILN_MAX_OP_INPUTS], out = kcu_tensor_shape(&p->tensors[op->output]);
     kcu_fx prog;
     cudaKernel_t kernel = NULL;
-    const char *why = NULL;
     if (op->kind != KILN_OP_FUSED || out.numel == 0) continue;
+    if (s->dynamic) {
+      s->stats.fused_interpreted++;
+      continue;
+    }
     if (!s->fx && !(s->fx = (kcu_fx_kernel *)kcu_calloc(s, p->n_ops, sizeof(kcu_fx_kernel))))
       return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                        "out of host memory for the fused kernel table of %u ops; free memory "
@@ -754,12 +735,13 @@ static kiln_status kcu_compile_fused(kcu_state *s, const kiln_plan *p, kiln_erro
     if (!major && (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s->device) ||
                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, s->device)))
       return kcu_cuda_error(s, cudaGetLastError(), "device query", err);
-    for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = kcu_shape_of(p, op->inputs[k]);
+    for (uint32_t k = 0; k < op->n_inputs; k++)
+      in[k] = kcu_tensor_shape(&p->tensors[op->inputs[k]]);
     if (kcu_fx_prepare(p, op, in, &out, &prog) != cudaSuccess)
       return kiln_fail(err, KILN_ERR_INVALID_PROGRAM,
                        "op %u (fused): its program does not decode at the plan's sizes; "
                        "re-export the program", i);
-    kiln_status st = kcu_fx_jit_kernel(&s->fx_jit, &prog, major * 10 + minor, &kernel, &why, err);
+    kiln_status st = kcu_fx_jit_kernel(&s->fx_jit, &prog, major * 10 + minor, &kernel, err);
     if (st != KILN_OK) return st;
     s->fx[i].kernel = kernel;
     s->fx[i].run = prog.run;

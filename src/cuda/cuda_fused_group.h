@@ -66,9 +66,9 @@ cudaError_t kcu_fx_prepare(const kiln_plan *plan, const kiln_op *op, const kcu_t
 typedef struct kcu_fx_jit kcu_fx_jit;
 
 /* Compiles p's kernel for device (compute capability cc, e.g. 90), or finds it compiled:
- * *kernel NULL when NVRTC is not installed (the interpreter then runs the op; *why says so). */
+ * *kernel NULL when NVRTC is not installed (the interpreter then runs the op). */
 kiln_status kcu_fx_jit_kernel(kcu_fx_jit **jit, const kcu_fx *p, int cc, cudaKernel_t *kernel,
-                              const char **why, kiln_error *err);
+                              kiln_error *err);
 void kcu_fx_jit_free(kcu_fx_jit *jit);
 /* Test hook: NVRTC's cubin of p's kernel for sm_<cc>, compiled and dropped (no device needed):
  * its size in *bytes, or an error naming what NVRTC said. */

@@ -316,17 +316,13 @@ kiln_status kcu_fx_jit_cubin_size(kcu_fx_jit **jit, const kcu_fx *p, int cc, siz
 }
 
 kiln_status kcu_fx_jit_kernel(kcu_fx_jit **jit, const kcu_fx *p, int cc, cudaKernel_t *kernel,
-                              const char **why, kiln_error *err) {
+                              kiln_error *err) {
   *kernel = NULL;
-  *why = NULL;
   if (!*jit && !(*jit = (kcu_fx_jit *)calloc(1, sizeof **jit)))
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                      "out of host memory for the fused kernels; free memory and load again");
   kcu_fx_jit *j = *jit;
-  if (!kfx_open(j)) {
-    *why = "NVRTC (libnvrtc) was not found: fused groups run interpreted";
-    return KILN_OK;
-  }
+  if (!kfx_open(j)) return KILN_OK; /* no NVRTC: the interpreter runs the group */
   char *source = kcu_fx_source(p);
   if (!source)
     return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,

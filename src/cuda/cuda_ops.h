@@ -23,6 +23,18 @@ typedef struct kcu_tensor {
   int64_t numel;
 } kcu_tensor;
 
+/* A plan tensor's dtype, dims and element count, without an address (data NULL). */
+static inline kcu_tensor kcu_tensor_shape(const kiln_tensor_desc *t) {
+  kcu_tensor r;
+  r.data = NULL;
+  r.dtype = t->dtype;
+  r.rank = t->rank;
+  r.numel = 1;
+  for (int d = 0; d < KILN_MAX_RANK; d++) r.dims[d] = d < t->rank ? t->dims[d] : 0;
+  for (int d = 0; d < t->rank; d++) r.numel *= t->dims[d];
+  return r;
+}
+
 /* Row-major element strides of t. */
 void kcu_strides(const kcu_tensor *t, int64_t *strides);
 /* Strides of t broadcast (right-aligned) to a shape of `rank` dims; 0 where t has size 1. */

@@ -37,16 +37,6 @@ static uint32_t tensor(plan_builder *b, kiln_storage st, kiln_dtype dt, int32_t 
 #define DIMS(...) (const int64_t[]){__VA_ARGS__}
 #define IN(b, dt, r, ...) tensor(b, KILN_STORE_INPUT, dt, r, DIMS(__VA_ARGS__))
 
-static kcu_tensor shape_of(const kiln_tensor_desc *t) {
-  kcu_tensor r;
-  memset(&r, 0, sizeof r);
-  r.dtype = t->dtype;
-  r.rank = t->rank;
-  r.numel = 1;
-  for (int d = 0; d < t->rank; d++) r.dims[d] = t->dims[d], r.numel *= t->dims[d];
-  return r;
-}
-
 /* The FUSED op over the inputs b holds, writing out [rank dims], decoded as the engine does. */
 static int prepare(plan_builder *b, kiln_dtype out_dt, int32_t rank, const int64_t *dims,
                    uint32_t n_maps, const int64_t *maps, uint32_t n_instrs, const int64_t *code,
@@ -77,8 +67,8 @@ static int prepare(plan_builder *b, kiln_dtype out_dt, int32_t rank, const int64
   plan.n_ops = 1;
   plan.words = b->words;
   plan.n_words = n;
-  for (uint32_t k = 0; k < b->n_inputs; k++) in[k] = shape_of(&b->tensors[k]);
-  o = shape_of(&b->tensors[out]);
+  for (uint32_t k = 0; k < b->n_inputs; k++) in[k] = kcu_tensor_shape(&b->tensors[k]);
+  o = kcu_tensor_shape(&b->tensors[out]);
   return kcu_fx_prepare(&plan, &b->op, in, &o, fx) == cudaSuccess;
 }
 
