@@ -9,15 +9,15 @@
  * lanes of a warp share each row, a 16-byte chunk a lane (lpr = E / 8 lanes a row, 32 / lpr
  * rows at once), q's chunk in registers; a lane group scores 8 keys a pass with their loads
  * issued together and reduces each dot product by shuffles, so a pass is one round trip for
- * the keys and one for the values. A warp takes a
- * split of a few passes: Nsight Compute on an H200 showed the block-per-split kernel below
- * latency-bound (one block of 4 warps an SM, a warp issuing every 16 cycles through about 2000
- * instructions), so the work is cut into many short warps instead.
+ * the keys and one for the values. A warp takes a split of a few passes: Nsight Compute on an
+ * H200 showed the block-per-split kernel below latency-bound (one block of 4 warps an SM, a
+ * warp issuing every 16 cycles through about 2000 instructions), so the work is cut into many
+ * short warps instead.
  *
- * Other rows (bf16, f32, scalar loads): a block takes one query row and a split of the keys, one key per
- * thread; each thread reads its key's whole row against the row of q in shared memory, each
- * warp keeps an online softmax over its keys, value rows a lane per value dim, and the block's
- * warps merge at the end. */
+ * Other rows (bf16, f32, scalar loads): a block takes one query row and a split of the keys,
+ * one key per thread; each thread reads its key's whole row against the row of q in shared
+ * memory, each warp keeps an online softmax over its keys, value rows a lane per value dim, and
+ * the block's warps merge at the end. */
 #include "cuda_device.cuh"
 
 #include <string.h>
@@ -360,11 +360,11 @@ size_t kcu_attention_part_bytes(int64_t Ev, int sms) {
   return (size_t)KCU_DECW_TARGET * (size_t)sms * (size_t)(Ev + 2) * sizeof(float);
 }
 
-/* The warp path's splits (a whole number of passes each) and launch, for k and v of dtype dt. */
+/* The warp path's splits (a whole number of passes each) and launch, for f16 k and v. */
 static void kcu_decode_warps(cudaStream_t s, kcu_dec_args *a, int64_t rows, int sms,
                              size_t part_bytes, const void *q, const void *k, const void *v,
                              const void *mask, void *out) {
-  int per = a->dk == KILN_F32 ? 4 : 8, lpr = (int)(a->E / per);
+  int lpr = (int)(a->E / 8);
   int64_t pass = (int64_t)(32 / lpr) * KCU_DECW_UNROLL, passes = (a->S + pass - 1) / pass;
   int64_t splits = sms > 0 ? ((int64_t)KCU_DECW_TARGET * sms + rows - 1) / rows : 1;
   int64_t fit = (int64_t)(part_bytes / ((size_t)rows * (size_t)(a->Ev + 2) * sizeof(float)));
@@ -409,33 +409,29 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
   a.vvec = vvec;
   int64_t rows = batch * a.L, chunks = (a.S + KCU_DEC_KEYS - 1) / KCU_DEC_KEYS;
   int sms = kcu_sm_count();
-  int lanes_k = (int)(a.E / per);
-  if (a.kvec && vvec && k->dtype == KILN_F16 && v->dtype == KILN_F16 && a.E == a.Ev &&
-      lanes_k >= 1 && lanes_k <= 32 && 32 % lanes_k == 0) {
-    cudaGetLastError();
+  cudaGetLastError();
+  /* vvec with E == Ev in f16: the rows are 16-byte vectors, E / 8 lanes (1 to 32, a divisor of
+   * 32) to a row, as the warp path takes them */
+  if (a.kvec && vvec && k->dtype == KILN_F16 && v->dtype == KILN_F16 && a.E == a.Ev) {
     kcu_decode_warps(s, &a, rows, sms, part_bytes, q->data, k->data, v->data,
                      mask ? mask->data : NULL, out->data);
-    if (a.n_splits > 1)
-      kcu_launch_early(kcu_attention_decode_merge, (unsigned)rows, KCU_DEC_MERGE_WARPS * 32, 0,
-                       s, a, out->data);
-    return cudaGetLastError();
-  }
-  a.n_splits = 1;
-  a.split_len = chunks * KCU_DEC_KEYS;
-  /* Fewer rows than SMs: split the keys in whole chunks, about two blocks per SM. */
-  if (rows < sms && chunks >= 2) {
-    int64_t want = (2 * sms + rows - 1) / rows, splits = want < chunks ? want : chunks;
-    if (splits > KCU_DEC_MAX_SPLITS) splits = KCU_DEC_MAX_SPLITS;
-    int64_t per_split = (chunks + splits - 1) / splits;
-    if ((size_t)(rows * ((chunks + per_split - 1) / per_split) * (a.Ev + 2)) * sizeof(float) <=
-        part_bytes) {
-      a.split_len = per_split * KCU_DEC_KEYS;
-      a.n_splits = (chunks + per_split - 1) / per_split;
+  } else {
+    a.n_splits = 1;
+    a.split_len = chunks * KCU_DEC_KEYS;
+    /* Fewer rows than SMs: split the keys in whole chunks, about two blocks per SM. */
+    if (rows < sms && chunks >= 2) {
+      int64_t want = (2 * sms + rows - 1) / rows, splits = want < chunks ? want : chunks;
+      if (splits > KCU_DEC_MAX_SPLITS) splits = KCU_DEC_MAX_SPLITS;
+      int64_t per_split = (chunks + splits - 1) / splits;
+      if ((size_t)(rows * ((chunks + per_split - 1) / per_split) * (a.Ev + 2)) * sizeof(float) <=
+          part_bytes) {
+        a.split_len = per_split * KCU_DEC_KEYS;
+        a.n_splits = (chunks + per_split - 1) / per_split;
+      }
     }
+    kcu_launch_early(kcu_attention_decode_kernel, (unsigned)(rows * a.n_splits), KCU_DEC_KEYS, 0,
+                     s, a, q->data, k->data, v->data, mask ? mask->data : NULL, out->data);
   }
-  cudaGetLastError();
-  kcu_launch_early(kcu_attention_decode_kernel, (unsigned)(rows * a.n_splits), KCU_DEC_KEYS, 0,
-                   s, a, q->data, k->data, v->data, mask ? mask->data : NULL, out->data);
   if (a.n_splits > 1)
     kcu_launch_early(kcu_attention_decode_merge, (unsigned)rows, KCU_DEC_MERGE_WARPS * 32, 0, s,
                      a, out->data);

@@ -185,16 +185,13 @@ char *kcu_fx_source(const kcu_fx *p) {
       kfx_put(&t, "    KFX_EACH r%u[k] = kfx_round<%d>(r%u[k]);\n", dst,
               arg == KILN_F16 ? KILN_F16 : KILN_BF16, a);
       break;
-    case KILN_FX_SELECT:
-      if ((int)arg == ri) {
+    case KILN_FX_SELECT: /* on the innermost coordinate (per element) or an outer one */
+      if ((int)arg == ri)
         kfx_put(&t, "    KFX_EACH r%u[k] = cr + k < ", dst);
-        kfx_index(&t, p->imm[s].i);
-        kfx_put(&t, " ? r%u[k] : r%u[k];\n", a, b);
-      } else {
+      else
         kfx_put(&t, "    KFX_EACH r%u[k] = c%u < ", dst, arg);
-        kfx_index(&t, p->imm[s].i);
-        kfx_put(&t, " ? r%u[k] : r%u[k];\n", a, b);
-      }
+      kfx_index(&t, p->imm[s].i);
+      kfx_put(&t, " ? r%u[k] : r%u[k];\n", a, b);
       break;
     default: /* STORE */
       kfx_put(&t, "    kfx_store<V, %d>(io.out, j * V, r%u);\n", p->out_dtype, a);
