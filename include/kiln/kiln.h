@@ -230,7 +230,9 @@ typedef enum kiln_op_kind {
                            q's, but dim -3 (heads) may divide q's: grouped-query attention, key/
                            value head = query head / group. iattr2 = 1, packed heads: one
                            input qkv[B,L,3,H,E] (q, k, v = qkv[:,:,i] as [B,H,L,E]), mask? over
-                           [B,H,L,L] -> [B,L,H,E], the heads back in place */
+                           [B,H,L,L] -> [B,L,H,E], the heads back in place. iattr2 = 2, heads
+                           last: q[B,H,L,E], k, v, mask? as above (rank 4) -> [B,L,H,Ev], the
+                           result permuted (0,2,1,3) as it is written */
   KILN_OP_POINTWISE,    /* a fused chain of float pointwise steps, one pass over memory: x, then
                            extra operands of binary steps (each broadcasts to x, same dtype) ->
                            x's shape and dtype; iattr = steps in order (KILN_PW_STEP), 1..8;

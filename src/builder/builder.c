@@ -804,7 +804,8 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
  * GEMM whose outputs are column slices (after every pattern pass, so each saw the linears apart,
  * SwiGLU's gate and up among them; right before the grouping, as a linear joins only where its
  * slice is a view or the grouping will read its columns in place) and attention's head split taken
- * into the SDPA once more where they were its q, k and v, then what remains of pointwise ops,
+ * into the SDPA once more where they were its q, k and v (elsewhere its head merge alone), then
+ * what remains of pointwise ops,
  * casts and views grouped into FUSED ops (in a dynamic plan, those whose index maps hold at every
  * size). */
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
@@ -822,7 +823,7 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
   if (opts->fuse && (s = kiln_layout_channels_last(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_swiglu(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_grouped_kv(g, err))) return s;
-  if (opts->fuse && (s = kiln_fuse_attention(g, err))) return s;
+  if (opts->fuse && (s = kiln_fuse_attention(g, 0, err))) return s;
   if (opts->fuse && ((s = kiln_fold_reshapes(g, err)) || (s = kiln_drop_copies(g, err)) ||
                      (s = kiln_graph_remove_dead(g, err))))
     return s;
@@ -831,7 +832,7 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
   if (opts->fuse && (s = kiln_fuse_pointwise(g, err))) return s;
   if (opts->fuse && (s = kiln_fuse_norms(g, err))) return s;
   if (opts->fuse && (s = kiln_merge_linears(g, b->n_symbols != 0, err))) return s;
-  if (opts->fuse && ((s = kiln_fuse_attention(g, err)) || (s = kiln_fold_reshapes(g, err)) ||
+  if (opts->fuse && ((s = kiln_fuse_attention(g, 1, err)) || (s = kiln_fold_reshapes(g, err)) ||
                      (s = kiln_graph_remove_dead(g, err))))
     return s;
   return opts->fuse ? kiln_fuse_groups(g, b->symbols, b->n_symbols, err) : KILN_OK;

@@ -91,7 +91,15 @@ static int32_t sliced_heads(kiln_graph *g, const kiln_op *s, const uint32_t *use
   return qkv;
 }
 
-static void fuse_one(kiln_graph *g, uint32_t i, const uint32_t *uses, const int32_t *reader) {
+/* Heads the flash kernel takes: f16 or bf16, rank 4, E == Ev of 64 or 128. */
+static int flash_heads(const kiln_graph *g, const kiln_op *s) {
+  const kiln_tensor_desc *q = &g->tensors[s->inputs[0]].desc, *v = &g->tensors[s->inputs[2]].desc;
+  return (q->dtype == KILN_F16 || q->dtype == KILN_BF16) && q->rank == 4 && v->rank == 4 &&
+         (q->dims[3] == 64 || q->dims[3] == 128) && v->dims[3] == q->dims[3];
+}
+
+static void fuse_one(kiln_graph *g, uint32_t i, const uint32_t *uses, const int32_t *reader,
+                     int heads_last) {
   kiln_op s = g->ops[i];
   int32_t dead[8], back, qkv, n_dead = 4;
   uint32_t out = s.output;
@@ -113,29 +121,36 @@ static void fuse_one(kiln_graph *g, uint32_t i, const uint32_t *uses, const int3
       return; /* heads the tensor-core kernel does not take keep the matmul path's layout */
   } else if ((qkv = sliced_heads(g, &s, uses, dead)) >= 0) {
     n_dead = 8;
+  } else if (heads_last && flash_heads(g, &s)) {
+    n_dead = 0;
   } else {
+    return;
+  }
+  s.n_iattr = 3;
+  s.output = g->ops[back].output;
+  if (same >= 0) g->dead[same] = 1;
+  g->dead[i] = 1;
+  if (n_dead == 0) { /* heads last: q, k, v and the mask as they are */
+    s.iattr[2] = 2;
+    g->ops[back] = s;
     return;
   }
   s.inputs[0] = (uint32_t)qkv;
   s.inputs[1] = s.n_inputs == 4 ? s.inputs[3] : 0;
   s.inputs[2] = s.inputs[3] = 0;
   s.n_inputs = s.n_inputs == 4 ? 2 : 1;
-  s.n_iattr = 3;
   s.iattr[2] = 1;
-  s.output = g->ops[back].output;
   for (int32_t k = 0; k < n_dead; k++) g->dead[dead[k]] = 1;
-  if (same >= 0) g->dead[same] = 1;
-  g->dead[i] = 1;
   g->ops[back] = s;
 }
 
-kiln_status kiln_fuse_attention(kiln_graph *g, kiln_error *err) {
+kiln_status kiln_fuse_attention(kiln_graph *g, int heads_last, kiln_error *err) {
   uint32_t *uses;
   int32_t *reader;
   kiln_status st = kiln_graph_readers(g, "attention", &uses, &reader, err);
   if (st != KILN_OK) return st;
   for (uint32_t i = 0; i < g->n_ops; i++)
-    if (!g->dead[i] && g->ops[i].kind == KILN_OP_SDPA) fuse_one(g, i, uses, reader);
+    if (!g->dead[i] && g->ops[i].kind == KILN_OP_SDPA) fuse_one(g, i, uses, reader, heads_last);
   free(uses);
   free(reader);
   return KILN_OK;

@@ -1,4 +1,5 @@
-/* Attention with packed heads: the head split and merge around an SDPA run inside it. */
+/* Attention with packed heads or heads last: the head split and merge around an SDPA run
+ * inside it. */
 #ifndef KILN_FUSE_ATTENTION_H
 #define KILN_FUSE_ATTENTION_H
 
@@ -12,7 +13,10 @@
  * permuted (0,2,1,3), as GPT-2 splits its fused projection: x is viewed as qkv. Only f16 and
  * bf16 heads of 64 or 128 are packed: those the GPU runs on its flash kernel, which reads any
  * row stride; other attention runs fastest on strided-batched matmuls, which need the
- * copies. */
-kiln_status kiln_fuse_attention(kiln_graph *g, kiln_error *err);
+ * copies. With `heads_last`, an SDPA of such heads whose q, k and v come otherwise (rotary
+ * embeddings, grouped-query heads) still takes the merge: it writes [B,L,H,Ev] (iattr2 = 2).
+ * The builder asks for that only on its last call, after linears are joined, so heads that
+ * can still be packed are not taken first. */
+kiln_status kiln_fuse_attention(kiln_graph *g, int heads_last, kiln_error *err);
 
 #endif

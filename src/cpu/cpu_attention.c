@@ -2,11 +2,12 @@
  * (top-left aligned: key j <= query i) and mask (bool keeps where true, float adds), a stable
  * softmax, then the weighted sum of values. A row with every key masked outputs zeros, as
  * PyTorch's math attention does. Packed heads read q, k and v from one [B,L,3,H,E] tensor and
- * write [B,L,H,E]. */
+ * write [B,L,H,E]; heads last read [B,H,L,E] q and write [B,L,H,Ev]. */
 #include "cpu/cpu_ops.h"
 
 void kiln_cpu_sdpa(const kiln_cpu_run *r, const kiln_op *op) {
-  int packed = op->n_iattr > 2 && op->iattr[2] == 1, has_mask = op->iattr[1] != 0;
+  int layout = op->n_iattr > 2 ? (int)op->iattr[2] : 0, has_mask = op->iattr[1] != 0;
+  int packed = layout == 1;
   const kiln_tensor_desc *q = kiln_cpu_desc(r, op->inputs[0]);
   const kiln_tensor_desc *k = packed ? q : kiln_cpu_desc(r, op->inputs[1]);
   const kiln_tensor_desc *v = packed ? q : kiln_cpu_desc(r, op->inputs[2]);
@@ -18,20 +19,24 @@ void kiln_cpu_sdpa(const kiln_cpu_run *r, const kiln_op *op) {
   const void *pm = mask ? r->data[mi] : NULL;
   void *po = r->data[op->output];
   /* The logical [..., L, E] view: packed qkv [B,L,3,H,E] is B*H matrices whose rows lie 3*H*E
-   * apart, and the output's rows H*E apart. */
-  int64_t heads = packed ? q->dims[3] : 1;
+   * apart, and the output's rows (packed or heads last) H*Ev apart. */
+  int64_t lead[KILN_MAX_RANK]; /* the logical output's dims */
+  memcpy(lead, out->dims, sizeof lead);
+  if (layout == 2) lead[1] = out->dims[2], lead[2] = out->dims[1];
+  int64_t heads = packed ? q->dims[3] : layout == 2 ? lead[1] : 1;
   int64_t l_dim = packed ? q->dims[1] : q->dims[q->rank - 2], e_dim = q->dims[q->rank - 1];
   int64_t s_dim = packed ? l_dim : k->dims[k->rank - 2], ev_dim = v->dims[v->rank - 1];
-  int64_t in_row = packed ? 3 * heads * e_dim : e_dim, out_row = packed ? heads * ev_dim : ev_dim;
+  int64_t in_row = packed ? 3 * heads * e_dim : e_dim, out_row = heads * ev_dim;
   int32_t brank = packed ? 2 : out->rank - 2, srank = brank + 2;
-  int64_t batches = packed ? q->dims[0] * heads : kiln_cpu_extent(out, 0, brank);
+  int64_t batches = packed ? q->dims[0] * heads : 1;
+  for (int32_t d = 0; !packed && d < brank; d++) batches *= lead[d];
   double scale = op->fattr[0] != 0.0 ? op->fattr[0] : 1.0 / sqrt((double)e_dim);
   int causal = op->iattr[0] != 0;
   int64_t mstride[KILN_MAX_RANK] = {0}, score_dims[KILN_MAX_RANK];
   if (packed) {
     score_dims[0] = q->dims[0], score_dims[1] = heads;
   } else {
-    memcpy(score_dims, out->dims, sizeof score_dims);
+    memcpy(score_dims, lead, sizeof score_dims);
   }
   score_dims[srank - 2] = l_dim;
   score_dims[srank - 1] = s_dim;
@@ -39,17 +44,15 @@ void kiln_cpu_sdpa(const kiln_cpu_run *r, const kiln_op *op) {
   double *scores = r->scratch, *row = r->scratch + s_dim;
   for (int64_t b = 0; b < batches; b++) {
     int64_t oq, ok, ov, oo;
+    oo = (b / heads) * l_dim * out_row + (b % heads) * ev_dim;
     if (packed) {
-      int64_t n = b / heads, h = b % heads;
-      oq = n * l_dim * in_row + h * e_dim;
+      oq = (b / heads) * l_dim * in_row + (b % heads) * e_dim;
       ok = oq + heads * e_dim;
       ov = oq + 2 * heads * e_dim;
-      oo = n * l_dim * out_row + h * ev_dim;
     } else {
-      oq = kiln_cpu_batch_offset(q, 2, b, brank, out->dims);
-      ok = kiln_cpu_batch_offset(k, 2, b, brank, out->dims);
-      ov = kiln_cpu_batch_offset(v, 2, b, brank, out->dims);
-      oo = b * l_dim * out_row;
+      oq = kiln_cpu_batch_offset(q, 2, b, brank, lead);
+      ok = kiln_cpu_batch_offset(k, 2, b, brank, lead);
+      ov = kiln_cpu_batch_offset(v, 2, b, brank, lead);
     }
     int64_t om = mask ? kiln_cpu_batch_offset(mask, 2, b, brank, score_dims) : 0;
     for (int64_t i = 0; i < l_dim; i++) {

@@ -184,11 +184,18 @@ int64_t kcu_attn_geometry_init(kcu_attn_geometry *g, const kcu_tensor *q, const 
 int kcu_sdpa_operands(const kiln_op *op, const kcu_tensor *in, const kcu_tensor *out,
                       kcu_tensor *q, kcu_tensor *k, kcu_tensor *v, const kcu_tensor **mask,
                       kcu_tensor *o, kcu_attn_geometry *geo) {
-  int has_mask = op->n_iattr > 1 && op->iattr[1];
-  if (!kcu_sdpa_packed(op)) {
+  int has_mask = op->n_iattr > 1 && op->iattr[1], layout = kcu_sdpa_layout(op);
+  if (layout != 1) {
     *q = in[0], *k = in[1], *v = in[2], *o = *out;
     *mask = has_mask ? &in[3] : NULL;
-    return 0;
+    if (layout == 0) return 0;
+    int64_t L = out->dims[1], H = out->dims[2], Ev = out->dims[3];
+    o->dims[1] = H, o->dims[2] = L;
+    kcu_attn_geometry_init(geo, q, k, v, *mask, o, k->dims[2]);
+    geo->ob[0] = L * H * Ev; /* [B,H,L,Ev] over [B,L,H,Ev] */
+    geo->ob[1] = Ev;
+    geo->o_row = H * Ev;
+    return 1;
   }
   const kcu_tensor *x = &in[0];
   int64_t B = x->dims[0], L = x->dims[1], H = x->dims[3], E = x->dims[4];

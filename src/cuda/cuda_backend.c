@@ -249,19 +249,20 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
     kcu_tensor q, k, v, o;
     const kcu_tensor *mask;
     kcu_attn_geometry geo;
-    int packed = kcu_sdpa_operands(op, in, &out, &q, &k, &v, &mask, &o, &geo);
+    int strided = kcu_sdpa_operands(op, in, &out, &q, &k, &v, &mask, &o, &geo);
     float scale = (float)op->fattr[0];
     if (scale == 0.0f) scale = 1.0f / sqrtf((float)q.dims[q.rank - 1]);
     int causal = op->n_iattr > 0 && op->iattr[0] != 0;
     /* The flash kernel wherever it takes the shape. Init chose it from plan offsets, so here
      * it can fail only on an address not 16-byte aligned; such an op has no score buffer and
-     * runs on the fused kernel, as packed heads the matmuls cannot stride through do. */
+     * runs on the fused kernel, as the strided heads the matmuls cannot take (packed heads,
+     * heads last) do. */
     if (kcu_flash_fits(&q, &k, &v, mask, &o))
-      return kcu_flash_attention(st, &q, &k, &v, mask, &o, causal, scale, packed ? &geo : NULL);
+      return kcu_flash_attention(st, &q, &k, &v, mask, &o, causal, scale, strided ? &geo : NULL);
     if (s->attn[i].active)
       return kcu_attn_gemm_run(&s->attn[i], s->lt, st, in, mask, &out, causal, scale,
                                s->attn_scratch, s->workspace, s->workspace_size);
-    return kcu_attention(st, &q, &k, &v, mask, &o, causal, scale, packed ? &geo : NULL,
+    return kcu_attention(st, &q, &k, &v, mask, &o, causal, scale, strided ? &geo : NULL,
                          s->attn_scratch, s->attn_scratch_bytes);
   }
   case KILN_OP_POINTWISE:
@@ -693,7 +694,7 @@ static int kcu_sdpa_scoreless(const kiln_plan *p, uint32_t i) {
  * keys for a few query rows), all of which read their sizes at run time, so no matmul setup
  * has to follow the sizes. */
 static int kcu_attn_gemm_planned(const kcu_state *s, const kiln_plan *p, uint32_t i) {
-  return p->ops[i].kind == KILN_OP_SDPA && !s->dynamic && !kcu_sdpa_packed(&p->ops[i]) &&
+  return p->ops[i].kind == KILN_OP_SDPA && !s->dynamic && kcu_sdpa_layout(&p->ops[i]) == 0 &&
          !kcu_sdpa_scoreless(p, i);
 }
 
@@ -815,8 +816,8 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     sms = 0, cudaGetLastError();
   for (uint32_t i = 0; i < p->n_ops; i++) {
     if (p->ops[i].kind != KILN_OP_SDPA) continue;
-    /* no score buffer, no matmuls: the flash kernel, or the fused kernel for packed heads, for a
-     * few query rows (split keys, their partial rows in the scratch) and in a dynamic plan */
+    /* no score buffer, no matmuls: the flash kernel, or the fused kernel for strided heads, for
+     * a few query rows (split keys, their partial rows in the scratch) and in a dynamic plan */
     if (!kcu_attn_gemm_planned(s, p, i)) {
       const kiln_tensor_desc *o = &p->tensors[p->ops[i].output];
       if (sms > 0 && kcu_attention_part_bytes(o->dims[o->rank - 1], sms) > scratch)

@@ -197,10 +197,20 @@ static int kcu_grouped_heads(const kiln_tensor_desc *t, const kiln_tensor_desc *
 
 static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, uint32_t i,
                                        kiln_error *err) {
-  if (op->n_iattr > 2 && op->iattr[2] != 0) return kcu_check_packed_attention(p, op, i, err);
+  int64_t layout = op->n_iattr > 2 ? op->iattr[2] : 0;
+  if (layout == 1) return kcu_check_packed_attention(p, op, i, err);
   if (op->n_inputs < 3) return KCU_BAD("op %u (sdpa): %u inputs, needs 3; re-export the program", i, op->n_inputs);
   const kiln_tensor_desc *q = &p->tensors[op->inputs[0]], *k = &p->tensors[op->inputs[1]],
                          *v = &p->tensors[op->inputs[2]], *out = &p->tensors[op->output];
+  kiln_tensor_desc heads; /* heads last: the [B,H,L,Ev] result the kernels see */
+  if (layout != 0 && (layout != 2 || q->rank != 4 || out->rank != 4))
+    return KCU_BAD("op %u (sdpa): layout %lld with q of rank %d; re-export the program", i,
+                   (long long)layout, (int)q->rank);
+  if (layout == 2) {
+    heads = *out;
+    heads.dims[1] = out->dims[2], heads.dims[2] = out->dims[1];
+    out = &heads;
+  }
   if (!kcu_float(q->dtype) || !kcu_float(k->dtype) || !kcu_float(v->dtype) || !kcu_float(out->dtype))
     return kiln_fail(err, KILN_ERR_UNSUPPORTED,
                      "op %u (sdpa): the CUDA engine runs attention on float tensors only; cast "

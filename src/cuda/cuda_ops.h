@@ -159,14 +159,14 @@ typedef struct kcu_attn_geometry {
 int64_t kcu_attn_geometry_init(kcu_attn_geometry *g, const kcu_tensor *q, const kcu_tensor *k,
                                const kcu_tensor *v, const kcu_tensor *mask,
                                const kcu_tensor *out, int64_t S);
-/* 1 for an SDPA with packed heads (iattr2 1). */
-static inline int kcu_sdpa_packed(const kiln_op *op) {
-  return op->n_iattr > 2 && op->iattr[2] == 1;
+/* An SDPA op's layout (iattr2): 0 plain, 1 packed heads, 2 heads last. */
+static inline int kcu_sdpa_layout(const kiln_op *op) {
+  return op->n_iattr > 2 ? (int)op->iattr[2] : 0;
 }
 /* An SDPA op's operands as the attention kernels take them. With packed heads, q, k and v
- * become [B,H,L,E] views into qkv [B,L,3,H,E] (at 0, H*E and 2*H*E elements), the output a
- * [B,H,L,E] view of [B,L,H,E], and geo their strides; returns 1. Otherwise the op's own
- * tensors, and 0 (the launcher computes the geometry). */
+ * become [B,H,L,E] views into qkv [B,L,3,H,E] (at 0, H*E and 2*H*E elements); with packed
+ * heads or heads last, the output a [B,H,L,Ev] view of [B,L,H,Ev]; geo their strides, and
+ * returns 1. Otherwise the op's own tensors, and 0 (the launcher computes the geometry). */
 int kcu_sdpa_operands(const kiln_op *op, const kcu_tensor *in, const kcu_tensor *out,
                       kcu_tensor *q, kcu_tensor *k, kcu_tensor *v, const kcu_tensor **mask,
                       kcu_tensor *o, kcu_attn_geometry *geo);

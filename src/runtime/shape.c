@@ -770,9 +770,15 @@ static kiln_status infer_sdpa_packed(const infer_ctx *c, kiln_tensor_desc *out) 
 }
 
 static kiln_status infer_sdpa(const infer_ctx *c, kiln_tensor_desc *out) {
-  if (c->op->n_iattr > 2 && c->op->iattr[2] != 0) {
-    kiln_status s = need_flag(c, 2, 1);
-    return s ? s : infer_sdpa_packed(c, out);
+  int64_t layout = c->op->n_iattr > 2 ? c->op->iattr[2] : 0;
+  if (layout != 0) {
+    kiln_status s = need_flag(c, 2, 2);
+    if (s || layout == 1) return s ? s : infer_sdpa_packed(c, out);
+    if (c->in[0]->rank != 4)
+      return kiln_fail(c->err, c->status,
+                       "%.7s op %u (%.12s): heads last (iattr2 2) takes q [B,H,L,E] of rank 4, "
+                       "not rank %d%.24s",
+                       c->stage, c->index, c->name, (int)c->in[0]->rank, c->remedy);
   }
   if (c->op->n_inputs < 3)
     return kiln_fail(c->err, c->status,
@@ -809,6 +815,8 @@ static kiln_status infer_sdpa(const infer_ctx *c, kiln_tensor_desc *out) {
   }
   set_shape(out, q->dtype, r, q->dims);
   out->dims[r - 1] = v->dims[r - 1];
+  if (layout == 2) /* [B,H,L,Ev] written as [B,L,H,Ev] */
+    out->dims[1] = q->dims[2], out->dims[2] = q->dims[1];
   return KILN_OK;
 }
 

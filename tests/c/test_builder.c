@@ -168,6 +168,8 @@ static void test_shapes(void) {
   expect_shape(b, op(b, KILN_OP_SDPA, T(q, k, v, mask), 4, I(0, 1), 2, NULL, 0), "f32 [1,2,4,6]");
   expect_shape(b, op(b, KILN_OP_SDPA, T(q, k, v, fmask), 4, I(0, 1), 2, NULL, 0), "f32 [1,2,4,6]");
   expect_shape(b, op(b, KILN_OP_SDPA, T(q, k, v), 3, I(1, 0), 2, (double[]){0.5}, 1), "f32 [1,2,4,6]");
+  expect_shape(b, op(b, KILN_OP_SDPA, T(q, k, v, mask), 4, I(0, 1, 2), 3, NULL, 0), "f32 [1,4,2,6]");
+  expect_shape(b, op(b, KILN_OP_SDPA, T(q4, k2, v2), 3, I(1, 0, 2), 3, NULL, 0), "f32 [1,4,4,6]");
   expect_shape(b, op(b, KILN_OP_CAST, T(a), 1, I(KILN_I64), 1, NULL, 0), "i64 [2,1,3]");
   expect_shape(b, op(b, KILN_OP_CAST, T(cond), 1, I(KILN_BF16), 1, NULL, 0), "bf16 [2,1]");
   expect_shape(b, op(b, KILN_OP_LAYER_NORM, T(big, ln_w, ln_w), 3, I(2, 3), 2, (double[]){1e-5}, 1),
@@ -342,6 +344,11 @@ static void test_shape_refusals(void) {
   expect_refusal(b, KILN_OP_SDPA, T(q, k, v), 3, I(0, 1), 2, NULL, 0, bad,
                  "builder op 0 (sdpa): causal 0 and mask flag 1 with 3 inputs; the mask flag "
                  "must match a 4th input and excludes causal");
+  expect_refusal(b, KILN_OP_SDPA, T(q, k, v), 3, I(0, 0, 3), 3, NULL, 0, bad,
+                 "builder op 0 (sdpa): attribute iattr2 is 3 but must be 0..2");
+  expect_refusal(b, KILN_OP_SDPA, T(a223, a223, a223), 3, I(0, 0, 2), 3, NULL, 0, bad,
+                 "builder op 0 (sdpa): heads last (iattr2 2) takes q [B,H,L,E] of rank 4, not "
+                 "rank 3");
   /* Refusals leave nothing behind: the next op is still op 0. */
   expect_refusal(b, KILN_OP_COPY, T(99), 1, NULL, 0, NULL, 0, bad,
                  "builder op 0 (copy): input 0 is tensor 99 but the builder has 27 tensors; pass "

@@ -530,6 +530,39 @@ static void gqa(kiln_builder *b, kiln_dtype dt, int variant) {
   out(b, a, "y");
   if (variant == 1) out(b, kr, "k_repeated");
 }
+/* Attention as Llama-family models write it: q [1,6,256] viewed as [1,6,4,64], permuted
+ * (0,2,1,3) and scaled (a stand-in for the rotary embedding, so q is no head of a packed
+ * projection); k and v [1,2,6,64] repeated to 4 heads; causal SDPA (or a bool mask [6,6] with
+ * `mask`), the result permuted (0,2,1,3) and viewed as [1,6,256]. */
+static void llama_attention(kiln_builder *b, kiln_dtype dt, int mask) {
+  kiln_error err = {KILN_OK, ""};
+  int32_t x = in(b, "x", dt, 3, D(1, 6, 256)), s = in(b, "s", dt, 4, D(1, 1, 1, 64));
+  int32_t kv[2] = {in(b, "k", dt, 4, D(1, 2, 6, 64)), in(b, "v", dt, 4, D(1, 2, 6, 64))};
+  int32_t m = mask ? in(b, "m", KILN_BOOL, 2, D(6, 6)) : -1;
+  int32_t h = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(x), 1, D(1, 6, 4, 64), 4, NULL, 0, &err);
+  int32_t q = binary(b, KILN_OP_MUL,
+                     kiln_builder_add_op(b, KILN_OP_PERMUTE, T(h), 1, D(0, 2, 1, 3), 4, NULL, 0, &err),
+                     s);
+  for (int k = 0; k < 2; k++) {
+    int32_t u = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(kv[k]), 1, D(1, 2, 1, 6, 64), 5, NULL, 0,
+                                    &err);
+    int32_t e = kiln_builder_add_op(b, KILN_OP_EXPAND, T(u), 1, D(1, 2, 2, 6, 64), 5, NULL, 0, &err);
+    int32_t c = kiln_builder_add_op(b, KILN_OP_COPY, T(e), 1, NULL, 0, NULL, 0, &err);
+    kv[k] = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(c), 1, D(1, 4, 6, 64), 4, NULL, 0, &err);
+  }
+  int32_t a = mask ? kiln_builder_add_op(b, KILN_OP_SDPA, T(q, kv[0], kv[1], m), 4, D(0, 1), 2,
+                                         NULL, 0, &err)
+                   : kiln_builder_add_op(b, KILN_OP_SDPA, T(q, kv[0], kv[1]), 3, D(1, 0), 2, NULL,
+                                         0, &err);
+  int32_t back = kiln_builder_add_op(b, KILN_OP_PERMUTE, T(a), 1, D(0, 2, 1, 3), 4, NULL, 0, &err);
+  int32_t y = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(back), 1, D(1, 6, 256), 3, NULL, 0, &err);
+  if (y < 0) fprintf(stderr, "llama_attention: %s\n", err.message);
+  CHECK(y >= 0);
+  out(b, y, "y");
+}
+static void g_llama_attention(kiln_builder *b, kiln_dtype dt) { llama_attention(b, dt, 0); }
+static void g_llama_attention_mask(kiln_builder *b, kiln_dtype dt) { llama_attention(b, dt, 1); }
+
 static void g_gqa(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 0); }
 static void g_gqa_peek(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 1); }
 static void g_gqa_tiled(kiln_builder *b, kiln_dtype dt) { gqa(b, dt, 2); }
@@ -1386,21 +1419,56 @@ static void test_packed_attention(void) {
   release(&x);
   check_same_as_unfused(g_mha_mask, KILN_BF16, -2.0, 2.0);
   check_same_as_unfused(g_mha_swapped, KILN_F16, -2.0, 2.0);
-  /* k or the result read elsewhere, f32 heads (the matmul path's), q and k swapped: the
-   * copies stay */
-  static const graph_fn apart[4] = {g_mha_peek, g_mha_causal, g_mha_swapped, g_mha_peek_out};
+  /* k read elsewhere, q and k swapped: the split stays, the merge is the SDPA's (heads last);
+   * the result read elsewhere, f32 heads (the matmul path's): both copies stay */
+  static const graph_fn apart[4] = {g_mha_peek, g_mha_swapped, g_mha_causal, g_mha_peek_out};
   for (int c = 0; c < 4; c++) {
-    if (build(apart[c], c == 1 ? KILN_F32 : KILN_F16, 1, &x)) {
+    if (build(apart[c], c == 2 ? KILN_F32 : KILN_F16, 1, &x)) {
       const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
-      CHECK(a && a->n_inputs == 3 && find_op(&x, KILN_OP_PERMUTE, 1));
+      CHECK(a && a->n_inputs == 3);
+      if (c < 2)
+        CHECK(a && a->n_iattr == 3 && a->iattr[2] == 2 && !find_op(&x, KILN_OP_PERMUTE, 1) &&
+              x.plan.tensors[a->output].dims[1] == 5 && x.plan.tensors[a->output].dims[2] == 2);
+      else
+        CHECK(a && (a->n_iattr < 3 || a->iattr[2] == 0) && find_op(&x, KILN_OP_PERMUTE, 1));
     }
     release(&x);
   }
+  check_same_as_unfused(g_mha_peek, KILN_F16, -2.0, 2.0);
+}
+
+/* Heads last: an SDPA whose q, k and v come from elsewhere (a scaled q, grouped k and v) writes
+ * [B,L,H,E] in its merge's place, with a bool mask too; the same bytes as the unfused plan on
+ * the CPU engine. Not in f32, whose heads run on the matmul path. */
+static void test_heads_last_attention(void) {
+  built x;
+  static const graph_fn fuses[2] = {g_llama_attention, g_llama_attention_mask};
+  for (int t = 1; t < 3; t++) {
+    kiln_dtype dt = t == 1 ? KILN_F16 : KILN_BF16;
+    for (int c = 0; c < 2; c++) {
+      if (build(fuses[c], dt, 1, &x)) {
+        const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+        CHECK(a && a->n_inputs == 3u + (uint32_t)c && a->n_iattr == 3 && a->iattr[2] == 2);
+        CHECK(a && x.plan.tensors[a->inputs[1]].dims[1] == 2); /* grouped, not repeated */
+        CHECK(a && x.plan.tensors[a->output].rank == 4 && x.plan.tensors[a->output].dims[1] == 6 &&
+              x.plan.tensors[a->output].dims[2] == 4);
+        CHECK(!find_op(&x, KILN_OP_PERMUTE, 0) && !find_op(&x, KILN_OP_EXPAND, 0));
+      }
+      release(&x);
+      check_same_as_unfused(fuses[c], dt, -2.0, 2.0);
+    }
+  }
+  if (build(g_llama_attention, KILN_F32, 1, &x)) {
+    const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
+    CHECK(a && (a->n_iattr < 3 || a->iattr[2] == 0));
+  }
+  release(&x);
+  check_same_as_unfused(g_llama_attention, KILN_F32, -2.0, 2.0);
 }
 
 /* GPT-2's slices of one projection are packed heads too: one SDPA reads x as [2,5,3,2,64] and
- * writes [2,5,2,64], with no slice, permute or copy left. Not when q and k come swapped, and
- * not in f32 (the matmul path's heads). */
+ * writes [2,5,2,64], with no slice, permute or copy left. Not when q and k come swapped (heads
+ * last then), and not in f32 (the matmul path's heads). */
 static void test_sliced_attention(void) {
   built x;
   for (int t = 1; t < 3; t++) {
@@ -1421,7 +1489,8 @@ static void test_sliced_attention(void) {
   for (int c = 0; c < 2; c++) {
     if (build(apart[c], c == 1 ? KILN_F32 : KILN_F16, 1, &x)) {
       const kiln_op *a = find_op(&x, KILN_OP_SDPA, 0);
-      CHECK(a && a->n_inputs == 3 && (a->n_iattr < 3 || a->iattr[2] == 0));
+      CHECK(a && a->n_inputs == 3 && (c == 0 ? a->n_iattr == 3 && a->iattr[2] == 2
+                                             : a->n_iattr < 3 || a->iattr[2] == 0));
     }
     release(&x);
   }
@@ -2604,6 +2673,7 @@ int main(void) {
   test_copies_drop();
   test_views();
   test_packed_attention();
+  test_heads_last_attention();
   test_sliced_attention();
   test_outer_product();
   test_residual_through_reshape();

@@ -1832,7 +1832,7 @@ static void flash_compare(prog *p, const char *name, const io_range *ranges) {
 
 /* Packed heads: q, k and v read from qkv [B,L,3,H,E] and the output written as [B,L,H,E], on
  * the flash kernel (f16/bf16, head dims 64 and 128, causal or a bool mask) and on the fused
- * kernel (f32, and f16 with head dim 32). */
+ * kernel (f32, and f16 with head dim 32); then heads last. */
 static void test_packed_attention(void) {
   static const struct {
     kiln_dtype dt;
@@ -1855,6 +1855,30 @@ static void test_packed_attention(void) {
     snprintf(name, sizeof name, "sdpa packed %s L%lld H%lld E%lld causal %d mask %d",
              kiln_dtype_name(dt), (long long)L, (long long)H, (long long)E, cases[c].causal,
              cases[c].mask);
+    compare(p, name, NULL);
+  }
+  /* Heads last: q [B,H,L,E], k and v [B,Hkv,S,E] (grouped), the output written [B,L,H,E]: on
+   * the flash kernel (whole and partial tiles, causal or a bool mask), the decoding kernels (a
+   * few query rows) and the fused kernel (f32). */
+  static const struct {
+    kiln_dtype dt;
+    int64_t L, S, H, Hkv, E;
+    int causal, mask;
+  } last[6] = {{KILN_F16, 128, 128, 8, 2, 128, 1, 0}, {KILN_BF16, 77, 77, 4, 4, 64, 1, 0},
+               {KILN_F16, 70, 90, 6, 3, 64, 0, 1},    {KILN_BF16, 1, 300, 8, 2, 128, 0, 0},
+               {KILN_F16, 5, 40, 4, 1, 64, 0, 1},     {KILN_F32, 33, 33, 4, 2, 64, 1, 0}};
+  for (int c = 0; c < 6; c++) {
+    kiln_dtype dt = last[c].dt;
+    int64_t L = last[c].L, S = last[c].S, H = last[c].H, Hkv = last[c].Hkv, E = last[c].E;
+    prog *p = p_new();
+    uint32_t q = IN(p, dt, 4, 2, H, L, E), k = IN(p, dt, 4, 2, Hkv, S, E),
+             v = IN(p, dt, 4, 2, Hkv, S, E);
+    uint32_t m = last[c].mask ? IN(p, KILN_BOOL, 2, L, S) : 0;
+    p_op(p, KILN_OP_SDPA, last[c].mask ? 4 : 3, OPS(q, k, v, m), OUT(p, dt, 4, 2, L, H, E), 3,
+         ATTR(last[c].causal, last[c].mask, 2), 0);
+    snprintf(name, sizeof name, "sdpa heads last %s L%lld S%lld H%lld/%lld E%lld causal %d mask %d",
+             kiln_dtype_name(dt), (long long)L, (long long)S, (long long)H, (long long)Hkv,
+             (long long)E, last[c].causal, last[c].mask);
     compare(p, name, NULL);
   }
 }
