@@ -1743,6 +1743,20 @@ static void test_grouped_attention(void) {
     p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 2, 8, 40, 64), 2, ATTR(1, 0), 0);
     snprintf(name, sizeof name, "sdpa grouped 8/2 causal %s", dn);
     if (t == 0) compare(p, name, r); else flash_compare(p, name, r);
+    /* On the flash kernel, heads of a key/value head sharing a block: a mask of each query
+     * head's own (additive, 4 heads a block; bool, 2 heads a block, rows off the tile) */
+    for (int mk = 0; mk < 2 && t > 0; mk++) {
+      int64_t hq = mk ? 4 : 8, rows = mk ? 45 : 70;
+      p = p_new();
+      q = IN(p, dt, 4, 2, hq, rows, 64), k = IN(p, dt, 4, 2, 2, 90, 64);
+      v = IN(p, dt, 4, 2, 2, 90, 64);
+      uint32_t hm = mk ? IN(p, KILN_BOOL, 4, 1, hq, rows, 90) : IN(p, dt, 4, 2, hq, rows, 90);
+      p_op(p, KILN_OP_SDPA, 4, OPS(q, k, v, hm), OUT(p, dt, 4, 2, hq, rows, 64), 2, ATTR(0, 1), 0);
+      snprintf(name, sizeof name, "sdpa grouped %lld/2 %s mask per head %s", (long long)hq,
+               mk ? "bool" : "float", dn);
+      io_range rm[4] = {{-2, 2}, {-2, 2}, {-1, 1}, {mk ? -0.5 : -3, 1}};
+      flash_compare(p, name, rm);
+    }
     p = p_new(); /* head dim 32: cuBLASLt for every dtype; an additive mask per batch */
     q = IN(p, dt, 4, 2, 6, 20, 32), k = IN(p, dt, 4, 2, 3, 30, 32), v = IN(p, dt, 4, 2, 3, 30, 32);
     uint32_t m = IN(p, dt, 4, 2, 1, 20, 30);
