@@ -107,25 +107,40 @@ static __device__ __forceinline__ void kcu_norm_steps(const kcu_chain *c, int fr
   }
 }
 
-/* One block per row with the row in registers: each thread loads up to KCU_NORM_VECS 16-byte
- * vectors once, the mean and the variance come from the registers (two block reductions),
- * and each vector is written once. Rows of n = per * nv elements, nv <= blockDim.x *
+/* One block per row with the row in registers: each thread issues its loads of up to
+ * KCU_NORM_VECS 16-byte vectors together (a thread that loads and converts one vector at a time
+ * waits a memory round trip per vector) and the weight's before the reductions; the mean and
+ * variance come from the registers (two block reductions), and each vector is written once.
+ * At most 64 registers, four blocks of 256 threads a multiprocessor. Rows of n = per * nv
+ * elements, nv <= blockDim.x *
  * KCU_NORM_VECS, blockDim.x <= KCU_NORM_THREADS; x, out, weight, bias and the steps' operands
  * 16-byte aligned, the operands of x's shape. */
-__global__ void __launch_bounds__(KCU_NORM_THREADS, 1)
+__global__ void __launch_bounds__(KCU_NORM_THREADS, 2)
     kcu_norm_rows_vec(kcu_chain c, int before, const void *w, const void *b, void *out,
                       int64_t n, float eps, int rms) {
   __shared__ float scratch[32];
   kcu_begin_early();
   const int per = c.dtype == KILN_F32 ? 4 : 8;
   const int64_t nv = n / per, row_v = (int64_t)blockIdx.x * nv;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  uint4 raw[KCU_NORM_VECS], wraw[KCU_NORM_VECS];
+#pragma unroll
+  for (int k = 0; k < KCU_NORM_VECS; k++) {
+    int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
+    raw[k] = j < nv ? ((const uint4 *)c.in[0])[row_v + j] : zero;
+  }
+#pragma unroll
+  for (int k = 0; k < KCU_NORM_VECS; k++) {
+    int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
+    wraw[k] = w && j < nv ? ((const uint4 *)w)[j] : zero;
+  }
   float v[KCU_NORM_VECS][8];
   float sum = 0.0f;
 #pragma unroll
   for (int k = 0; k < KCU_NORM_VECS; k++) {
     int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
+    kcu_unpack16(raw[k], c.dtype, v[k]);
     if (j >= nv) continue;
-    kcu_ld16(c.in[0], c.dtype, row_v + j, v[k]);
     kcu_norm_steps(&c, 0, before, v[k], row_v + j);
 #pragma unroll
     for (int t = 0; t < 8; t++) sum += t < per ? v[k][t] : 0.0f;
@@ -146,8 +161,8 @@ __global__ void __launch_bounds__(KCU_NORM_THREADS, 1)
   for (int k = 0; k < KCU_NORM_VECS; k++) {
     int64_t j = threadIdx.x + (int64_t)k * blockDim.x;
     if (j >= nv) continue;
-    float wv[8] = {0}, bv[8] = {0};
-    if (w) kcu_ld16(w, c.dtype, j, wv);
+    float wv[8], bv[8] = {0};
+    kcu_unpack16(wraw[k], c.dtype, wv);
     if (b) kcu_ld16(b, c.dtype, j, bv);
 #pragma unroll
     for (int t = 0; t < 8; t++) {
