@@ -5,7 +5,8 @@
  * fills the GPU. Keys the mask removes are not scored and their value rows are not read, so a
  * static cache costs about its filled part.
  *
- * Key and value rows of 16-byte f16 vectors (head dims up to 256, aligned): the warp path. The
+ * Key and value rows of 16-byte f16 or bf16 vectors (head dims up to 256, aligned): the warp
+ * path. The
  * lanes of a warp share each row, a 16-byte chunk a lane (lpr = E / 8 lanes a row, 32 / lpr
  * rows at once), q's chunk in registers; a lane group scores 8 keys a pass with their loads
  * issued together and reduces each dot product by shuffles, so a pass is one round trip for
@@ -14,7 +15,7 @@
  * warp issuing every 16 cycles through about 2000 instructions), so the work is cut into many
  * short warps instead.
  *
- * Other rows (bf16, f32, scalar loads): a block takes one query row and a split of the keys,
+ * Other rows (f32, scalar loads): a block takes one query row and a split of the keys,
  * one key per thread; each thread reads its key's whole row against the row of q in shared
  * memory, each warp keeps an online softmax over its keys, value rows a lane per value dim, and
  * the block's warps merge at the end. */
@@ -199,10 +200,10 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
 #define KCU_DECW_WARPS 4  /* warps a block of the warp path: splits of one query row */
 #define KCU_DECW_UNROLL 8 /* keys a lane group scores a pass, their loads issued together */
 
-/* The warp path (see the top): dtype DT for k and v, a split of keys a warp. Written for bf16
- * and f32 (4-element chunks) too, and measured for bf16 (a 4096-slot cache: 29.2 us against
- * the block kernel's 34.4), but only the f16 copy is built: one more would put the runtime
- * wheel over its size budget, so bf16 and f32 rows take the block kernel. */
+/* The warp path (see the top): dtype DT for k and v, a split of keys a warp. Written for f32
+ * (4-element chunks) too, but built for f16 and bf16 only (bf16 on a 4096-slot cache: 29.2 us
+ * against the block kernel's 34.4): an f32 copy would put the runtime wheel over its size
+ * budget, so f32 rows take the block kernel. */
 template <int DT>
 __global__ void __launch_bounds__(KCU_DECW_WARPS * 32)
     kcu_attention_decode_warps(kcu_dec_args a, const void *q, const void *k, const void *v,
@@ -360,7 +361,7 @@ size_t kcu_attention_part_bytes(int64_t Ev, int sms) {
   return (size_t)KCU_DECW_TARGET * (size_t)sms * (size_t)(Ev + 2) * sizeof(float);
 }
 
-/* The warp path's splits (a whole number of passes each) and launch, for f16 k and v. */
+/* The warp path's splits (a whole number of passes each) and launch, for f16 or bf16 k and v. */
 static void kcu_decode_warps(cudaStream_t s, kcu_dec_args *a, int64_t rows, int sms,
                              size_t part_bytes, const void *q, const void *k, const void *v,
                              const void *mask, void *out) {
@@ -377,8 +378,9 @@ static void kcu_decode_warps(cudaStream_t s, kcu_dec_args *a, int64_t rows, int 
   a->n_splits = (passes + per_split - 1) / per_split;
   a->warp_blocks = (a->n_splits + KCU_DECW_WARPS - 1) / KCU_DECW_WARPS;
   unsigned grid = (unsigned)(rows * a->warp_blocks);
-  kcu_launch_early(kcu_attention_decode_warps<KILN_F16>, grid, KCU_DECW_WARPS * 32, 0, s, *a, q,
-                   k, v, mask, out);
+  kcu_launch_early(a->dk == KILN_BF16 ? kcu_attention_decode_warps<KILN_BF16>
+                                      : kcu_attention_decode_warps<KILN_F16>,
+                   grid, KCU_DECW_WARPS * 32, 0, s, *a, q, k, v, mask, out);
 }
 
 cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, int64_t batch,
@@ -410,9 +412,10 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
   int64_t rows = batch * a.L, chunks = (a.S + KCU_DEC_KEYS - 1) / KCU_DEC_KEYS;
   int sms = kcu_sm_count();
   cudaGetLastError();
-  /* vvec with E == Ev in f16: the rows are 16-byte vectors, E / 8 lanes (1 to 32, a divisor of
-   * 32) to a row, as the warp path takes them */
-  if (a.kvec && vvec && k->dtype == KILN_F16 && v->dtype == KILN_F16 && a.E == a.Ev) {
+  /* vvec with E == Ev in f16 or bf16: the rows are 16-byte vectors, E / 8 lanes (1 to 32, a
+   * divisor of 32) to a row, as the warp path takes them */
+  if (a.kvec && vvec && (k->dtype == KILN_F16 || k->dtype == KILN_BF16) &&
+      v->dtype == k->dtype && a.E == a.Ev) {
     kcu_decode_warps(s, &a, rows, sms, part_bytes, q->data, k->data, v->data,
                      mask ? mask->data : NULL, out->data);
   } else {
