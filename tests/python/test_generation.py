@@ -366,3 +366,51 @@ def test_the_cuda_counters_binding_mirrors_the_header_and_refuses_a_cpu_engine(e
         assert "the engine does not run on CUDA" in refused.value.message
     else:
         assert "exports no kiln_cuda_engine_stats" in refused.value.message
+
+
+def test_heads_of_64_write_attention_heads_last_and_generate_as_the_unfused_program():
+    """With heads of 64 in f16 (as bf16, the flash kernel's), each SDPA of the dynamic decoder takes
+    the permute after it and writes [B,L,H,E] itself (iattr2 2); prefill then decode on the CPU
+    engine give the tokens of the same program built without fusion."""
+    from test_dynamic_shapes import KILN_CLI
+    from zoo_models import _decoder_sizes
+    import re
+    import subprocess
+    import transformers
+
+    torch.manual_seed(0)
+    sizes = dict(_decoder_sizes(), max_position_embeddings=decoders.CACHE, hidden_size=128,
+                 num_attention_heads=2, num_key_value_heads=1)
+    config = transformers.LlamaConfig(**sizes)
+    model = transformers.LlamaForCausalLM(config).to(torch.float16).eval()
+    model.generation_config.cache_implementation = "static"
+    blobs = {}
+    for fuse in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = kiln.to_executorch(decoders.greedy_step(model), decoders.prefill_inputs(),
+                                         dynamic_shapes=decoders.DYNAMIC_SHAPES, strict=True,
+                                         require_whole=True, fuse=fuse)
+        (blobs[fuse],) = kiln.blobs(program)
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"heads_last_{os.getpid()}.kiln")
+    with open(path, "wb") as f:
+        f.write(blobs[True])
+    try:
+        out = subprocess.run([KILN_CLI, "inspect", path], capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(path)
+    assert out.returncode == 0, out.stderr
+    sdpas = re.findall(r": sdpa\(.*-> (t\d+) \[([\d, ]+)\]; iattr \[([-\d, ]+)\]", out.stdout)
+    assert len(sdpas) == config.num_hidden_layers, out.stdout[-3000:]
+    for result, dims, attrs in sdpas:
+        assert attrs.split(", ")[2] == "2" and dims.split(", ")[2:] == ["2", "64"], (dims, attrs)
+        assert f": permute({result} " not in out.stdout, result  # the head merge is the SDPA's
+    tokens = {}
+    for fuse, blob in blobs.items():
+        with _lib.Engine(blob, device="cpu") as engine:
+            step = decoders.engine_step(engine, "cpu")
+            tokens[fuse] = [decoders.prefill_generate(step, decoders.prompt_of(length), 8)
+                            for length in (1, 7)]
+    assert tokens[True] == tokens[False]
+    assert len(set(tokens[True][1])) > 1, tokens  # the model does not repeat one token
+
