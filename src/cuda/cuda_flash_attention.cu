@@ -136,6 +136,7 @@ static __device__ __forceinline__ void kcu_flash_body(const kcu_flash_args *a, c
   const int64_t qh = hl ? a->g.qb[nb - 1] : 0, head = warp >> (2 - hl);
   if (hl) mo += head * a->g.mb[nb - 1], oo += head * a->g.ob[nb - 1];
   if (lane == 0) kcu_flash_offsets[warp][0] = mo, kcu_flash_offsets[warp][1] = oo;
+  __syncwarp(); /* the warp's other lanes read them, the first before any __syncthreads */
   const unsigned short *qg = (const unsigned short *)q + qo;
   const unsigned short *kg = (const unsigned short *)k + ko;
   const unsigned short *vg = (const unsigned short *)v + vo;
