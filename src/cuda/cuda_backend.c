@@ -675,15 +675,8 @@ static int kcu_sdpa_scoreless(const kiln_plan *p, uint32_t i) {
     const kiln_tensor_desc *d = &p->tensors[n < op->n_inputs ? op->inputs[n] : op->output];
     kcu_tensor *x = n < op->n_inputs ? &t[n] : &out;
     int placed = d->storage == KILN_STORE_ARENA || d->storage == KILN_STORE_WEIGHT;
-    memset(x, 0, sizeof *x);
+    *x = kcu_tensor_shape(d);
     x->data = (void *)(uintptr_t)(placed ? d->offset : 0);
-    x->dtype = d->dtype;
-    x->rank = d->rank;
-    x->numel = 1;
-    for (int r = 0; r < d->rank; r++) {
-      x->dims[r] = d->dims[r];
-      x->numel *= d->dims[r];
-    }
   }
   kcu_sdpa_operands(op, t, &out, &q, &k, &v, &mask, &o, &geo);
   return kcu_flash_fits(&q, &k, &v, mask, &o) || q.dims[q.rank - 2] <= KCU_ATTN_SPLIT_ROWS;
