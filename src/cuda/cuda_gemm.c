@@ -12,6 +12,12 @@
 #include <string.h>
 
 int kcu_test_gemv_choice = -1;
+int kcu_test_gemv_spread = -1;
+
+/* g->gemv for the GEMV kernel at the spread of sizes init did not time. */
+static int kcu_gemv_untimed(void) {
+  return 1 + (kcu_test_gemv_spread >= 0 ? kcu_test_gemv_spread : KCU_GEMV_DEFAULT_SPREAD);
+}
 
 static cudaDataType kcu_cuda_type(kiln_dtype dt) {
   return dt == KILN_F16 ? CUDA_R_16F : dt == KILN_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -248,7 +254,7 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
   memset(g, 0, sizeof *g);
   kcu_gemm_geometry(g, plan, op_index, allow_tf32, &sh);
   /* cuBLASLt is set up too, and kcu_gemm_tune keeps whichever is faster on this GPU. */
-  g->gemv = g->gemv_ok;
+  g->gemv = g->gemv_ok ? kcu_gemv_untimed() : 0;
   g->allow_tf32 = allow_tf32;
   g->workspace_size = workspace_size;
   kiln_status st = kcu_gemm_init_shape(g, lt, &sh, plan, op_index, workspace_size, err);
@@ -257,7 +263,8 @@ kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *pla
     kcu_gemm only = *g;
     kcu_gemm_release(g);
     if (err) err->status = KILN_OK, err->message[0] = '\0';
-    g->gemv_ok = g->gemv = 1;
+    g->gemv_ok = 1;
+    g->gemv = kcu_gemv_untimed();
     g->act = only.act;
     g->has_bias = only.has_bias;
     g->residual = only.residual;
@@ -306,13 +313,13 @@ cudaError_t kcu_gemm_reshape(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *
   kcu_gemm_geometry(g, plan, op_index, g->allow_tf32, &sh);
   g->scratch_bytes = scratch_bytes; /* the scratch was sized for the bounds */
   if (!g->desc) { /* the GEMV kernel alone: it takes every row count up to the bound's */
-    g->gemv = 1;
+    if (!g->gemv) g->gemv = kcu_gemv_untimed();
     g->calls = 1;
     return kcu_gemv_fits(g->M, g->K) ? cudaSuccess : cudaErrorNotSupported;
   }
   int tuned = g->has_tuned && kcu_shape_same(&sh, &g->tuned);
   /* Untimed sizes: the GEMV kernel wherever it may run (a few rows), else the heuristic's first. */
-  g->gemv = tuned ? g->tuned_gemv : g->gemv_ok;
+  g->gemv = tuned ? g->tuned_gemv : g->gemv_ok ? kcu_gemv_untimed() : 0;
   if (kcu_shape_same(&sh, &g->set)) return cudaSuccess;
   cublasStatus_t st;
   if (sh.w_trans)
@@ -348,7 +355,7 @@ cudaError_t kcu_gemm_run(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
   if (g->gemv)
     return kcu_gemv(s, in[0].data, in[1].data, g->has_bias ? in[2].data : NULL,
                     g->residual ? in[n_in - 1].data : NULL, out->data, out->dtype, g->M, g->N,
-                    g->K, g->act, g->w_fixed);
+                    g->K, g->act, g->w_fixed, g->gemv - 1);
   cudaError_t rc;
   if (g->swiglu || g->ld_pad) { /* into the scratch, then combined or copied into out */
     kcu_tensor t = *out;
@@ -405,7 +412,8 @@ static cudaError_t kcu_gemm_run_matmul(const kcu_gemm *g, cublasLtHandle_t lt, c
 
 /* Milliseconds of the fastest of `reps` runs after one untimed run, each after the cold
  * region is read through (so its weights come from device memory, as in a call of a model the
- * L2 cache cannot hold); INFINITY when a run fails. */
+ * L2 cache cannot hold), each timed with a hold of KCU_HOLD_NS ahead of it (the kernel ahead of
+ * it in a call; the same for every candidate); INFINITY when a run fails. */
 static float kcu_gemm_time(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
                            const kcu_tensor *in, uint32_t n_in, const kcu_tensor *out,
                            void *workspace, size_t workspace_size, const kcu_cold *cold,
@@ -416,6 +424,7 @@ static float kcu_gemm_time(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t 
     float ms = INFINITY;
     if (cold && cold->bytes) rc = kcu_read_through(s, cold->data, cold->bytes);
     if (rc == cudaSuccess) rc = cudaEventRecord(start, s);
+    if (rc == cudaSuccess) rc = kcu_hold(s, KCU_HOLD_NS);
     if (rc == cudaSuccess) rc = kcu_gemm_run(g, lt, s, in, n_in, out, workspace, workspace_size);
     if (rc == cudaSuccess) rc = cudaEventRecord(stop, s);
     if (rc == cudaSuccess) rc = cudaEventSynchronize(stop);
@@ -456,7 +465,7 @@ int kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_te
     return KCU_CHOICE_REUSED;
   }
   int gemv = g->gemv;
-  float best = INFINITY, gemv_ms = INFINITY;
+  float best = INFINITY;
   int best_index = 0;
   g->gemv = 0;
   for (int i = 0; i < g->n_candidates; i++) {
@@ -466,11 +475,15 @@ int kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_te
     if (ms < best) best = ms, best_index = i;
   }
   g->algo = g->candidates[best_index];
-  if (race_gemv) {
-    g->gemv = 1;
-    gemv_ms = kcu_gemm_time(g, lt, s, in, n_in, out, workspace, workspace_size, cold, start, stop,
-                            5);
-    g->gemv = gemv_ms <= best;
+  if (race_gemv) { /* each spread of the GEMV kernel against cuBLASLt's best; a tie to the GEMV */
+    int choice = 0;
+    for (int spread = 0; spread < KCU_GEMV_SPREADS; spread++) {
+      g->gemv = 1 + spread;
+      float ms = kcu_gemm_time(g, lt, s, in, n_in, out, workspace, workspace_size, cold, start,
+                               stop, 5);
+      if (ms <= best) best = ms, choice = 1 + spread;
+    }
+    g->gemv = choice;
   } else {
     g->gemv = gemv;
   }

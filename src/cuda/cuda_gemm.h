@@ -34,7 +34,8 @@ typedef struct kcu_gemm {
   int has_bias;
   int residual;         /* LINEAR adding its last input: cuBLASLt's C with beta 1 */
   int gemv_ok;          /* LINEAR of at most KCU_GEMV_MAX_ROWS rows: the GEMV kernel may run it */
-  int gemv;             /* it does (with `act`): faster than cuBLASLt when timed at init */
+  int gemv;             /* 0: cuBLASLt; else it does, at spread gemv - 1 (the fastest when
+                         * timed at init, or KCU_GEMV_DEFAULT_SPREAD) */
   int w_fixed;          /* the weight is one (no kernel writes it): the GEMV launches early */
   kiln_activation act;
   int64_t M, N, K;       /* N: output columns (the weight's rows, or half of them for SwiGLU) */
@@ -86,9 +87,10 @@ typedef struct kcu_cold {
   const void *data;
   size_t bytes;
 } kcu_cold;
-/* Times each candidate algorithm, and the GEMV kernel where it may run, on the engine's own
- * buffers and keeps the fastest (init): each the fastest of 5 runs, each run after the cold
- * region (NULL: none) is read through. A GEMM the process timed before keeps that choice
+/* Times each candidate algorithm, and the GEMV kernel at each spread where it may run, on the
+ * engine's own buffers and keeps the fastest (init): each the fastest of 5 runs, each run after
+ * the cold region (NULL: none) is read through and behind a kernel that lets it launch early
+ * (kcu_hold), as the kernel ahead of it in a call does. A GEMM the process timed before keeps that choice
  * (cuda_choice_cache.h). Returns which of the three (nothing to choose, measured, reused). */
 enum { KCU_CHOICE_NONE, KCU_CHOICE_MEASURED, KCU_CHOICE_REUSED };
 int kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_tensor *in,
@@ -105,7 +107,8 @@ cudaError_t kcu_gemm_reshape(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *
 void kcu_gemm_release(kcu_gemm *g);
 
 /* Tests set this to make the GEMV choice without timing: 0 never, 1 always where it may run;
- * -1 (the default) times both. */
+ * -1 (the default) times both. With 1, kcu_test_gemv_spread (when 0 or more) is the spread. */
 extern int kcu_test_gemv_choice;
+extern int kcu_test_gemv_spread;
 
 #endif

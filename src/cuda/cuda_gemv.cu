@@ -1,7 +1,8 @@
 /* LINEAR for a few rows (batch-1 decoding, small MLPs): the weight is read once, so the
  * kernel is bound by memory bandwidth, not math. A block's warps own `cols` output columns,
  * each column's weight row split along K into 8 / cols slices (split-K inside the block, so
- * a narrow layer still has enough warps in flight to saturate memory): the lanes stream their
+ * a narrow layer still has enough warps in flight to saturate memory; how many warps a launch
+ * aims at, its spread, init times per shape, see cuda_ops.h): the lanes stream their
  * slice in 16-byte loads, several issued before any is used, multiply them with every input
  * row in f32 and reduce by warp shuffles; the slices meet in shared memory, and one warp per
  * column applies bias and activation (erf GELU included, which no cuBLASLt epilogue
@@ -31,9 +32,6 @@ static __device__ __forceinline__ void kcu_gemv_load(uint4 *wv, const uint4 *wro
   for (int u = 0; u < KCU_GEMV_UNROLL; u++, c += 32)
     wv[u] = c < c_end ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
 }
-
-/* Warps a launch should have for memory to stay busy: a full H200 holds 132 x 64. */
-#define KCU_GEMV_TARGET_WARPS 8192
 
 /* dt and rows (the most input rows the kernel takes: 1 or KCU_GEMV_MAX_ROWS) are compile-time
  * constants at each call below, so the dtype branches fold away and a one-row kernel keeps one
@@ -116,18 +114,20 @@ KCU_GEMV_KERNEL(kcu_gemv_f32_row, KILN_F32, 1)
 KCU_GEMV_KERNEL(kcu_gemv_f16_row, KILN_F16, 1)
 KCU_GEMV_KERNEL(kcu_gemv_bf16_row, KILN_BF16, 1)
 
-int kcu_gemv_columns(int64_t N) {
+int kcu_gemv_columns(int64_t N, int spread) {
+  int64_t target = (int64_t)KCU_GEMV_BASE_WARPS << spread;
   int cols = KCU_GEMV_WARPS;
-  while (cols > 1 && N * (KCU_GEMV_WARPS / cols) < KCU_GEMV_TARGET_WARPS) cols /= 2;
+  while (cols > 1 && N * (KCU_GEMV_WARPS / cols) < target) cols /= 2;
   return cols;
 }
 
 cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias,
                      const void *residual, void *y, kiln_dtype dt, int64_t M, int64_t N,
-                     int64_t K, kiln_activation act, int w_fixed) {
+                     int64_t K, kiln_activation act, int w_fixed, int spread) {
   if (N == 0) return cudaSuccess;
+  if (spread < 0 || spread >= KCU_GEMV_SPREADS) return cudaErrorInvalidValue;
   int glu = act == KILN_ACT_SWIGLU;
-  int cols = kcu_gemv_columns(glu ? 2 * N : N);
+  int cols = kcu_gemv_columns(glu ? 2 * N : N, spread);
   if (glu && cols < 2) cols = 2; /* a gate and an up column per output */
   int outs = glu ? cols / 2 : cols;
   unsigned blocks = (unsigned)((N + outs - 1) / outs);

@@ -53,6 +53,10 @@ cudaLaunchConfig_t kcu_launch_config(dim3 grid, dim3 block, size_t smem, cudaStr
  * the cache), and the read: `bytes` at data (16-byte aligned) on s, writing nothing. */
 size_t kcu_cold_bytes(size_t region);
 cudaError_t kcu_read_through(cudaStream_t s, const void *data, size_t bytes);
+/* cuda_hold.cu: a one-warp kernel on s that runs for ns nanoseconds and lets the next kernel
+ * launch early; init times GEMM candidates after it. */
+#define KCU_HOLD_NS 3000
+cudaError_t kcu_hold(cudaStream_t s, long long ns);
 
 /* cuda_elementwise.cu: ADD/SUB/MUL/DIV (alpha for ADD/SUB), MINIMUM, MAXIMUM, broadcasting. */
 cudaError_t kcu_binary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *a,
@@ -242,10 +246,17 @@ static inline int kcu_gemv_fits(int64_t M, int64_t K) {
 }
 cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias,
                      const void *residual, void *y, kiln_dtype dt, int64_t M, int64_t N,
-                     int64_t K, kiln_activation act, int w_fixed);
-/* The output columns one GEMV block of 8 warps takes for N columns (8, 4, 2 or 1; the warps
- * split each column's K 8 / columns ways): enough warps for memory to stay busy. */
-int kcu_gemv_columns(int64_t N);
+                     int64_t K, kiln_activation act, int w_fixed, int spread);
+/* A GEMV launch aims at (KCU_GEMV_BASE_WARPS << spread) warps in all, spread 0 ..
+ * KCU_GEMV_SPREADS - 1: fewer, longer warps suit a small weight (each warp's loads all in
+ * flight at once), more warps a long K. Which is fastest depends on the shape and the GPU, so
+ * init times each (cuda_gemm.c); sizes it did not time take the default. */
+#define KCU_GEMV_BASE_WARPS 2048
+#define KCU_GEMV_SPREADS 4
+#define KCU_GEMV_DEFAULT_SPREAD 2
+/* The output columns one GEMV block of 8 warps takes for N columns at `spread` (8, 4, 2 or 1;
+ * the warps split each column's K 8 / columns ways). */
+int kcu_gemv_columns(int64_t N, int spread);
 
 #ifdef __cplusplus
 }

@@ -242,45 +242,54 @@ static void test_gemm(void) {
         }
       }
     }
-    /* Split-K inside the GEMV block: N picks 1, 2, 4 or 8 columns per block (8, 4, 2 or 1 K
-     * slices each), K = 1032 splits unevenly, a partial last block at N = 10001. */
+    /* Split-K inside the GEMV block at every spread: N picks 1, 2, 4 or 8 columns per block
+     * (8, 4, 2 or 1 K slices each), K = 1032 splits unevenly, a partial last block at N =
+     * 10001. */
     kcu_test_gemv_choice = 1;
     static const int64_t split_n[4] = {1000, 2048, 4096, 10001};
-    for (int c = 0; c < 4; c++) {
-      for (int r = 0; r < 3; r++) {
-        prog *p = p_new();
-        uint32_t x = IN(p, dt, 2, gemv_rows[r], 1032);
-        uint32_t w = p_weight(p, dt, 2, DIMS(split_n[c], 1032), -0.1, 0.1);
-        uint32_t b = p_weight(p, dt, 1, DIMS(split_n[c]), -1, 1);
-        uint32_t y = OUT(p, dt, 2, gemv_rows[r], split_n[c]);
-        p_op(p, KILN_OP_LINEAR, 3, OPS(x, w, b), y, 1, ATTR(c == 1 ? KILN_ACT_GELU_ERF : 0), 0);
-        snprintf(name, sizeof name, "linear gemv split-K N %lld (%d cols) %lld rows %s",
-                 (long long)split_n[c], kcu_gemv_columns(split_n[c]), (long long)gemv_rows[r],
-                 kiln_dtype_name(dt));
-        compare(p, name, NULL);
+    for (int spread = 0; spread < KCU_GEMV_SPREADS; spread++) {
+      kcu_test_gemv_spread = spread;
+      for (int c = 0; c < 4; c++) {
+        for (int r = 0; r < 3; r++) {
+          prog *p = p_new();
+          uint32_t x = IN(p, dt, 2, gemv_rows[r], 1032);
+          uint32_t w = p_weight(p, dt, 2, DIMS(split_n[c], 1032), -0.1, 0.1);
+          uint32_t b = p_weight(p, dt, 1, DIMS(split_n[c]), -1, 1);
+          uint32_t y = OUT(p, dt, 2, gemv_rows[r], split_n[c]);
+          p_op(p, KILN_OP_LINEAR, 3, OPS(x, w, b), y, 1, ATTR(c == 1 ? KILN_ACT_GELU_ERF : 0),
+               0);
+          snprintf(name, sizeof name,
+                   "linear gemv split-K spread %d N %lld (%d cols) %lld rows %s", spread,
+                   (long long)split_n[c], kcu_gemv_columns(split_n[c], spread),
+                   (long long)gemv_rows[r], kiln_dtype_name(dt));
+          compare(p, name, NULL);
+        }
       }
     }
-    /* SwiGLU (w = [gate; up]): on the GEMV (its gate and up columns paired in a block), on
-     * cuBLASLt into the engine's scratch then the combine kernel, and at 40 rows (cuBLASLt
-     * only); N 100 and 3000 give 2 and 8 columns per GEMV block. */
+    kcu_test_gemv_spread = -1;
+    /* SwiGLU (w = [gate; up]): on the GEMV (its gate and up columns paired in a block) at
+     * each spread, on cuBLASLt into the engine's scratch then the combine kernel, and at 40
+     * rows (cuBLASLt only); N 100 and 3000 give 2 to 8 columns per GEMV block. */
     static const int64_t glu_rows[4] = {1, 3, 8, 40}, glu_n[2] = {100, 3000};
-    for (int choice = 0; choice < 2; choice++) {
-      kcu_test_gemv_choice = choice;
+    for (int choice = 0; choice <= KCU_GEMV_SPREADS; choice++) {
+      kcu_test_gemv_choice = choice > 0;
+      kcu_test_gemv_spread = choice - 1;
       for (int r = 0; r < 4; r++) {
         for (int c = 0; c < 2; c++) {
-          if (r == 3 && choice == 1) continue;
+          if (r == 3 && choice > 0) continue;
           prog *p = p_new();
           uint32_t x = IN(p, dt, 2, glu_rows[r], 520);
           uint32_t w = p_weight(p, dt, 2, DIMS(2 * glu_n[c], 520), -0.1, 0.1);
           uint32_t y = OUT(p, dt, 2, glu_rows[r], glu_n[c]);
           p_op(p, KILN_OP_LINEAR, 2, OPS(x, w), y, 1, ATTR(KILN_ACT_SWIGLU), 0);
-          snprintf(name, sizeof name, "linear swiglu %lld rows N %lld %s on %s",
+          snprintf(name, sizeof name, "linear swiglu %lld rows N %lld %s on %s spread %d",
                    (long long)glu_rows[r], (long long)glu_n[c], kiln_dtype_name(dt),
-                   choice ? "gemv" : "cublaslt");
+                   choice ? "gemv" : "cublaslt", choice - 1);
           compare(p, name, NULL);
         }
       }
     }
+    kcu_test_gemv_spread = -1;
     {
       /* one scratch for attention scores and SwiGLU's gate and up: f32 SDPA on cuBLASLt, then
        * a SwiGLU linear of its output */
