@@ -2,6 +2,7 @@
 #include "builder/fold_attention_mask.h"
 
 #include "cpu/half.h"
+#include "runtime/sdpa_layout.h"
 
 #include <math.h>
 
@@ -62,7 +63,7 @@ kiln_status kiln_fold_attention_masks(kiln_graph *g, int dynamic, kiln_error *er
     if (g->dead[i] || op->kind != KILN_OP_SDPA || op->n_iattr < 2 || op->iattr[1] != 1 ||
         op->iattr[0] != 0)
       continue;
-    int packed = op->n_iattr > 2 && op->iattr[2] == 1;
+    int packed = kiln_sdpa_layout(op) == 1;
     uint32_t mi = packed ? 1u : 3u;
     if (op->n_inputs != mi + 1) continue;
     /* an expanded mask: the SDPA broadcasts it itself */

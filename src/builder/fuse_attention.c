@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "runtime/shape.h"
+#include "runtime/sdpa_layout.h"
 
 /* The live op writing t when it is of `kind` and `readers` reads of t are all there are, or
  * -1. */
@@ -104,7 +105,7 @@ static void fuse_one(kiln_graph *g, uint32_t i, const uint32_t *uses, const int3
   int32_t dead[8], back, qkv, n_dead = 4;
   uint32_t out = s.output;
   int32_t same = -1; /* a reshape to the shape it has, between the SDPA and its permute */
-  if (s.n_inputs < 3 || (s.n_iattr > 2 && s.iattr[2] != 0) || uses[out] != 1) return;
+  if (s.n_inputs < 3 || kiln_sdpa_layout(&s) != 0 || uses[out] != 1) return;
   back = reader[out];
   if (back >= 0 && !g->dead[back] && g->ops[back].kind == KILN_OP_RESHAPE &&
       kiln_same_desc(&g->tensors[g->ops[back].output].desc, &g->tensors[out].desc)) {

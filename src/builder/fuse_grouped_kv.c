@@ -2,6 +2,7 @@
 #include "builder/fuse_grouped_kv.h"
 
 #include "runtime/shape.h"
+#include "runtime/sdpa_layout.h"
 
 #include <stdlib.h>
 
@@ -70,7 +71,7 @@ kiln_status kiln_fuse_grouped_kv(kiln_graph *g, kiln_error *err) {
     const kiln_op *s = &g->ops[i];
     repeat_match mk, mv;
     if (g->dead[i] || s->kind != KILN_OP_SDPA || s->n_inputs < 3 ||
-        (s->n_iattr > 2 && s->iattr[2] != 0) || s->inputs[1] == s->inputs[2])
+        kiln_sdpa_layout(s) != 0 || s->inputs[1] == s->inputs[2])
       continue;
     if (!match_repeat(g, s->inputs[1], uses, &mk) || !match_repeat(g, s->inputs[2], uses, &mv) ||
         mk.kv_heads != mv.kv_heads)

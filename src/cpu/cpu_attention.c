@@ -4,10 +4,11 @@
  * PyTorch's math attention does. Packed heads read q, k and v from one [B,L,3,H,E] tensor and
  * write [B,L,H,E]; heads last read [B,H,L,E] q and write [B,L,H,Ev]. */
 #include "cpu/cpu_ops.h"
+#include "runtime/sdpa_layout.h"
 
 void kiln_cpu_sdpa(const kiln_cpu_run *r, const kiln_op *op) {
-  int layout = op->n_iattr > 2 ? (int)op->iattr[2] : 0, has_mask = op->iattr[1] != 0;
-  int packed = layout == 1;
+  int64_t layout = kiln_sdpa_layout(op);
+  int packed = layout == 1, has_mask = op->iattr[1] != 0;
   const kiln_tensor_desc *q = kiln_cpu_desc(r, op->inputs[0]);
   const kiln_tensor_desc *k = packed ? q : kiln_cpu_desc(r, op->inputs[1]);
   const kiln_tensor_desc *v = packed ? q : kiln_cpu_desc(r, op->inputs[2]);

@@ -6,6 +6,7 @@
 #include "runtime/internal.h"
 #include "runtime/linear_inputs.h"
 #include "runtime/pointwise_steps.h"
+#include "runtime/sdpa_layout.h"
 #include "runtime/vision_shape.h"
 #include "cpu/cpu_ops.h"
 
@@ -209,12 +210,13 @@ static int attrs_ok(const kiln_plan *p, const kiln_op *op) {
            same_dims(out, x->rank, x->dims) &&
            p->tensors[op->inputs[2]].dims[a[0]] == p->tensors[op->inputs[1]].dims[0];
   case KILN_OP_SDPA:
-    if (op->n_iattr > 2 && a[2] == 1) /* packed heads: qkv [B,L,3,H,E] -> [B,L,H,E] */
+    if (kiln_sdpa_layout(op) == 1) /* packed heads: qkv [B,L,3,H,E] -> [B,L,H,E] */
       return (a[1] == 0 || a[1] == 1) && op->n_inputs == 1u + (uint32_t)a[1] &&
              x->rank == 5 && x->dims[2] == 3 && out->rank == 4 && out->dims[0] == x->dims[0] &&
              out->dims[1] == x->dims[1] && out->dims[2] == x->dims[3] &&
              out->dims[3] == x->dims[4];
-    if (op->n_iattr > 2 && a[2] != 0 && (a[2] != 2 || x->rank != 4 || out->rank != 4))
+    if (kiln_sdpa_layout(op) != 0 &&
+        (kiln_sdpa_layout(op) != 2 || x->rank != 4 || out->rank != 4))
       return 0; /* heads last: q [B,H,L,E] -> [B,L,H,Ev] */
     return (a[1] == 0 || a[1] == 1) && op->n_inputs == 3u + (uint32_t)a[1] && out->rank >= 2 &&
            x->rank >= 2 && p->tensors[op->inputs[1]].rank >= 2 &&
@@ -384,7 +386,7 @@ uint64_t kiln_cpu_scratch_count(const kiln_plan *p) {
     if (op->kind == KILN_OP_MATMUL) {
       const kiln_tensor_desc *b = &p->tensors[op->inputs[1]];
       need = b->rank >= 2 ? (uint64_t)b->dims[b->rank - 1] : 1; /* one output row of sums */
-    } else if (op->kind == KILN_OP_SDPA && op->n_iattr > 2 && op->iattr[2] == 1) {
+    } else if (op->kind == KILN_OP_SDPA && kiln_sdpa_layout(op) == 1) {
       const kiln_tensor_desc *x = &p->tensors[op->inputs[0]];
       need = (uint64_t)x->dims[1] + (uint64_t)x->dims[4]; /* scores, row */
     } else if (op->kind == KILN_OP_SDPA) {

@@ -184,7 +184,8 @@ int64_t kcu_attn_geometry_init(kcu_attn_geometry *g, const kcu_tensor *q, const 
 int kcu_sdpa_operands(const kiln_op *op, const kcu_tensor *in, const kcu_tensor *out,
                       kcu_tensor *q, kcu_tensor *k, kcu_tensor *v, const kcu_tensor **mask,
                       kcu_tensor *o, kcu_attn_geometry *geo) {
-  int has_mask = op->n_iattr > 1 && op->iattr[1], layout = kcu_sdpa_layout(op);
+  int has_mask = op->n_iattr > 1 && op->iattr[1];
+  int64_t layout = kiln_sdpa_layout(op);
   if (layout != 1) {
     *q = in[0], *k = in[1], *v = in[2], *o = *out;
     *mask = has_mask ? &in[3] : NULL;

@@ -687,7 +687,7 @@ static int kcu_sdpa_scoreless(const kiln_plan *p, uint32_t i) {
  * keys for a few query rows), all of which read their sizes at run time, so no matmul setup
  * has to follow the sizes. */
 static int kcu_attn_gemm_planned(const kcu_state *s, const kiln_plan *p, uint32_t i) {
-  return p->ops[i].kind == KILN_OP_SDPA && !s->dynamic && kcu_sdpa_layout(&p->ops[i]) == 0 &&
+  return p->ops[i].kind == KILN_OP_SDPA && !s->dynamic && kiln_sdpa_layout(&p->ops[i]) == 0 &&
          !kcu_sdpa_scoreless(p, i);
 }
 

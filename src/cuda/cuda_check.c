@@ -6,6 +6,7 @@
 #include "runtime/fused_program.h"
 #include "runtime/linear_inputs.h"
 #include "runtime/pointwise_steps.h"
+#include "runtime/sdpa_layout.h"
 #include "runtime/shape.h"
 #include "cuda_conv.h"
 #include "cuda_ops.h"
@@ -197,7 +198,7 @@ static int kcu_grouped_heads(const kiln_tensor_desc *t, const kiln_tensor_desc *
 
 static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, uint32_t i,
                                        kiln_error *err) {
-  int64_t layout = op->n_iattr > 2 ? op->iattr[2] : 0;
+  int64_t layout = kiln_sdpa_layout(op);
   if (layout == 1) return kcu_check_packed_attention(p, op, i, err);
   if (op->n_inputs < 3) return KCU_BAD("op %u (sdpa): %u inputs, needs 3; re-export the program", i, op->n_inputs);
   const kiln_tensor_desc *q = &p->tensors[op->inputs[0]], *k = &p->tensors[op->inputs[1]],

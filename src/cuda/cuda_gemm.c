@@ -312,8 +312,8 @@ cudaError_t kcu_gemm_reshape(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *
   uint64_t scratch_bytes = g->scratch_bytes;
   kcu_gemm_geometry(g, plan, op_index, g->allow_tf32, &sh);
   g->scratch_bytes = scratch_bytes; /* the scratch was sized for the bounds */
-  if (!g->desc) { /* the GEMV kernel alone: it takes every row count up to the bound's */
-    if (!g->gemv) g->gemv = kcu_gemv_untimed();
+  if (!g->desc) { /* the GEMV kernel alone (at init's spread): it takes every row count up to
+                   * the bound's */
     g->calls = 1;
     return kcu_gemv_fits(g->M, g->K) ? cudaSuccess : cudaErrorNotSupported;
   }

@@ -90,8 +90,8 @@ typedef struct kcu_cold {
 /* Times each candidate algorithm, and the GEMV kernel at each spread where it may run, on the
  * engine's own buffers and keeps the fastest (init): each the fastest of 5 runs, each run after
  * the cold region (NULL: none) is read through and behind a kernel that lets it launch early
- * (kcu_hold), as the kernel ahead of it in a call does. A GEMM the process timed before keeps that choice
- * (cuda_choice_cache.h). Returns which of the three (nothing to choose, measured, reused). */
+ * (kcu_hold), as the kernel ahead of it in a call does. A GEMM the process timed before keeps
+ * that choice (cuda_choice_cache.h). Returns which of the three (nothing to choose, measured, reused). */
 enum { KCU_CHOICE_NONE, KCU_CHOICE_MEASURED, KCU_CHOICE_REUSED };
 int kcu_gemm_tune(kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s, const kcu_tensor *in,
                   uint32_t n_in, const kcu_tensor *out, void *workspace, size_t workspace_size,

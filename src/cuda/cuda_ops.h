@@ -5,6 +5,7 @@
 #define KILN_CUDA_OPS_H
 
 #include "runtime/index_layout.h"
+#include "runtime/sdpa_layout.h"
 #include "runtime/vision_shape.h"
 #include "kiln/kiln.h"
 
@@ -163,10 +164,6 @@ typedef struct kcu_attn_geometry {
 int64_t kcu_attn_geometry_init(kcu_attn_geometry *g, const kcu_tensor *q, const kcu_tensor *k,
                                const kcu_tensor *v, const kcu_tensor *mask,
                                const kcu_tensor *out, int64_t S);
-/* An SDPA op's layout (iattr2): 0 plain, 1 packed heads, 2 heads last. */
-static inline int kcu_sdpa_layout(const kiln_op *op) {
-  return op->n_iattr > 2 ? (int)op->iattr[2] : 0;
-}
 /* An SDPA op's operands as the attention kernels take them. With packed heads, q, k and v
  * become [B,H,L,E] views into qkv [B,L,3,H,E] (at 0, H*E and 2*H*E elements); with packed
  * heads or heads last, the output a [B,H,L,Ev] view of [B,L,H,Ev]; geo their strides, and

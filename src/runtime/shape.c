@@ -5,6 +5,7 @@
 #include "runtime/internal.h"
 #include "runtime/linear_inputs.h"
 #include "runtime/pointwise_steps.h"
+#include "runtime/sdpa_layout.h"
 #include "runtime/vision_shape.h"
 
 #include <math.h>
@@ -770,7 +771,7 @@ static kiln_status infer_sdpa_packed(const infer_ctx *c, kiln_tensor_desc *out) 
 }
 
 static kiln_status infer_sdpa(const infer_ctx *c, kiln_tensor_desc *out) {
-  int64_t layout = c->op->n_iattr > 2 ? c->op->iattr[2] : 0;
+  int64_t layout = kiln_sdpa_layout(c->op);
   if (layout != 0) {
     kiln_status s = need_flag(c, 2, 2);
     if (s || layout == 1) return s ? s : infer_sdpa_packed(c, out);
