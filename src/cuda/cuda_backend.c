@@ -4,13 +4,15 @@
  *
  * Graphs: graph_host is captured once with engine-owned device buffers for every input and
  * output. When all of the I/O is small (KCU_WHOLE_IO_BYTES each way), the copies from and to
- * the pinned ring are inside it, so a small call on host tensors is one replay; larger host
+ * the pinned ring are inside it, as kernels reading and writing the ring through its device
+ * mapping (cuda_io_copy.cu), so a small call on host tensors is one replay; larger host
  * buffers move through the ring in chunks (cuda_staging.c, copied by the staging threads)
  * around a replay of the ops alone. Pinned caller memory skips the ring: one DMA each way.
  * graph_dev holds the same ops without host copies; when a caller passes device buffers,
  * which are bound in place, their addresses differ from the ones captured, so the op sequence
  * is re-captured and applied to graph_dev with cudaGraphExecUpdate (the driver keeps the
  * recording; no engine buffer is allocated), and reused for as long as the addresses repeat.
+ * Every run ends with one kernel that reads the fault words out and clears them.
  *
  * A dynamic plan runs each call at its own sizes (the front end's per-call tensors and ops) on
  * memory sized at init for the bounds, through per-shape graph slots: see kcu_run_shape. */
@@ -52,8 +54,8 @@
 #define KCU_SHAPE_GRAPHS 6
 #define KCU_SHAPES_SEEN 8
 
-/* HOST: pageable, through the ring; BOUND: used in place (device memory, and pinned host memory
- * the device can address); DEVSTAGE (an unaligned buffer the device can address): one
+/* HOST: pageable, through the ring; BOUND: used in place (device memory the device can reach,
+ * 256-byte aligned); DEVSTAGE (pinned host memory, or an unaligned device buffer): one
  * cudaMemcpyAsync to or from the engine's buffer. */
 typedef enum kcu_mode { KCU_HOST, KCU_BOUND, KCU_DEVSTAGE } kcu_mode;
 
@@ -94,9 +96,11 @@ typedef struct kcu_state {
   void *weights, *arena, *workspace;
   size_t workspace_size;
   int *fault_dev, *fault_host; /* KCU_FAULT_BYTES: see the KCU_FAULT_* slots */
+  int *fault_mapped;           /* fault_host as the device addresses it */
   void **state;      /* n_states device buffers kept across executes, outside the arena */
   uint32_t n_states;
   void *ring;        /* pinned host staging, sized at init */
+  void *ring_dev;    /* the ring as the device addresses it (graph_host's copy kernels) */
   kcu_staging staging;
   kiln_stage_pool *pool; /* the staging threads, started at init */
   int whole_io;      /* all I/O fits the ring at once: graph_host holds the host copies */
@@ -204,6 +208,35 @@ static kcu_tensor kcu_resolve(const kcu_state *s, const kiln_plan *p, uint32_t i
   return r;
 }
 
+/* Whether op j is a view the memory plan placed on its input's bytes: it launches nothing. */
+static int kcu_in_place_view(const kcu_state *s, const kiln_plan *p, uint32_t j,
+                             void *const *in_addr, void *const *out_addr) {
+  const kiln_op *op = &p->ops[j];
+  uint64_t at;
+  if (op->n_inputs == 0 || !kiln_op_is_view(op, &p->tensors[op->inputs[0]], &at)) return 0;
+  kcu_tensor in = kcu_resolve(s, p, op->inputs[0], in_addr, out_addr);
+  kcu_tensor out = kcu_resolve(s, p, op->output, in_addr, out_addr);
+  return (const char *)out.data == (const char *)in.data + at;
+}
+
+/* Whether conv op i is a cuDNN fused convolution whose residual r the last kernel ahead of it
+ * wrote. cuDNN's fused kernel reads its residual before it waits for the kernel ahead (on the
+ * H200, cuDNN 9: read stale when that kernel let it launch early), so a fence goes between. */
+static int kcu_residual_just_written(const kcu_state *s, const kiln_plan *p, uint32_t i,
+                                     const kcu_tensor *r, void *const *in_addr,
+                                     void *const *out_addr) {
+  const kcu_conv *c = &s->conv[i];
+  if (c->transposed || !c->residual || !c->graph.fused) return 0;
+  const char *r0 = (const char *)r->data, *r1 = r0 + (size_t)r->numel * kiln_dtype_size(r->dtype);
+  for (uint32_t j = i; j-- > 0;) {
+    kcu_tensor w = kcu_resolve(s, p, p->ops[j].output, in_addr, out_addr);
+    const char *w0 = (const char *)w.data, *w1 = w0 + (size_t)w.numel * kiln_dtype_size(w.dtype);
+    if (w0 < r1 && r0 < w1) return 1;
+    if (!kcu_in_place_view(s, p, j, in_addr, out_addr)) return 0;
+  }
+  return 0;
+}
+
 static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void *const *in_addr,
                               void *const *out_addr) {
   const kiln_op *op = &p->ops[i];
@@ -216,9 +249,14 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
   case KILN_OP_MATMUL:
     return kcu_gemm_run(&s->gemm[i], s->lt, st, in, op->n_inputs, &out, s->workspace,
                         s->workspace_size);
-  case KILN_OP_CONV: case KILN_OP_CONV_TRANSPOSE:
+  case KILN_OP_CONV: case KILN_OP_CONV_TRANSPOSE: {
+    cudaError_t rc = cudaSuccess;
+    if (kcu_residual_just_written(s, p, i, &in[op->n_inputs - 1], in_addr, out_addr))
+      rc = kcu_fence(st);
+    if (rc != cudaSuccess) return rc;
     return kcu_conv_run(&s->conv[i], s->dnn, st, in, op->n_inputs, &out, s->conv_ws,
                         s->conv_ws_size);
+  }
   case KILN_OP_ADD: case KILN_OP_SUB: case KILN_OP_MUL: case KILN_OP_DIV:
   case KILN_OP_MINIMUM: case KILN_OP_MAXIMUM:
     return kcu_binary(st, op->kind, &in[0], &in[1], &out, (float)op->fattr[0]);
@@ -304,37 +342,50 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
                          &where); /* cuda_check.c refused a plan where it does not hold */
     return kcu_advanced_index(st, &in[0], &in[1], &out, &lay, s->fault_dev);
   }
-  default: {
+  default:
     /* A view the memory plan placed on its input's bytes: nothing to move (in a dynamic plan
      * its offset is the same at every size, see kcu_check_dynamic_op). */
-    uint64_t at;
-    if (kiln_op_is_view(op, &p->tensors[op->inputs[0]], &at) &&
-        (const char *)out.data == (const char *)in[0].data + at)
-      return cudaSuccess;
+    if (kcu_in_place_view(s, p, i, in_addr, out_addr)) return cudaSuccess;
     return kcu_layout(st, op, in, op->n_inputs, &out);
-  }
   }
 }
 
-/* Enqueues one run: reset the fault flag, optionally copy inputs in from pinned staging, every
- * op, optionally copy outputs out to pinned staging, and read the fault flag back. */
+/* Adds one copy to c, enqueuing the batch first when it is full. */
+static cudaError_t kcu_add_copy(kcu_state *s, kcu_io_copies *c, const void *src, void *dst,
+                                size_t n) {
+  cudaError_t rc = cudaSuccess;
+  if (n == 0) return rc;
+  if (c->n == KCU_IO_COPIES) {
+    rc = kcu_io_copy(s->stream, c);
+    c->n = 0;
+  }
+  c->src[c->n] = src;
+  c->dst[c->n] = dst;
+  c->bytes[c->n++] = n;
+  return rc;
+}
+
+/* Enqueues one run: optionally the inputs in from the pinned ring (one kernel), every op, then
+ * one kernel that copies the outputs out to the ring (optionally) and the fault words to the
+ * host, clearing them for the next run. */
 static cudaError_t kcu_enqueue(kcu_state *s, const kiln_plan *p, void *const *in_addr,
                                void *const *out_addr, int host_copies) {
-  cudaError_t rc = cudaMemsetAsync(s->fault_dev, 0, KCU_FAULT_BYTES, s->stream);
+  kcu_io_copies c;
+  memset(&c, 0, sizeof c);
+  cudaError_t rc = cudaSuccess;
   for (uint32_t i = 0; rc == cudaSuccess && host_copies && i < s->n_in; i++)
-    if (p->tensors[s->in[i].tensor].nbytes)
-      rc = cudaMemcpyAsync(s->in[i].dev, (char *)s->ring + s->in[i].ring_off,
-                           (size_t)p->tensors[s->in[i].tensor].nbytes, cudaMemcpyHostToDevice,
-                           s->stream);
+    rc = kcu_add_copy(s, &c, (char *)s->ring_dev + s->in[i].ring_off, s->in[i].dev,
+                      (size_t)p->tensors[s->in[i].tensor].nbytes);
+  if (rc == cudaSuccess && c.n) rc = kcu_io_copy(s->stream, &c);
+  c.n = 0;
   for (uint32_t i = 0; rc == cudaSuccess && i < p->n_ops; i++) rc = kcu_run_op(s, p, i, in_addr, out_addr);
   for (uint32_t i = 0; rc == cudaSuccess && host_copies && i < s->n_out; i++)
-    if (p->tensors[s->out[i].tensor].nbytes)
-      rc = cudaMemcpyAsync((char *)s->ring + s->out[i].ring_off, s->out[i].dev,
-                           (size_t)p->tensors[s->out[i].tensor].nbytes, cudaMemcpyDeviceToHost,
-                           s->stream);
-  if (rc == cudaSuccess)
-    rc = cudaMemcpyAsync(s->fault_host, s->fault_dev, KCU_FAULT_BYTES, cudaMemcpyDeviceToHost,
-                         s->stream);
+    rc = kcu_add_copy(s, &c, s->out[i].dev, (char *)s->ring_dev + s->out[i].ring_off,
+                      (size_t)p->tensors[s->out[i].tensor].nbytes);
+  c.flags = s->fault_dev;
+  c.flags_out = s->fault_mapped;
+  c.flag_words = (int)(KCU_FAULT_BYTES / sizeof(int));
+  if (rc == cudaSuccess) rc = kcu_io_copy(s->stream, &c);
   return rc;
 }
 
@@ -552,6 +603,16 @@ static kiln_status kcu_cuda_error(kcu_state *s, cudaError_t rc, const char *what
                    s->device, what, cudaGetErrorString(rc));
 }
 
+/* The device's address of pinned host memory p (NULL stays NULL). */
+static kiln_status kcu_mapped(kcu_state *s, void *p, void **dev, const char *what,
+                              kiln_error *err) {
+  *dev = NULL;
+  if (!p) return KILN_OK;
+  cudaError_t rc = cudaHostGetDevicePointer(dev, p, 0);
+  if (rc != cudaSuccess) return kcu_cuda_error(s, rc, what, err);
+  return KILN_OK;
+}
+
 static kiln_status kcu_check_device(kcu_state *s, const kiln_engine *e, kiln_error *err) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
@@ -646,6 +707,7 @@ static kiln_status kcu_setup_io(kcu_state *s, const kiln_engine *e, kiln_error *
   size_t whole = in_total > out_total ? in_total : out_total;
   if (s->whole_io && whole > ring) ring = whole;
   if ((st = kcu_pinned_alloc(s, &s->ring, ring, "staging ring", err)) != KILN_OK) return st;
+  if ((st = kcu_mapped(s, s->ring, &s->ring_dev, "staging ring mapping", err)) != KILN_OK) return st;
   /* Threads only where a transfer is large enough to share: smaller ones never wake them. */
   int threads = largest >= KILN_STAGE_PARALLEL_MIN ? stage.threads : 1;
   if (kcu_injected())
@@ -958,6 +1020,11 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
     return st;
   if ((st = kcu_pinned_alloc(s, (void **)&s->fault_host, KCU_FAULT_BYTES, "fault flag", err)) != KILN_OK)
     return st;
+  if ((st = kcu_mapped(s, s->fault_host, (void **)&s->fault_mapped, "fault flag mapping", err)) != KILN_OK)
+    return st;
+  /* Each run's last kernel reads the fault words out and clears them for the next run. */
+  cudaError_t zero = cudaMemset(s->fault_dev, 0, KCU_FAULT_BYTES);
+  if (zero != cudaSuccess) return kcu_cuda_error(s, zero, "fault flag", err);
   if ((st = kcu_alloc_state(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_setup_io(s, e, err)) != KILN_OK) return st;
   /* Buffers exist now: time the heuristic's matmul candidates on them and keep the fastest,
@@ -1062,8 +1129,9 @@ static kiln_status kcu_place(kcu_state *s, const kcu_io *io, const char *kind, v
                      "access is the caller's process-wide decision, which a delegate does not "
                      "make on its behalf",
                      kind, io->name, a.device, s->device);
-  if (((uintptr_t)a.devicePointer % KCU_BIND_ALIGN) != 0) {
-    /* Matmul algorithms were chosen for aligned operands: copy the rare unaligned buffer. */
+  if (a.type == cudaMemoryTypeHost || ((uintptr_t)a.devicePointer % KCU_BIND_ALIGN) != 0) {
+    /* Pinned host memory: one DMA each way, not every kernel reading it across the link. Matmul
+     * algorithms were chosen for aligned operands: copy the rare unaligned buffer too. */
     *mode = KCU_DEVSTAGE;
     *addr = io->dev;
     return KILN_OK;
@@ -1212,6 +1280,8 @@ static kiln_status kcu_execute(kiln_engine *e, const kiln_tensor_view *inputs,
   s->stats.stage_chunks = s->staging.ring.chunks;
   if (rc == cudaSuccess) rc = sync;
   if (rc != cudaSuccess) {
+    cudaGetLastError();
+    cudaMemset(s->fault_dev, 0, KCU_FAULT_BYTES); /* the run may have stopped before its last kernel */
     cudaGetLastError();
     return kiln_fail(err, KILN_ERR_INTERNAL,
                      "cuda:%d: the run failed (%.40s); usual causes, in order: an input buffer "

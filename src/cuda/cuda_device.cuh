@@ -88,9 +88,19 @@ static __device__ __forceinline__ void kcu_begin_early(void) {
 #endif
 }
 
+/* The wait alone: the kernel after this one launches only once this one has ended. For a kernel
+ * whose successor may be a library's that reads its inputs before it waits (cuDNN's fused
+ * convolutions so read their residual: on the H200 a residual written by a kernel that let the
+ * convolution launch early was read stale). */
+static __device__ __forceinline__ void kcu_wait_early(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* Launches kernel k early where the device allows, as k<<<grid, block, smem, s>>>(args...)
  * would launch it otherwise; every kernel of the engine is launched so, and begins with
- * kcu_begin_early. */
+ * kcu_begin_early or kcu_wait_early. */
 template <typename... P, typename... A>
 static cudaError_t kcu_launch_early(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
                                     cudaStream_t s, A... args) {

@@ -59,6 +59,24 @@ cudaError_t kcu_read_through(cudaStream_t s, const void *data, size_t bytes);
 #define KCU_HOLD_NS 3000
 cudaError_t kcu_hold(cudaStream_t s, long long ns);
 
+/* cuda_io_copy.cu: up to KCU_IO_COPIES copies (device addresses, host memory through its
+ * device mapping included) in one kernel; then, when flags is set, flag_words ints copied from
+ * flags to flags_out and flags cleared. */
+#define KCU_IO_COPIES 8
+#define KCU_IO_COPY_BLOCKS 1024u
+typedef struct kcu_io_copies {
+  const void *src[KCU_IO_COPIES];
+  void *dst[KCU_IO_COPIES];
+  unsigned long long bytes[KCU_IO_COPIES];
+  int n;
+  int *flags, *flags_out;
+  int flag_words;
+} kcu_io_copies;
+cudaError_t kcu_io_copy(cudaStream_t s, const kcu_io_copies *c);
+/* A one-warp kernel that waits for the kernels ahead and lets nothing after it launch early: put
+ * before a library kernel that reads what the kernel just ahead wrote before it waits. */
+cudaError_t kcu_fence(cudaStream_t s);
+
 /* cuda_elementwise.cu: ADD/SUB/MUL/DIV (alpha for ADD/SUB), MINIMUM, MAXIMUM, broadcasting. */
 cudaError_t kcu_binary(cudaStream_t s, kiln_op_kind kind, const kcu_tensor *a,
                        const kcu_tensor *b, const kcu_tensor *out, float alpha);

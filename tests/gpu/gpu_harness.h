@@ -17,7 +17,7 @@
 
 #define P_MAX_TENSORS 32
 #define P_MAX_OPS 12
-#define P_MAX_IO 8
+#define P_MAX_IO 12
 
 typedef struct prog {
   kiln_tensor_desc tensors[P_MAX_TENSORS];

@@ -1573,6 +1573,22 @@ static void test_conv_graph(void) {
          ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 1, nhwc, KILN_ACT_RELU, 0), 0);
     compare(p, t ? "conv graph shared plan f32 nchw" : "conv graph shared plan f16 nhwc", NULL);
   }
+  /* A fused residual the kernel just ahead wrote (conv(relu(x)) + relu(x)): cuDNN's fused
+   * convolutions read their residual before they wait for that kernel, so the engine puts a
+   * fence between the two. Staged and bound runs both launch the ReLU early. */
+  for (int t = 0; t < 2; t++) {
+    kiln_dtype dt = t ? KILN_BF16 : KILN_F16;
+    prog *p = p_new();
+    uint32_t x = conv_tensor(p, KILN_STORE_INPUT, dt, 2, 1, 2, 64, 14, 14);
+    uint32_t h = conv_tensor(p, KILN_STORE_ARENA, dt, 2, 1, 2, 64, 14, 14);
+    uint32_t w = p_weight(p, dt, 4, DIMS(64, 3, 3, 64), -0.05, 0.05);
+    uint32_t b = p_weight(p, dt, 1, DIMS(64), -0.5, 0.5);
+    uint32_t y = conv_tensor(p, KILN_STORE_OUTPUT, dt, 2, 1, 2, 64, 14, 14);
+    p_op(p, KILN_OP_RELU, 1, OPS(x), h, 0, NULL, 0);
+    p_op(p, KILN_OP_CONV, 4, OPS(h, w, b, h), y, 8,
+         ATTR(KILN_PAIR(1, 1), KILN_PAIR(1, 1), KILN_PAIR(1, 1), 1, 1, 1, KILN_ACT_NONE, 1), 0);
+    compare(p, t ? "conv residual from the kernel ahead bf16 nhwc" : "conv residual from the kernel ahead f16 nhwc", NULL);
+  }
   /* The engine's compile budget spent: only precompiled engines, on the 1x1 + residual shape
    * where a runtime-compiled one wins when it may. */
   if (selected("conv graph no compile budget")) {

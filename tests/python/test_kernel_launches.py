@@ -3,9 +3,10 @@
 The CUDA engine launches its kernels early (src/cuda/cuda_early_launch.c): a kernel may be
 scheduled while the one ahead of it on the stream still runs, so a kernel that reads or writes
 before kcu_begin_early races with it, and a wrong answer comes only on a GPU, now and then. The
-test reads every __global__ function under src/cuda and requires kcu_begin_early before any
-other statement (shared-memory declarations aside); a kernel whose body is one call to a device
-function (the GEMV's) requires it in that function. Every launch goes through kcu_launch_early
+test reads every __global__ function under src/cuda and requires kcu_begin_early (or
+kcu_wait_early, the wait without the early release) before any other statement (shared-memory
+declarations aside); a kernel whose body is one call to a device function (the GEMV's) requires
+it in that function. Every launch goes through kcu_launch_early
 or, for the GEMV, its own configuration: no <<<...>>> launch is left to start a kernel without
 the attribute's bookkeeping.
 """
@@ -17,6 +18,8 @@ import re
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The collector must find at least this many kernels, so it cannot pass on nothing.
 MIN_KERNELS = 35
+# The waits a kernel may begin with: kcu_wait_early also keeps the next kernel from launching early.
+WAITS = ("kcu_begin_early()", "kcu_wait_early()")
 # Files that may call cudaLaunchKernelEx themselves: the launcher and the GEMV's launch.
 OWN_LAUNCHES = {"cuda_device.cuh", "cuda_gemv.cu"}
 
@@ -63,7 +66,7 @@ def kernels(text):
 def waits_first(text, body):
     shared = set()
     for s in statements(body):
-        if s.startswith("kcu_begin_early()"):
+        if s.startswith(WAITS):
             return True
         if "__shared__" in s:
             shared.update(re.findall(r"(\w+)\s*\[", s))
@@ -72,7 +75,7 @@ def waits_first(text, body):
         if alias and alias.group(1) in shared:
             continue
         call = re.fullmatch(r"(\w+)\s*\(.*\)", s, flags=re.S)
-        return bool(call) and "kcu_begin_early()" in device_function(text, call.group(1))
+        return bool(call) and any(w in device_function(text, call.group(1)) for w in WAITS)
     return False
 
 
@@ -84,7 +87,7 @@ def test_every_kernel_waits_before_it_touches_data():
             if not waits_first(text, body):
                 late.append(f"{name}: {kernel}")
     assert found >= MIN_KERNELS, f"only {found} kernels found"
-    assert not late, "kernels that do not begin with kcu_begin_early: " + ", ".join(late)
+    assert not late, "kernels that do not begin with kcu_begin_early or kcu_wait_early: " + ", ".join(late)
 
 
 def test_every_launch_is_an_early_launch():
