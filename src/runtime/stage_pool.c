@@ -6,6 +6,9 @@
 
 #include "runtime/alloc.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -38,6 +41,7 @@ struct kiln_stage_pool {
   atomic_ullong news;    /* bumped whenever the workers are told of new work */
   atomic_int sleeping, stop;
   atomic_ullong worker_pieces;
+  atomic_ullong written_back; /* bytes of the ring written back after a copy into it */
 };
 
 typedef struct kiln_stage_piece {
@@ -45,6 +49,7 @@ typedef struct kiln_stage_piece {
   size_t len;
   unsigned slot;
   kiln_stage_dir dir;
+  int write_back;
 } kiln_stage_piece;
 
 static long kiln_stage_thread_fail_after = -1;
@@ -101,15 +106,51 @@ static int kiln_stage_claim(kiln_stage_pool *p, kiln_stage_piece *out) {
     out->ring = j->ring + (size_t)out->slot * j->slot_bytes + off % j->chunk_bytes;
     out->len = j->n - off < j->grain ? j->n - off : j->grain;
     out->dir = j->dir;
+    out->write_back = j->write_back;
     return 1;
   }
   atomic_fetch_sub(&p->copying, 1);
   return 0;
 }
 
+#define KILN_STAGE_LINE 64
+
+static int kiln_stage_has_clwb(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  static int known = -1;
+  if (known < 0) {
+    unsigned a, b, c, d;
+    known = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 24)) != 0;
+  }
+  return known;
+#else
+  return 0;
+#endif
+}
+
+int kiln_stage_write_back(const void *p, size_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (!kiln_stage_has_clwb()) return 0;
+  const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)(KILN_STAGE_LINE - 1));
+  for (const char *end = (const char *)p + n; c < end; c += KILN_STAGE_LINE)
+    __asm__ __volatile__("clwb %0" : "+m"(*(volatile char *)c));
+  __asm__ __volatile__("sfence" ::: "memory");
+  return 1;
+#else
+  (void)p;
+  (void)n;
+  return 0;
+#endif
+}
+
 static void kiln_stage_copy_piece(kiln_stage_pool *p, const kiln_stage_piece *pc) {
-  if (pc->dir == KILN_STAGE_TO_RING) memcpy(pc->ring, pc->user, pc->len);
-  else memcpy(pc->user, pc->ring, pc->len);
+  if (pc->dir == KILN_STAGE_TO_RING) {
+    memcpy(pc->ring, pc->user, pc->len);
+    if (pc->write_back && kiln_stage_write_back(pc->ring, pc->len))
+      atomic_fetch_add_explicit(&p->written_back, pc->len, memory_order_relaxed);
+  } else {
+    memcpy(pc->user, pc->ring, pc->len);
+  }
   atomic_fetch_add_explicit(&p->done[pc->slot], pc->len, memory_order_release);
   atomic_fetch_sub_explicit(&p->copying, 1, memory_order_release);
 }
@@ -203,6 +244,7 @@ kiln_status kiln_stage_pool_create(int threads, kiln_stage_pool **out, kiln_erro
   atomic_init(&p->sleeping, 0);
   atomic_init(&p->stop, 0);
   atomic_init(&p->worker_pieces, 0);
+  atomic_init(&p->written_back, 0);
   /* Workers block every signal: a process's handlers run on the threads it made itself. */
   sigset_t all, old;
   sigfillset(&all);
@@ -244,6 +286,10 @@ unsigned long long kiln_stage_pool_worker_pieces(kiln_stage_pool *p) {
 }
 
 unsigned long long kiln_stage_pool_signals(kiln_stage_pool *p) { return atomic_load(&p->news); }
+
+unsigned long long kiln_stage_pool_written_back(kiln_stage_pool *p) {
+  return atomic_load(&p->written_back);
+}
 
 void kiln_stage_begin(kiln_stage_pool *p, const kiln_stage_job *job, int share) {
   p->job = *job;

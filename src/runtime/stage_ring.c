@@ -117,6 +117,7 @@ static size_t kiln_stage_job_of(const kiln_stage_ring *r, kiln_stage_dir dir, co
   j->n = n;
   j->grain = r->grain;
   j->chunk_bytes = kiln_stage_chunk_bytes(r, n);
+  j->write_back = dir == KILN_STAGE_TO_RING; /* the copy engine reads the slot next */
   return j->chunk_bytes ? (n + j->chunk_bytes - 1) / j->chunk_bytes : 0;
 }
 

@@ -215,6 +215,12 @@ static void test_chunk_sizes(void) {
   CHECK(kiln_stage_upload(&ring, pool, &t, src, n) == 0);
   fake_sync(&dev);
   CHECK(ring.chunks == 4 && ring.next == 0 && memcmp(mem, src, n) == 0);
+  /* Every byte an upload copied into the ring is written back for the copy engine (where the
+   * CPU can); a download writes back nothing. */
+  int can_write_back = kiln_stage_write_back(src, 1);
+  printf("upload of %zu bytes: %llu written back (CLWB %s)\n", n,
+         kiln_stage_pool_written_back(pool), can_write_back ? "present" : "absent");
+  CHECK(kiln_stage_pool_written_back(pool) == (can_write_back ? n : 0));
   /* A transport error stops the transfer and is returned, leaving the pool usable. */
   dev.fail_send_at = (int)dev.sent + 2;
   CHECK(kiln_stage_upload(&ring, pool, &t, src, n) == 7);
