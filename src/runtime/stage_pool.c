@@ -117,12 +117,14 @@ static int kiln_stage_claim(kiln_stage_pool *p, kiln_stage_piece *out) {
 
 static int kiln_stage_has_clwb(void) {
 #if defined(__x86_64__) || defined(__i386__)
-  static int known = -1;
-  if (known < 0) {
+  static atomic_int known = -1; /* the staging threads ask at once: atomic, each finds the same */
+  int k = atomic_load_explicit(&known, memory_order_relaxed);
+  if (k < 0) {
     unsigned a, b, c, d;
-    known = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 24)) != 0;
+    k = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 24)) != 0;
+    atomic_store_explicit(&known, k, memory_order_relaxed);
   }
-  return known;
+  return k;
 #else
   return 0;
 #endif
