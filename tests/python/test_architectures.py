@@ -1,7 +1,8 @@
 """Breadth: architectures beyond the zoo, each built from its transformers or torchvision config
-with seeded random weights, exported once with kiln.export and run on the CPU reference engine
-through ExecuTorch's runtime. Each must be one Kiln blob holding all of its compute and match eager
-(fp32, 1e-4 of the largest reference magnitude). No fusion or kernel here was written for them:
+with seeded random weights (none left constant: zero biases and unit norm weights are varied too),
+exported once with kiln.export and run on the CPU reference engine through ExecuTorch's runtime.
+Each must be one Kiln blob holding all of its compute and match eager (fp32, 1e-4 of the largest
+reference magnitude). No fusion or kernel here was written for them:
 they are the models nobody tuned for, kept so that the next one keeps working too.
 
 The zoo (zoo_models.py, models.CNN_ZOO) tests more of each model (the C++ runner, the GPU); these
@@ -58,10 +59,23 @@ def _seeded(*shape, scale=1.0):
     return lambda seed: (scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed)),)
 
 
+def _varied(model):
+    """Random values for every parameter a fresh model holds constant (zero biases, unit norm
+    weights, zero layer-scale, gating or position-bias tables), or the test could not tell a
+    dropped bias, scale or table from a kept one."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.is_floating_point() and parameter.numel() > 0 and (parameter == parameter.flatten()[0]).all():
+                noise = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype)
+                parameter.add_(0.1 * noise)
+    return model
+
+
 def _hf(model_class, config, wrapper):
     def make():
         torch.manual_seed(0)
-        return wrapper(model_class(config)).eval()
+        return _varied(wrapper(model_class(config))).eval()
 
     return make
 
@@ -77,7 +91,8 @@ def _encoder(model_class, config):
 def _torchvision(name, **kwargs):
     import torchvision
 
-    return models._calibrated(lambda: getattr(torchvision.models, name)(weights=None, **kwargs), (3, 32, 32)), \
+    return models._calibrated(lambda: _varied(getattr(torchvision.models, name)(weights=None, **kwargs)),
+                             (3, 32, 32)), \
         _seeded(2, 3, 32, 32)
 
 
@@ -102,6 +117,14 @@ ARCHITECTURES = {
     "opt": (_hf(hf.OPTForCausalLM, hf.OPTConfig(num_hidden_layers=LAYERS, hidden_size=WIDTH, ffn_dim=FEED_FORWARD,
                                                 num_attention_heads=HEADS, vocab_size=VOCAB,
                                                 word_embed_proj_dim=WIDTH), LogitsOf), ids_only),
+    # one key/value head for all queries; local layers with a sliding window beside global ones;
+    # parallel attention and MLP under a bias-free LayerNorm with scaled logits
+    "gpt_bigcode": (_hf(hf.GPTBigCodeForCausalLM, hf.GPTBigCodeConfig(n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS,
+                                                                      vocab_size=VOCAB, multi_query=True),
+                        LogitsOf), ids_only),
+    "gemma3": (_hf(hf.Gemma3ForCausalLM, hf.Gemma3TextConfig(**_decoder_sizes(), head_dim=16, sliding_window=8),
+                   LogitsOf), ids_only),
+    "cohere": _decoder(hf.CohereForCausalLM, hf.CohereConfig),
     # mixtures of experts, routed by topk; transformers' batched experts (every expert on every
     # token, weighted by the router), as its default grouped ones export an op outside Core ATen
     "mixtral": (_hf(lambda config: hf.MixtralForCausalLM._from_config(config, experts_implementation="batched_mm"),
@@ -130,6 +153,8 @@ ARCHITECTURES = {
                                                                   pos_att_type=["p2c", "c2p"])),
     "roberta": _encoder(hf.RobertaModel, hf.RobertaConfig(**_SIZES, vocab_size=VOCAB)),
     "albert": _encoder(hf.AlbertModel, hf.AlbertConfig(**_SIZES, vocab_size=VOCAB, embedding_size=32)),
+    "mobilebert": _encoder(hf.MobileBertModel, hf.MobileBertConfig(**_SIZES, vocab_size=VOCAB, embedding_size=32,
+                                                                    intra_bottleneck_size=32, true_hidden_size=32)),
     "t5_encoder": _encoder(hf.T5EncoderModel, hf.T5Config(num_layers=LAYERS, d_model=WIDTH, d_ff=FEED_FORWARD,
                                                           num_heads=HEADS, d_kv=16, vocab_size=VOCAB)),
     # vision and speech
@@ -146,6 +171,11 @@ ARCHITECTURES = {
                                                              hidden_sizes=[16, 32], num_attention_heads=[1, 2],
                                                              patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2]),
                       ImageFeaturesOf), _seeded(1, 3, 32, 32)),
+    # a relative position bias table per layer; global response normalization
+    "beit": (_hf(hf.BeitModel, hf.BeitConfig(**_SIZES, image_size=32, patch_size=8, use_relative_position_bias=True),
+                 ImageFeaturesOf), _seeded(1, 3, 32, 32)),
+    "convnextv2": (_hf(hf.ConvNextV2Model, hf.ConvNextV2Config(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 48, 64]),
+                       ImageFeaturesOf), _seeded(1, 3, 64, 64)),
     "efficientnet_b0": _torchvision("efficientnet_b0"),
     "shufflenet_v2": _torchvision("shufflenet_v2_x0_5"),
     "squeezenet": _torchvision("squeezenet1_0"),
