@@ -96,14 +96,25 @@ __global__ void kcu_norm_rows(kcu_chain c, int before, const void *w, const void
 #define KCU_NORM_THREADS 512 /* the most threads a row takes */
 #define KCU_NORM_MANY_ROWS 512 /* rows enough to fill the GPU with blocks of several vectors */
 
+/* One step on one value: called, not inlined, so that the op math is in the kernel once rather
+ * than at each of the sixteen elements a thread holds, before and after the norm (inlined, it
+ * made the kernel several hundred KB of machine code, most of the library's). */
+static __device__ __noinline__ float kcu_norm_step(int kind, int binary, int reversed,
+                                                   float param, float v, float y) {
+  if (!binary) return kcu_unop(kind, v, param);
+  return reversed ? kcu_binop(kind, y, v, 1.0f) : kcu_binop(kind, v, y, 1.0f);
+}
+
 /* Steps [from, to) on the elements v of 16-byte vector vi, every operand of x's shape. */
 static __device__ __forceinline__ void kcu_norm_steps(const kcu_chain *c, int from, int to,
                                                       float *v, int64_t vi) {
   for (int s = from; s < to; s++) {
     float y[8] = {0};
-    if (c->slot[s]) kcu_ld16(c->in[c->slot[s]], c->dtype, vi, y);
+    int kind = c->kind[s], slot = c->slot[s], rev = c->reversed[s];
+    float param = c->param[s];
+    if (slot) kcu_ld16(c->in[slot], c->dtype, vi, y);
 #pragma unroll
-    for (int t = 0; t < 8; t++) v[t] = kcu_chain_step(c, s, v[t], y[t]);
+    for (int t = 0; t < 8; t++) v[t] = kcu_norm_step(kind, slot != 0, rev, param, v[t], y[t]);
   }
 }
 
