@@ -229,8 +229,8 @@ cudaError_t kcu_attention_prepare(int max_head) {
 
 cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
                           const kcu_tensor *v, const kcu_tensor *mask, const kcu_tensor *out,
-                          int causal, float scale, const kcu_attn_geometry *geo, void *part,
-                          size_t part_bytes) {
+                          int causal, float scale, const kcu_attn_geometry *geo,
+                          const kcu_dec_scratch *dec) {
   if (out->numel == 0) return cudaSuccess;
   kcu_attn_args a;
   memset(&a, 0, sizeof a);
@@ -245,9 +245,8 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
   } else {
     batch = kcu_attn_geometry_init(&a.g, q, k, v, mask, out, a.S);
   }
-  if (part && a.L <= KCU_ATTN_SPLIT_ROWS) /* decoding: the keys split among warps or blocks */
-    return kcu_attention_decode(s, &a.g, batch, q, k, v, mask, out, causal, scale, part,
-                                part_bytes);
+  if (dec && a.L <= KCU_ATTN_SPLIT_ROWS) /* decoding: the keys split among warps or blocks */
+    return kcu_attention_decode(s, &a.g, batch, q, k, v, mask, out, causal, scale, dec);
   a.causal = causal;
   a.scale = scale;
   a.dq = q->dtype; a.dk = k->dtype; a.dv = v->dtype; a.dout = out->dtype;

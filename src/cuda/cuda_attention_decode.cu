@@ -1,13 +1,13 @@
 /* SDPA for a few query rows over many keys (decoding: one new token against its KV cache). The
  * keys are split among many warps, each keeping an online softmax over its own keys and the
  * weighted sum of their value rows; with several splits each leaves its running max, sum and
- * unnormalized row in the scratch and a second kernel merges them, so a handful of rows still
- * fills the GPU. Keys the mask removes are not scored and their value rows are not read, so a
- * static cache costs about its filled part.
+ * unnormalized row in the scratch and the last block of the row to finish merges them (on
+ * the block path, a second kernel), so a handful of rows still fills the GPU. Keys the mask
+ * removes are not scored and their value rows are not read, so a static cache costs about its
+ * filled part.
  *
  * Key and value rows of 16-byte f16 or bf16 vectors (head dims up to 256, aligned): the warp
- * path. The
- * lanes of a warp share each row, a 16-byte chunk a lane (lpr = E / 8 lanes a row, 32 / lpr
+ * path. The lanes of a warp share each row, a 16-byte chunk a lane (lpr = E / 8 lanes a row, 32 / lpr
  * rows at once), q's chunk in registers; a lane group scores 8 keys a pass with their loads
  * issued together and reduces each dot product by shuffles, so a pass is one round trip for
  * the keys and one for the values. A warp takes a split of a few passes: Nsight Compute on an
@@ -38,6 +38,7 @@ typedef struct kcu_dec_args {
   int vvec; /* 1: value rows by 16-byte vectors, Ev / (4 or 8) lanes to a row; 0: by scalars */
   float scale;
   float *part;
+  unsigned *arrivals; /* the warp path: a count a row, the last block to arrive merges it */
 } kcu_dec_args;
 
 /* Whether key `key` (of keys up to k1) is scored: in range, and not removed by the mask (a
@@ -197,25 +198,76 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
     kcu_dec_block(&a, a.dk, a.dv, q, k, v, mask, out, qs, wm, wl, wacc, ps);
 }
 
+/* Merges query row `row`'s splits, one block of KCU_DEC_MERGE_WARPS warps: the splits' sums
+ * rescaled to the largest of their maxima. Each split's maximum, sum and weight go through
+ * shared memory once (the largest maximum and the total by block reductions, not a loop over
+ * every split); then each warp sums the rows of every fourth split (a lane per value dim, the
+ * loads of several splits in flight, a split with no live key skipped) and the four warps' sums
+ * meet in shared memory. The partial rows are read past L1: another block may have just
+ * written them. */
+static __device__ __forceinline__ void kcu_dec_merge_row(kcu_dec_args a, uint32_t row, void *out,
+                                                         float (*w)[KCU_DEC_MAX_SPLITS],
+                                                         float (*num)[KCU_ATTN_MAX_HEAD],
+                                                         float *red) {
+  int64_t b = row / (uint32_t)a.L, i = row - b * a.L, qo, ko, vo, mo, oo;
+  kcu_attn_offsets(&a.g, b, &qo, &ko, &vo, &mo, &oo);
+  const int64_t stride = a.Ev + 2;
+  const int n = (int)a.n_splits, Ev = (int)a.Ev, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float *pr = a.part + (int64_t)row * n * stride;
+  float most = -INFINITY, sum = 0.0f, acc[KCU_DEC_MAXC];
+  for (int sp = threadIdx.x; sp < n; sp += blockDim.x) {
+    w[0][sp] = __ldcg(pr + sp * stride), w[1][sp] = __ldcg(pr + sp * stride + 1);
+    most = fmaxf(most, w[0][sp]);
+  }
+  most = kcu_block_reduce(most, 1, red); /* the block's threads, each with a few splits */
+  for (int sp = threadIdx.x; sp < n; sp += blockDim.x) { /* a split with no live key weighs 0 */
+    w[2][sp] = w[0][sp] != -INFINITY ? __expf(w[0][sp] - most) : 0.0f;
+    sum += w[2][sp] * w[1][sp];
+  }
+  sum = kcu_block_reduce(sum, 0, red); /* its barriers also publish w */
+#pragma unroll
+  for (int c = 0; c < KCU_DEC_MAXC; c++) acc[c] = 0.0f;
+#pragma unroll 4
+  for (int sp = warp; sp < n; sp += KCU_DEC_MERGE_WARPS) {
+    float ws = w[2][sp];
+    if (ws == 0.0f) continue; /* the same in every lane; the split's row holds zeros */
+#pragma unroll
+    for (int c = 0; c < KCU_DEC_MAXC; c++)
+      if (lane + 32 * c < Ev) acc[c] += ws * __ldcg(pr + sp * stride + 2 + lane + 32 * c);
+  }
+#pragma unroll
+  for (int c = 0; c < KCU_DEC_MAXC; c++)
+    if (lane + 32 * c < Ev) num[warp][lane + 32 * c] = acc[c];
+  __syncthreads();
+  for (int d = threadIdx.x; d < Ev; d += blockDim.x) {
+    float total = 0.0f;
+    for (int k = 0; k < KCU_DEC_MERGE_WARPS; k++) total += num[k][d];
+    kcu_st(out, a.dout, oo + i * a.g.o_row + d, sum > 0.0f ? total / sum : 0.0f);
+  }
+}
+
+/* The block path's merge: a block a query row. */
+__global__ void __launch_bounds__(KCU_DEC_MERGE_WARPS * 32)
+    kcu_attention_decode_merge(kcu_dec_args a, void *out) {
+  __shared__ float w[3][KCU_DEC_MAX_SPLITS]; /* maxima, sums, weights */
+  __shared__ float num[KCU_DEC_MERGE_WARPS][KCU_ATTN_MAX_HEAD];
+  __shared__ float red[KCU_DEC_MERGE_WARPS];
+  kcu_begin_early();
+  kcu_dec_merge_row(a, blockIdx.x, out, w, num, red);
+}
+
 #define KCU_DECW_WARPS 4  /* warps a block of the warp path: splits of one query row */
 #define KCU_DECW_UNROLL 8 /* keys a lane group scores a pass, their loads issued together */
 
-/* The warp path (see the top): dtype DT for k and v, a split of keys a warp. Written for f32
- * (4-element chunks) too, but built for f16 and bf16 only (bf16 on a 4096-slot cache: 29.2 us
- * against the block kernel's 34.4): an f32 copy would put the runtime wheel over its size
- * budget, so f32 rows take the block kernel. */
+/* One warp's split of the warp path: its keys' online softmax and weighted value rows, left in
+ * part (or, with one split, the output row). */
 template <int DT>
-__global__ void __launch_bounds__(KCU_DECW_WARPS * 32)
-    kcu_attention_decode_warps(kcu_dec_args a, const void *q, const void *k, const void *v,
-                               const void *mask, void *out) {
-  kcu_begin_early();
+static __device__ __forceinline__ void kcu_dec_warp(kcu_dec_args a, uint32_t row, int64_t split,
+                                                    const void *q, const void *k, const void *v,
+                                                    const void *mask, void *out) {
   const int VEC = DT == KILN_F32 ? 4 : 8, U = KCU_DECW_UNROLL;
   const int lane = threadIdx.x & 31, lpr = (int)(a.E / VEC), rpw = 32 / lpr;
   const int sub = lane / lpr, sl = lane % lpr;
-  /* 32-bit index math: blocks and rows are under 2^31 */
-  const uint32_t blocks = (uint32_t)a.warp_blocks, row = blockIdx.x / blocks;
-  const int64_t split = (blockIdx.x - row * blocks) * KCU_DECW_WARPS + (threadIdx.x >> 5);
-  if (split >= a.n_splits) return; /* a whole warp: no shuffle waits on it */
   int64_t b = row / (uint32_t)a.L, i = row - b * a.L, qo, ko, vo, mo, oo;
   kcu_attn_offsets(&a.g, b, &qo, &ko, &vo, &mo, &oo);
   int64_t k0 = split * a.split_len, k1 = k0 + a.split_len < a.S ? k0 + a.split_len : a.S;
@@ -292,54 +344,37 @@ __global__ void __launch_bounds__(KCU_DECW_WARPS * 32)
   }
 }
 
-/* One block per query row: the splits' sums rescaled to the largest of their maxima. Each
- * split's maximum, sum and weight go through shared memory once (the largest maximum and the
- * total by block reductions, not a loop over every split); then each warp sums the rows
- * of every fourth split (a lane per value dim, the loads of several splits in flight, a split
- * with no live key skipped) and the four warps' sums meet in shared memory. */
-__global__ void __launch_bounds__(KCU_DEC_MERGE_WARPS * 32)
-    kcu_attention_decode_merge(kcu_dec_args a, void *out) {
-  __shared__ float w[3][KCU_DEC_MAX_SPLITS]; /* maxima, sums, weights */
+/* The warp path (see the top): dtype DT for k and v, a split of keys a warp. Written for f32
+ * (4-element chunks) too, but built for f16 and bf16 only (bf16 on a 4096-slot cache: 29.2 us
+ * against the block kernel's 34.4): an f32 copy would put the runtime wheel over its size
+ * budget, so f32 rows take the block kernel. With arrival counts, the last block of a row to
+ * finish merges the row's splits, where a second kernel did after all of them ended. */
+template <int DT>
+__global__ void __launch_bounds__(KCU_DECW_WARPS * 32)
+    kcu_attention_decode_warps(kcu_dec_args a, const void *q, const void *k, const void *v,
+                               const void *mask, void *out) {
+  kcu_begin_early();
+  /* 32-bit index math: blocks and rows are under 2^31 */
+  const uint32_t blocks = (uint32_t)a.warp_blocks, row = blockIdx.x / blocks;
+  const int64_t split = (blockIdx.x - row * blocks) * KCU_DECW_WARPS + (threadIdx.x >> 5);
+  if (split < a.n_splits) /* a whole warp: no shuffle waits on it */
+    kcu_dec_warp<DT>(a, row, split, q, k, v, mask, out);
+  if (!a.arrivals) return;
+  /* The last block of the row to finish merges its splits (their rows are in part). */
+  __shared__ float w[3][KCU_DEC_MAX_SPLITS];
   __shared__ float num[KCU_DEC_MERGE_WARPS][KCU_ATTN_MAX_HEAD];
   __shared__ float red[KCU_DEC_MERGE_WARPS];
-  kcu_begin_early();
-  const uint32_t row = blockIdx.x;
-  int64_t b = row / (uint32_t)a.L, i = row - b * a.L, qo, ko, vo, mo, oo;
-  kcu_attn_offsets(&a.g, b, &qo, &ko, &vo, &mo, &oo);
-  const int64_t stride = a.Ev + 2;
-  const int n = (int)a.n_splits, Ev = (int)a.Ev, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const float *pr = a.part + (int64_t)row * n * stride;
-  float most = -INFINITY, sum = 0.0f, acc[KCU_DEC_MAXC];
-  for (int sp = threadIdx.x; sp < n; sp += blockDim.x) {
-    w[0][sp] = pr[sp * stride], w[1][sp] = pr[sp * stride + 1];
-    most = fmaxf(most, w[0][sp]);
-  }
-  most = kcu_block_reduce(most, 1, red); /* the block's threads, each with a few splits */
-  for (int sp = threadIdx.x; sp < n; sp += blockDim.x) { /* a split with no live key weighs 0 */
-    w[2][sp] = w[0][sp] != -INFINITY ? __expf(w[0][sp] - most) : 0.0f;
-    sum += w[2][sp] * w[1][sp];
-  }
-  sum = kcu_block_reduce(sum, 0, red); /* its barriers also publish w */
-#pragma unroll
-  for (int c = 0; c < KCU_DEC_MAXC; c++) acc[c] = 0.0f;
-#pragma unroll 4
-  for (int sp = warp; sp < n; sp += KCU_DEC_MERGE_WARPS) {
-    float ws = w[2][sp];
-    if (ws == 0.0f) continue; /* the same in every lane; the split's row holds zeros */
-#pragma unroll
-    for (int c = 0; c < KCU_DEC_MAXC; c++)
-      if (lane + 32 * c < Ev) acc[c] += ws * pr[sp * stride + 2 + lane + 32 * c];
-  }
-#pragma unroll
-  for (int c = 0; c < KCU_DEC_MAXC; c++)
-    if (lane + 32 * c < Ev) num[warp][lane + 32 * c] = acc[c];
+  __shared__ int last;
+  __threadfence();
   __syncthreads();
-  for (int d = threadIdx.x; d < Ev; d += blockDim.x) {
-    float total = 0.0f;
-    for (int k = 0; k < KCU_DEC_MERGE_WARPS; k++) total += num[k][d];
-    kcu_st(out, a.dout, oo + i * a.g.o_row + d, sum > 0.0f ? total / sum : 0.0f);
-  }
+  if (threadIdx.x == 0) last = atomicAdd(&a.arrivals[row], 1u) == blocks - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  kcu_dec_merge_row(a, row, out, w, num, red);
+  if (threadIdx.x == 0) a.arrivals[row] = 0; /* for the next launch */
 }
+
 
 /* SMs of the current device, asked once per device (a launch path must stay cheap). */
 static int kcu_sm_count(void) {
@@ -361,10 +396,16 @@ size_t kcu_attention_part_bytes(int64_t Ev, int sms) {
   return (size_t)KCU_DECW_TARGET * (size_t)sms * (size_t)(Ev + 2) * sizeof(float);
 }
 
+int64_t kcu_attention_arrivals(int sms) {
+  /* A merge needs two splits a row, so at most half as many rows as splits. */
+  return (int64_t)KCU_DECW_TARGET * sms / 2;
+}
+
 /* The warp path's splits (a whole number of passes each) and launch, for f16 or bf16 k and v. */
 static void kcu_decode_warps(cudaStream_t s, kcu_dec_args *a, int64_t rows, int sms,
-                             size_t part_bytes, const void *q, const void *k, const void *v,
-                             const void *mask, void *out) {
+                             const kcu_dec_scratch *dec, const void *q, const void *k,
+                             const void *v, const void *mask, void *out) {
+  size_t part_bytes = dec->part_bytes;
   int lpr = (int)(a->E / 8);
   int64_t pass = (int64_t)(32 / lpr) * KCU_DECW_UNROLL, passes = (a->S + pass - 1) / pass;
   int64_t splits = sms > 0 ? ((int64_t)KCU_DECW_TARGET * sms + rows - 1) / rows : 1;
@@ -377,6 +418,7 @@ static void kcu_decode_warps(cudaStream_t s, kcu_dec_args *a, int64_t rows, int 
   a->split_len = per_split * pass;
   a->n_splits = (passes + per_split - 1) / per_split;
   a->warp_blocks = (a->n_splits + KCU_DECW_WARPS - 1) / KCU_DECW_WARPS;
+  if (a->n_splits > 1 && dec->arrivals && rows <= dec->n_arrivals) a->arrivals = dec->arrivals;
   unsigned grid = (unsigned)(rows * a->warp_blocks);
   kcu_launch_early(a->dk == KILN_BF16 ? kcu_attention_decode_warps<KILN_BF16>
                                       : kcu_attention_decode_warps<KILN_F16>,
@@ -386,7 +428,7 @@ static void kcu_decode_warps(cudaStream_t s, kcu_dec_args *a, int64_t rows, int 
 cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, int64_t batch,
                                  const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v,
                                  const kcu_tensor *mask, const kcu_tensor *out, int causal,
-                                 float scale, void *part, size_t part_bytes) {
+                                 float scale, const kcu_dec_scratch *dec) {
   kcu_dec_args a;
   memset(&a, 0, sizeof a);
   a.g = *geo;
@@ -397,7 +439,7 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
   a.causal = causal;
   a.scale = scale;
   a.dq = q->dtype; a.dk = k->dtype; a.dv = v->dtype; a.dout = out->dtype;
-  a.part = (float *)part;
+  a.part = (float *)dec->part;
   int per = k->dtype == KILN_F32 ? 4 : 8;
   int kvec = (k->dtype == KILN_F32 || k->dtype == KILN_F16 || k->dtype == KILN_BF16) &&
              a.E % per == 0 && a.g.k_row % per == 0 && (uintptr_t)k->data % 16 == 0;
@@ -416,7 +458,7 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
    * divisor of 32) to a row, as the warp path takes them */
   if (a.kvec && vvec && (k->dtype == KILN_F16 || k->dtype == KILN_BF16) &&
       v->dtype == k->dtype && a.E == a.Ev) {
-    kcu_decode_warps(s, &a, rows, sms, part_bytes, q->data, k->data, v->data,
+    kcu_decode_warps(s, &a, rows, sms, dec, q->data, k->data, v->data,
                      mask ? mask->data : NULL, out->data);
   } else {
     a.n_splits = 1;
@@ -427,7 +469,7 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
       if (splits > KCU_DEC_MAX_SPLITS) splits = KCU_DEC_MAX_SPLITS;
       int64_t per_split = (chunks + splits - 1) / splits;
       if ((size_t)(rows * ((chunks + per_split - 1) / per_split) * (a.Ev + 2)) * sizeof(float) <=
-          part_bytes) {
+          dec->part_bytes) {
         a.split_len = per_split * KCU_DEC_KEYS;
         a.n_splits = (chunks + per_split - 1) / per_split;
       }
@@ -435,7 +477,7 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
     kcu_launch_early(kcu_attention_decode_kernel, (unsigned)(rows * a.n_splits), KCU_DEC_KEYS, 0,
                      s, a, q->data, k->data, v->data, mask ? mask->data : NULL, out->data);
   }
-  if (a.n_splits > 1)
+  if (a.n_splits > 1 && !a.arrivals)
     kcu_launch_early(kcu_attention_decode_merge, (unsigned)rows, KCU_DEC_MERGE_WARPS * 32, 0, s,
                      a, out->data);
   return cudaGetLastError();

@@ -116,6 +116,7 @@ typedef struct kcu_state {
   kcu_fx_kernel *fx;   /* one per op; used by FUSED: its compiled kernel, or none */
   void *attn_scratch;  /* scores of the SDPA op (or SwiGLU's gate and up) being run */
   size_t attn_scratch_bytes;
+  kcu_dec_scratch dec; /* the decoding kernel's: attn_scratch and its arrival counts */
   cudaGraphExec_t graph_host, graph_dev;
   void **dev_in, **dev_out;   /* caller addresses graph_dev was last updated with */
   void **run_in, **run_out;   /* addresses of the run in progress */
@@ -301,7 +302,7 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
       return kcu_attn_gemm_run(&s->attn[i], s->lt, st, in, mask, &out, causal, scale,
                                s->attn_scratch, s->workspace, s->workspace_size);
     return kcu_attention(st, &q, &k, &v, mask, &o, causal, scale, strided ? &geo : NULL,
-                         s->attn_scratch, s->attn_scratch_bytes);
+                         s->dec.part ? &s->dec : NULL);
   }
   case KILN_OP_POINTWISE:
     return kcu_fused_pointwise(st, op, in, &out);
@@ -573,6 +574,7 @@ static void kcu_destroy(kiln_engine *e) {
   cudaFree(s->arena);
   cudaFree(s->workspace);
   cudaFree(s->attn_scratch);
+  cudaFree(s->dec.arrivals);
   cudaFree(s->fault_dev);
   cudaFreeHost(s->fault_host);
   for (uint32_t k = 0; s->state && k < s->n_states; k++) cudaFree(s->state[k]);
@@ -893,6 +895,16 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
   s->attn_scratch_bytes = (size_t)scratch;
   for (uint32_t i = 0; i < p->n_ops; i++)
     if (s->gemm[i].scratch_bytes) s->gemm[i].scratch = s->attn_scratch;
+  s->dec.part = s->attn_scratch;
+  s->dec.part_bytes = s->attn_scratch_bytes;
+  if (attention && sms > 0 && s->attn_scratch) {
+    s->dec.n_arrivals = kcu_attention_arrivals(sms);
+    size_t bytes = (size_t)s->dec.n_arrivals * sizeof(unsigned);
+    sst = kcu_dev_alloc(s, (void **)&s->dec.arrivals, bytes, "decoding arrival counts", err);
+    if (sst != KILN_OK) return sst;
+    cudaError_t rc = cudaMemset(s->dec.arrivals, 0, bytes);
+    if (rc != cudaSuccess) return kcu_cuda_error(s, rc, "decoding arrival counts", err);
+  }
   if (attention) {
     cudaError_t rc = kcu_attention_prepare(KCU_ATTN_MAX_HEAD);
     if (rc == cudaSuccess) rc = kcu_flash_prepare();

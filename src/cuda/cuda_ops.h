@@ -194,23 +194,34 @@ int kcu_sdpa_operands(const kiln_op *op, const kcu_tensor *in, const kcu_tensor 
  * Head dims up to KCU_ATTN_MAX_HEAD; mask (may be NULL) is bool or additive float. A row
  * with every key masked outputs zeros. */
 #define KCU_ATTN_MAX_HEAD 256
-/* With part (part_bytes of device memory), at most KCU_ATTN_SPLIT_ROWS query rows run on the
- * decoding kernel. */
+/* The decoding kernel's device scratch: the splits' partial rows (part_bytes), and on the warp
+ * path n_arrivals counts, zeroed at init, one a query row: each block of a row counts itself in
+ * and the last merges the row and sets its count back to 0. */
+typedef struct kcu_dec_scratch {
+  void *part;
+  size_t part_bytes;
+  unsigned *arrivals;
+  int64_t n_arrivals;
+} kcu_dec_scratch;
+/* With dec (not NULL), at most KCU_ATTN_SPLIT_ROWS query rows run on the decoding kernel. */
 cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
                           const kcu_tensor *v, const kcu_tensor *mask, const kcu_tensor *out,
-                          int causal, float scale, const kcu_attn_geometry *geo, void *part,
-                          size_t part_bytes);
+                          int causal, float scale, const kcu_attn_geometry *geo,
+                          const kcu_dec_scratch *dec);
 /* Query rows up to which an SDPA runs on the decoding kernel (cuda_attention_decode.cu):
  * neither tensor-core path fills the GPU with so few rows. */
 #define KCU_ATTN_SPLIT_ROWS 8
 /* cuda_attention_decode.cu: the keys split among warps (f16 rows of 16-byte vectors) or blocks
- * when the rows alone cannot fill the GPU, the splits' partial rows in part and merged after. */
+ * when the rows alone cannot fill the GPU, the splits' partial rows in dec's part and merged
+ * by each row's last block (warps) or a second kernel (blocks). */
 cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, int64_t batch,
                                  const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v,
                                  const kcu_tensor *mask, const kcu_tensor *out, int causal,
-                                 float scale, void *part, size_t part_bytes);
-/* The partial rows any split decoding launch with value head dim Ev needs on sms SMs. */
+                                 float scale, const kcu_dec_scratch *dec);
+/* The partial rows any split decoding launch with value head dim Ev needs on sms SMs, and the
+ * arrival counts (rows a warp-path launch merges in its own blocks at most). */
 size_t kcu_attention_part_bytes(int64_t Ev, int sms);
+int64_t kcu_attention_arrivals(int sms);
 /* Raises the kernel's dynamic shared memory limit once, at init. */
 cudaError_t kcu_attention_prepare(int max_head);
 /* Turns f32 scores [batch, L, S] (batch and L as out's leading dims) into probabilities in

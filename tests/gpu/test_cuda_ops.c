@@ -2177,7 +2177,7 @@ static cudaError_t bench_call(sdpa_bench *b, int path) {
     return kcu_attn_gemm_run(&b->ag, b->lt, b->s, b->in, NULL, &b->out[1], b->causal, b->scale,
                              b->scratch, b->ws, b->ws_size);
   return kcu_attention(b->s, &b->in[0], &b->in[1], &b->in[2], NULL, &b->out[2], b->causal, b->scale, NULL,
-                       NULL, 0);
+                       NULL);
 }
 
 /* Microseconds per call, averaged over back-to-back calls after a warm-up; -1 on an error. */
@@ -2336,16 +2336,17 @@ static void time_sdpa_decode(int64_t heads, int64_t kv_heads, int64_t S, int64_t
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   double us[2];
+  kcu_dec_scratch dec = {part, part_bytes, NULL, 0}; /* the merge kernel after the splits */
   for (int split = 0; split < 2; split++) {
     kcu_tensor o = t[3];
     o.data = outs[split];
     float scale = 1.0f / sqrtf((float)E), ms = 0.0f;
     cudaError_t rc = cudaSuccess;
     for (int i = 0; i < 3 && rc == cudaSuccess; i++)
-      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, split ? part : NULL, part_bytes);
+      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, split ? &dec : NULL);
     cudaEventRecord(e0, st);
     for (int i = 0; i < 100 && rc == cudaSuccess; i++)
-      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, split ? part : NULL, part_bytes);
+      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, split ? &dec : NULL);
     cudaEventRecord(e1, st);
     if (rc == cudaSuccess) rc = cudaEventSynchronize(e1);
     cudaEventElapsedTime(&ms, e0, e1);
