@@ -496,6 +496,44 @@ def _lower_slice(ctx, node):
     return ctx.op("slice", [ctx.tensor(args["self"])], [args["dim"], start, end, args["step"]])
 
 
+def _slice_scatter_run(node):
+    """slice_scatter's dim and the run [start, end) of slots it writes, normalized as PyTorch does."""
+    args = node_args(node)
+    shape = _val(args["self"]).shape
+    dim = args["dim"] % len(shape)
+    size = shape[dim]
+    start = 0 if args["start"] is None else args["start"]
+    end = size if args["end"] is None else args["end"]
+    start, end = (b + size if b < 0 else b for b in (start, end))
+    start = min(max(start, 0), size)
+    return dim, start, min(max(end, start), size)
+
+
+def _check_slice_scatter(node):
+    args = node_args(node)
+    if args["step"] != 1:
+        return f"slice_scatter with step {args['step']} (Kiln writes one run of consecutive slots)"
+    size = _val(args["self"]).shape[args["dim"]]
+    if any(isinstance(v, (torch.fx.Node, torch.SymInt)) for v in (size, args["start"], args["end"])):
+        return "slice_scatter over a dynamic dim or at a dynamic position (Kiln plans it static)"
+    return None
+
+
+def _lower_slice_scatter(ctx, node):
+    """slice_scatter with step 1: self's slots before the run, src, and self's slots after it,
+    joined along the dim (a slice and a cat each, which the builder fuses into one copy)."""
+    args = node_args(node)
+    x = args["self"]
+    dim, start, end = _slice_scatter_run(node)
+    size = _val(x).shape[dim]
+    pieces = [ctx.tensor(args["src"])]
+    if start > 0:
+        pieces.insert(0, ctx.op("slice", [ctx.tensor(x)], [dim, 0, start, 1]))
+    if end < size:
+        pieces.append(ctx.op("slice", [ctx.tensor(x)], [dim, end, size, 1]))
+    return ctx.op("cat", pieces, [dim]) if len(pieces) > 1 else ctx.op("copy", pieces)
+
+
 def _lower_select(ctx, node):
     args = node_args(node)
     index = _bound_at(ctx, _val(args["self"]).shape[args["dim"]], args["index"])
@@ -1068,6 +1106,8 @@ def _table():
     add(["aten::cat.default"], Lowering(_lower_cat, compute=False))
     add(["aten::slice_copy.Tensor", "aten::slice.Tensor"], Lowering(_lower_slice, compute=False))
     add(["aten::select_copy.int", "aten::select.int"], Lowering(_lower_select, compute=False))
+    add(["aten::slice_scatter.default"],
+        Lowering(_lower_slice_scatter, _check_slice_scatter, compute=False))
     add(["aten::clone.default", "aten::_to_copy.default", "dim_order_ops::_clone_dim_order.default",
          "dim_order_ops::_to_dim_order_copy.default"], Lowering(_lower_copy, _check_copy, compute=False))
     add(["aten::as_strided_copy.default", "aten::as_strided.default"],

@@ -5,6 +5,7 @@ import operator
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -392,6 +393,47 @@ def test_clone_to_another_memory_format_is_refused():
     node = _node(graph, torch.ops.aten.clone.default, (x,), torch.randn(1, 2, 3, 4),
                  {"memory_format": torch.channels_last})
     assert "memory format" in lowering.refusal(node)
+
+
+def test_slice_scatter_with_a_step_is_refused():
+    graph = torch.fx.Graph()
+    x, src = torch.randn(2, 8), torch.randn(2, 4)
+    node = _node(graph, torch.ops.aten.slice_scatter.default,
+                 (_placeholder(graph, "x", x), _placeholder(graph, "src", src), 1, 0, 8, 2),
+                 torch.slice_scatter(x, src, 1, 0, 8, 2))
+    assert "slice_scatter with step 2" in lowering.refusal(node)
+
+
+def test_slice_scatter_over_a_dynamic_dim_stays_on_executorch_with_its_reason(tmp_path):
+    x, z = torch.randn(2, 9, 5), torch.randn(2, 3, 5)
+    seq = torch.export.Dim("seq", min=5, max=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.export(SliceAssigned().eval(), (x, z), str(tmp_path / "m.pte"),
+                              dynamic_shapes={"x": {1: seq}, "z": None})
+    report = program.kiln_report
+    assert report.ops_outside >= 1
+    assert "slice_scatter over a dynamic dim or at a dynamic position" in str(report)
+
+
+class SliceAssigned(nn.Module):
+    """Writes into slices of a copy, as Funnel's relative attention does: export turns each
+    write into a slice_scatter."""
+
+    def forward(self, x, z):
+        y = x.clone()
+        y[:, 1:4] = z * 2.0
+        y[:, -2:] = y[:, :2] + 1.0
+        return torch.tanh(y)
+
+
+def test_slice_assignment_runs_whole_on_kiln():
+    x, z = torch.randn(2, 9, 5), torch.randn(2, 3, 5)
+    edge, _ = lower(SliceAssigned(), (x, z), kiln.KilnPartitioner())
+    (blob,) = edge_blobs(edge)
+    assert "aten.slice_scatter.default" not in str(edge.exported_program().graph)
+    assert_close(kiln.run_blob(blob.processed_bytes, [x, z]), [SliceAssigned()(x, z)], models.F32_TOLERANCE,
+                 "slice assignment")
 
 
 class LayerNormStatistics(nn.Module):
@@ -844,6 +886,12 @@ OP_CASES = [
     ("index_put_slots", aten.index_put.default, (rand(1, 2, 6, 4), [None, None, torch.tensor([4, 1])],
                                                  rand(1, 2, 2, 4, seed=1)), {}),
     ("index_copy", aten.index_copy.default, (rand(5, 3), 0, torch.tensor([3, 0]), rand(2, 3, seed=1)), {}),
+    # slice_scatter (what `y[:, 2:5] = z` on a copy becomes): a run inside, at the start, to the
+    # end from a negative start, and the whole dim
+    ("slice_scatter", aten.slice_scatter.default, (rand(2, 7, 3), rand(2, 3, 3, seed=1), 1, 2, 5), {}),
+    ("slice_scatter_head", aten.slice_scatter.default, (rand(4, 5), rand(2, 5, seed=1), 0, None, 2), {}),
+    ("slice_scatter_tail", aten.slice_scatter.default, (rand(3, 6), rand(3, 2, seed=1), -1, -2), {}),
+    ("slice_scatter_whole", aten.slice_scatter.default, (rand(2, 3), rand(2, 3, seed=1)), {}),
     ("copy_broadcast", aten.copy.default, (rand(2, 3), rand(3, seed=1)), {}),
     ("copy_cast", aten.copy.default, (ids(1, high=9), rand(1, seed=1) * 9), {}),
     ("split_with_sizes_copy", aten.split_with_sizes_copy.default, (rand(1, 4, 12), [3, 4, 5], 2), {}),
