@@ -436,6 +436,34 @@ def test_slice_assignment_runs_whole_on_kiln():
                  "slice assignment")
 
 
+class SliceWrittenBuffer(nn.Module):
+    """A buffer updated through a slice each call: the write is a slice_scatter into state."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(2, 6))
+
+    def forward(self, x):
+        self.total[:, 1:3] = self.total[:, 1:3] + x
+        return self.total * 2.0
+
+
+def test_a_buffer_written_through_a_slice_keeps_its_state_across_calls(tmp_path, monkeypatch):
+    import kiln_runtime  # noqa: F401  (registers KilnBackend)
+    from executorch.runtime import Runtime
+
+    x, path = torch.randn(2, 2), str(tmp_path / "m.pte")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.export(SliceWrittenBuffer().eval(), (x,), path)
+    assert program.kiln_report.kiln_blobs == 1 and program.kiln_report.ops_outside == 0
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    method, eager = Runtime.get().load_program(path).load_method("forward"), SliceWrittenBuffer().eval()
+    for call in range(3):  # the slots grow by x each call; the others stay zero
+        (actual,) = method.execute([x])
+        assert_close([actual], [eager(x)], models.F32_TOLERANCE, f"call {call}")
+
+
 class LayerNormStatistics(nn.Module):
     def __init__(self):
         super().__init__()
