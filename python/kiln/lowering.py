@@ -235,6 +235,25 @@ def _compare(which):
     return lower
 
 
+def _check_remainder(node):
+    args = node_args(node)
+    dtype, other = _val(args["self"]).dtype, args["other"]
+    if dtype not in (torch.int32, torch.int64):
+        return f"remainder of {dtype} (Kiln takes the remainder of i32 and i64 by a power of two)"
+    if isinstance(other, bool) or not isinstance(other, int) or other <= 0 or other & (other - 1):
+        return f"remainder by {other} (Kiln takes the remainder by a positive power of two only)"
+    return None
+
+
+def _lower_remainder(ctx, node):
+    """remainder by 2^k of an integer: x & (2^k - 1), which in two's complement is Python's x % 2^k
+    for every x, negative ones too (a result in [0, 2^k)): a hashing's bucket, as CANINE's."""
+    args = node_args(node)
+    dtype = _val(node).dtype
+    mask = ctx.operand(args["other"] - 1, dtype)
+    return ctx.op("bitwise", [ctx.promoted(args["self"], dtype), mask], [_lib.BOOL_OPS["and"]])
+
+
 def _logical(which):
     """logical_*: any dtypes (nonzero is true) into bool."""
 
@@ -1079,6 +1098,7 @@ def _table():
     for which in ("and", "or", "xor"):
         add([f"aten::bitwise_{which}.Tensor", f"aten::bitwise_{which}.Scalar"], Lowering(_bitwise(which)))
     add(["aten::bitwise_not.default"], Lowering(_bitwise("not")))
+    add(["aten::remainder.Scalar"], Lowering(_lower_remainder, _check_remainder))
     add(["aten::minimum.default"], Lowering(_min_max("minimum")))
     add(["aten::maximum.default"], Lowering(_min_max("maximum")))
     add(["aten::clamp.default", "aten::clamp.Tensor"], Lowering(_lower_clamp, _check_clamp))

@@ -157,6 +157,8 @@ ARCHITECTURES = {
                                                                     intra_bottleneck_size=32, true_hidden_size=32)),
     "t5_encoder": _encoder(hf.T5EncoderModel, hf.T5Config(num_layers=LAYERS, d_model=WIDTH, d_ff=FEED_FORWARD,
                                                           num_heads=HEADS, d_kv=16, vocab_size=VOCAB)),
+    # characters hashed into buckets (remainder by a power of two), downsampled by a convolution
+    "canine": _encoder(hf.CanineModel, hf.CanineConfig(**_SIZES, downsampling_rate=4, num_hash_buckets=64)),
     # pooled queries, its relative shift written into slices of a copy (slice_scatter)
     "funnel": _encoder(hf.FunnelBaseModel, hf.FunnelConfig(block_sizes=[1, 1], d_model=WIDTH, n_head=HEADS, d_head=16,
                                                            d_inner=FEED_FORWARD, vocab_size=VOCAB)),

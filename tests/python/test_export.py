@@ -395,6 +395,19 @@ def test_clone_to_another_memory_format_is_refused():
     assert "memory format" in lowering.refusal(node)
 
 
+def test_remainder_kiln_cannot_take_is_refused_with_its_reason():
+    def node_of(x, other):
+        graph = torch.fx.Graph()
+        return _node(graph, torch.ops.aten.remainder.Scalar, (_placeholder(graph, "x", x), other),
+                     torch.remainder(x, other))
+
+    assert lowering.refusal(node_of(torch.arange(8), 16)) is None
+    assert "remainder by 10 (Kiln takes the remainder by a positive power of two" in \
+        lowering.refusal(node_of(torch.arange(8), 10))
+    assert "remainder by -4" in lowering.refusal(node_of(torch.arange(8), -4))
+    assert "remainder of torch.float32" in lowering.refusal(node_of(torch.randn(8), 4))
+
+
 def test_slice_scatter_with_a_step_is_refused():
     graph = torch.fx.Graph()
     x, src = torch.randn(2, 8), torch.randn(2, 4)
@@ -434,6 +447,25 @@ def test_slice_assignment_runs_whole_on_kiln():
     assert "aten.slice_scatter.default" not in str(edge.exported_program().graph)
     assert_close(kiln.run_blob(blob.processed_bytes, [x, z]), [SliceAssigned()(x, z)], models.F32_TOLERANCE,
                  "slice assignment")
+
+
+def test_slice_assignment_with_a_dynamic_batch_runs_at_each_size(tmp_path, monkeypatch):
+    import kiln_runtime  # noqa: F401  (registers KilnBackend)
+    from executorch.runtime import Runtime
+
+    x, z, path = torch.randn(2, 9, 5), torch.randn(2, 3, 5), str(tmp_path / "m.pte")
+    batch = torch.export.Dim("batch", min=1, max=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.export(SliceAssigned().eval(), (x, z), path,
+                              dynamic_shapes={"x": {0: batch}, "z": {0: batch}})
+    assert program.kiln_report.kiln_blobs == 1 and program.kiln_report.ops_outside == 0
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    method = Runtime.get().load_program(path).load_method("forward")
+    for n in (1, 5, 8):
+        x, z = torch.randn(n, 9, 5), torch.randn(n, 3, 5)
+        (actual,) = method.execute([x, z])
+        assert_close([actual], [SliceAssigned()(x, z)], models.F32_TOLERANCE, f"batch {n}")
 
 
 class SliceWrittenBuffer(nn.Module):
@@ -944,6 +976,9 @@ OP_CASES = [
      (rand(2, 6, 5), rand(6, seed=1), rand(6, seed=2), 2, 6, 5, 3, 1e-5), {}),
     ("log1p", aten.log1p.default, (rand(3, 4, positive=True),), {}),
     ("neg_int", aten.neg.default, (ids(3, 4, high=9),), {}),
+    # remainder by a power of two, negative dividends too (Python's sign: the divisor's)
+    ("remainder_pow2", aten.remainder.Scalar, (ids(3, 5, high=100000) - 50000, 1024), {}),
+    ("remainder_pow2_i32", aten.remainder.Scalar, ((ids(4, 4, high=64, seed=1) - 32).int(), 8), {}),
     ("topk", aten.topk.default, (rand(3, 7), 2), {}),
 ]
 
