@@ -8,6 +8,7 @@ see (a dropout probability, a memory format, the users of a multi-output op) are
 written here.
 """
 
+import math
 import operator
 from typing import Callable, Dict, NamedTuple, Optional
 
@@ -478,6 +479,36 @@ def _lower_expand(ctx, node):
     return ctx.op("expand", [ctx.tensor(node.args[0])], list(_val(node).shape))
 
 
+def _check_repeat(node):
+    args = node_args(node)
+    x, repeats = _val(args["self"]), list(args["repeats"])
+    if any(not isinstance(r, int) for r in repeats):
+        return f"repeat by {repeats} (Kiln plans hold static repeat counts)"
+    tiled = sum(r != 1 for r in repeats)
+    if len(repeats) + tiled > _lib.MAX_RANK:
+        return f"repeat of a rank-{x.dim()} tensor by {repeats} (Kiln's views take {_lib.MAX_RANK} dims)"
+    return None
+
+
+def _lower_repeat(ctx, node):
+    """repeat: x viewed with a unit dim before each dim it tiles (and unit dims in front for
+    repeats longer than its rank), those expanded to the repeat counts, then merged with the
+    dims after them: views, which the builder fuses into one copy."""
+    args = node_args(node)
+    shape, repeats = list(_val(args["self"]).shape), list(args["repeats"])
+    shape = [1] * (len(repeats) - len(shape)) + shape
+    viewed, expanded = [], []
+    for size, count in zip(shape, repeats):
+        if count != 1:
+            viewed.append(1)
+            expanded.append(count)
+        viewed.append(size)
+        expanded.append(size)
+    y = ctx.op("reshape", [ctx.tensor(args["self"])], viewed)
+    y = ctx.op("expand", [y], expanded)
+    return ctx.op("reshape", [y], list(_val(node).shape))
+
+
 def _lower_cat(ctx, node):
     """cat; more inputs than an op takes (DenseNet's blocks join dozens) become cats of runs of
     consecutive inputs first, each input copied at most twice while the count allows."""
@@ -661,11 +692,32 @@ def _only_first_output_used(node, what):
     return None
 
 
+def _per_dim(values, n):
+    values = list(values)
+    return values * n if len(values) == 1 else values
+
+
+def _is_patch_convolution(args):
+    """A convolution that cuts its input into disjoint patches (kernel = stride, no padding or
+    dilation, one group), the patch or tubelet embedding of vision and video transformers, with
+    static spatial dims and channels."""
+    x, w = _val(args["input"]), _val(args["weight"])
+    n = x.dim() - 2
+    kernel = list(w.shape[2:])
+    return (not args["transposed"] and args["groups"] == 1 and _per_dim(args["stride"], n) == kernel
+            and all(p == 0 for p in _per_dim(args["padding"], n))
+            and all(d == 1 for d in _per_dim(args["dilation"], n))
+            and not any(isinstance(d, torch.SymInt) for d in list(x.shape[1:]) + kernel))
+
+
 def _check_convolution(node):
     args = node_args(node)
     spatial = _val(args["input"]).dim() - 2
+    if spatial == 3 and _is_patch_convolution(args):
+        return None
     if spatial not in (1, 2):
-        return f"a {spatial}-d convolution (Kiln runs 1-d and 2-d)"
+        return (f"a {spatial}-d convolution other than a patch embedding (kernel = stride, no "
+                f"padding) (Kiln runs 1-d and 2-d)")
     if args["transposed"]:
         stride = list(args["stride"]) * (spatial if len(args["stride"]) == 1 else 1)
         padding = list(args["output_padding"]) * (spatial if len(args["output_padding"]) == 1 else 1)
@@ -675,9 +727,38 @@ def _check_convolution(node):
     return None
 
 
+def _lower_patch_convolution(ctx, node):
+    """A 3-d patch convolution as a linear: the input cut into its patches (a slice drops what
+    the convolution drops past the last whole patch), each patch's channels and kernel cells
+    flattened in the weight's order, times the weight as [out, in * cells], then the output
+    channels moved back to dim 1."""
+    args = node_args(node)
+    x, w = _val(args["input"]), _val(args["weight"])
+    kernel, spatial = list(w.shape[2:]), list(x.shape[2:])
+    n, cells = len(kernel), [d // k for d, k in zip(x.shape[2:], kernel)]
+    y = ctx.tensor(args["input"])
+    for i, (size, k, c) in enumerate(zip(spatial, kernel, cells)):
+        if c * k != size:
+            y = ctx.op("slice", [y], [2 + i, 0, c * k, 1])
+    cut = [x.shape[0], x.shape[1]]
+    for c, k in zip(cells, kernel):
+        cut += [c, k]
+    y = ctx.op("reshape", [y], cut)
+    y = ctx.op("permute", [y], [0] + [2 + 2 * i for i in range(n)] + [1] + [3 + 2 * i for i in range(n)])
+    depth = x.shape[1] * math.prod(kernel)
+    y = ctx.op("reshape", [y], [x.shape[0]] + cells + [depth])
+    inputs = [y, ctx.op("reshape", [ctx.tensor(args["weight"])], [w.shape[0], depth])]
+    if args["bias"] is not None:
+        inputs.append(ctx.tensor(args["bias"]))
+    y = ctx.op("linear", inputs, [_lib.ACT_NONE])
+    return ctx.op("permute", [y], [0, n + 1] + list(range(1, n + 1)))
+
+
 def _lower_convolution(ctx, node):
     args = node_args(node)
     spatial = _val(args["input"]).dim() - 2
+    if spatial == 3:
+        return _lower_patch_convolution(ctx, node)
     inputs = [ctx.tensor(args["input"]), ctx.tensor(args["weight"])]
     if args["bias"] is not None:
         inputs.append(ctx.tensor(args["bias"]))
@@ -1124,6 +1205,7 @@ def _table():
     add(["aten::t_copy.default", "aten::t.default"], Lowering(_lower_t, compute=False))
     add(["aten::expand_copy.default", "aten::expand.default"], Lowering(_lower_expand, compute=False))
     add(["aten::cat.default"], Lowering(_lower_cat, compute=False))
+    add(["aten::repeat.default"], Lowering(_lower_repeat, _check_repeat, compute=False))
     add(["aten::slice_copy.Tensor", "aten::slice.Tensor"], Lowering(_lower_slice, compute=False))
     add(["aten::select_copy.int", "aten::select.int"], Lowering(_lower_select, compute=False))
     add(["aten::slice_scatter.default"],

@@ -181,6 +181,12 @@ ARCHITECTURES = {
                  ImageFeaturesOf), _seeded(1, 3, 32, 32)),
     "convnextv2": (_hf(hf.ConvNextV2Model, hf.ConvNextV2Config(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 48, 64]),
                        ImageFeaturesOf), _seeded(1, 3, 64, 64)),
+    # video: a tubelet embedding (a 3-d patch convolution), divided space-time attention
+    # (its class token repeated over the frames)
+    "videomae": (_hf(hf.VideoMAEModel, hf.VideoMAEConfig(**_SIZES, image_size=32, patch_size=8, num_frames=4,
+                                                         tubelet_size=2), ImageFeaturesOf), _seeded(1, 4, 3, 32, 32)),
+    "timesformer": (_hf(hf.TimesformerModel, hf.TimesformerConfig(**_SIZES, image_size=32, patch_size=8, num_frames=2),
+                        ImageFeaturesOf), _seeded(1, 2, 3, 32, 32)),
     "efficientnet_b0": _torchvision("efficientnet_b0"),
     "shufflenet_v2": _torchvision("shufflenet_v2_x0_5"),
     "squeezenet": _torchvision("squeezenet1_0"),

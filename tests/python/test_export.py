@@ -562,7 +562,8 @@ class Conv3d(nn.Module):
 def test_convolution_kiln_cannot_run_is_refused_with_its_reason():
     edge, partitioner = lower(Conv3d(), (torch.randn(1, 2, 3, 3, 3),))
     assert "aten.convolution" in cpu_ops_of_edge(edge)
-    assert any("3-d convolution" in r for r in refusals_of(partitioner, "aten_convolution"))
+    assert any("3-d convolution other than a patch embedding" in r
+               for r in refusals_of(partitioner, "aten_convolution"))
 
 
 class WideOutputPadding(nn.Module):
@@ -899,6 +900,12 @@ OP_CASES = [
      (rand(1, 4, 3, 4), rand(4, 3, 3, 3, seed=1), rand(6, seed=2), [2, 2], [1, 1], [1, 1], True, [1, 1], 2), {}),
     ("conv_transpose1d", aten.convolution.default,
      (rand(1, 2, 5), rand(2, 3, 4, seed=1), None, [3], [1], [1], True, [2], 1), {}),
+    # a 3-d patch (tubelet) embedding, as a linear: sizes not whole patches drop their rest
+    ("conv3d_patches", aten.convolution.default,
+     (rand(2, 3, 5, 18, 17), rand(8, 3, 2, 4, 4, seed=1), rand(8, seed=2), [2, 4, 4], [0, 0, 0], [1, 1, 1],
+      False, [0, 0, 0], 1), {}),
+    ("conv3d_patches_no_bias", aten.convolution.default,
+     (rand(1, 2, 4, 6, 6), rand(5, 2, 2, 3, 3, seed=1), None, [2, 3, 3], [0], [1], False, [0], 1), {}),
     ("batch_norm", aten._native_batch_norm_legit_no_training.default,
      (rand(2, 3, 4, 5), rand(3, seed=1), rand(3, seed=2), rand(3, seed=3), rand(3, seed=4, positive=True), 0.1, 1e-5), {}),
     ("batch_norm_bare", aten._native_batch_norm_legit_no_training.default,
@@ -971,6 +978,9 @@ OP_CASES = [
     ("arange_start_step", aten.arange.start_step, (0, 16, 3), {"dtype": torch.float32}),
     ("arange_fractional", aten.arange.start_step, (0.5, 2.0, 0.25), {}),
     ("cat_many", aten.cat.default, ([rand(2, k + 1, seed=k) for k in range(11)], 1), {}),
+    # repeat: tiled dims, unit ones, and more repeats than the tensor has dims
+    ("repeat", aten.repeat.default, (rand(2, 1, 3), [1, 4, 2]), {}),
+    ("repeat_more_dims", aten.repeat.default, (rand(3, 2), [2, 1, 3]), {}),
     ("constant_pad", aten.constant_pad_nd.default, (rand(2, 3, 4), [1, 2, -1, 1], 0.5), {}),
     ("group_norm", aten.native_group_norm.default,
      (rand(2, 6, 5), rand(6, seed=1), rand(6, seed=2), 2, 6, 5, 3, 1e-5), {}),
