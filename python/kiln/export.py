@@ -2,6 +2,7 @@
 
 import operator
 import os
+import re
 import stat
 import tempfile
 import warnings
@@ -99,6 +100,29 @@ def _mutates_constants(program):
     return False
 
 
+_OUTSIDE_CORE_ATEN = re.compile(r"Operator (?:torch\._ops\.)?(\S+?) is not in Core ATen opset")
+
+
+def _outside_core_aten(exported, error):
+    """ExecuTorch's refusal of an op outside the Core ATen set (its verifier's message suggests
+    options of its own API) as what a kiln.export caller can act on: the op and the model line it
+    came from, or None for any other error."""
+    found = _OUTSIDE_CORE_ATEN.search(str(error))
+    if found is None:
+        return None
+    op, where = found.group(1), ""
+    for node in exported.graph.nodes:
+        if node.op == "call_function" and str(node.target) == op:
+            frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', node.meta.get("stack_trace") or "")
+            if frames:
+                path, line, function = frames[-1]
+                where = f" (in {function}, {os.path.basename(path)}:{line})"
+            break
+    return (f"kiln: {op}{where} is outside ExecuTorch's Core ATen op set, which every program "
+            f"must keep to; export the model in a form without it (change that code, or pick a "
+            f"model option that avoids it)")
+
+
 def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, strict=None, device_id=0, fuse=True,
           allow_tf32=False, fold_limit_bytes=DEFAULT_FOLD_LIMIT_BYTES):
     """Exports (unless model is an ExportedProgram), folds constants and lowers to Kiln.
@@ -114,8 +138,14 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
     bounds = {str(symbol): (_finite(r.lower), _finite(r.upper)) for symbol, r in exported.range_constraints.items()
               if _finite(r.lower) is not None and _finite(r.upper) is not None}
     partitioner = KilnPartitioner(device_id=device_id, allow_tf32=allow_tf32, fuse=fuse, bounds=bounds)
-    edge = to_edge_transform_and_lower(exported, transform_passes=[FoldConstants(fold_limit_bytes)],
-                                       partitioner=[partitioner])
+    try:
+        edge = to_edge_transform_and_lower(exported, transform_passes=[FoldConstants(fold_limit_bytes)],
+                                           partitioner=[partitioner])
+    except Exception as error:
+        message = _outside_core_aten(exported, error)
+        if message is None:
+            raise
+        raise ValueError(message) from error
     # Constants whose readers all went into blobs may be left unread; see drop_unused_constants.
     drop_unused_constants(edge.exported_program())
     return edge, delegation_report(edge, partitioner.refusals)

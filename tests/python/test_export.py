@@ -408,6 +408,23 @@ def test_remainder_kiln_cannot_take_is_refused_with_its_reason():
     assert "remainder of torch.float32" in lowering.refusal(node_of(torch.randn(8), 4))
 
 
+class Histogram(nn.Module):
+    """torch.histc, as transformers' grouped MoE experts count their tokens: not in ExecuTorch's
+    Core ATen op set, whose verifier refuses it with options of its own API."""
+
+    def forward(self, x):
+        return torch.histc(x, bins=4, min=0, max=3) * 2.0
+
+
+def test_an_op_outside_core_aten_is_refused_naming_it_and_its_line(tmp_path):
+    with pytest.raises(ValueError) as refused:
+        kiln.export(Histogram().eval(), (torch.tensor([0.0, 1.0, 1.0, 3.0]),), str(tmp_path / "m.pte"))
+    message = str(refused.value)
+    assert message.startswith("kiln: aten.histc.default (in forward, test_export.py:")
+    assert "outside ExecuTorch's Core ATen op set" in message and "EdgeCompileConfig" not in message
+    assert not (tmp_path / "m.pte").exists()
+
+
 def test_slice_scatter_with_a_step_is_refused():
     graph = torch.fx.Graph()
     x, src = torch.randn(2, 8), torch.randn(2, 4)
