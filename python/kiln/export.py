@@ -116,11 +116,16 @@ def _outside_core_aten(exported, error):
             frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', node.meta.get("stack_trace") or "")
             if frames:
                 path, line, function = frames[-1]
-                where = f" (in {function}, {os.path.basename(path)}:{line})"
+                where = f" (in {_cut(function, 24)}, {_cut(os.path.basename(path), 32)}:{line[:7]})"
             break
-    return (f"kiln: {op}{where} is outside ExecuTorch's Core ATen op set, which every program "
-            f"must keep to; export the model in a form without it (change that code, or pick a "
-            f"model option that avoids it)")
+    # at most 255 bytes: the op's name and the frame are cut to fit
+    return (f"kiln: {_cut(op, 56)}{where} is not in ExecuTorch's Core ATen op set; change that "
+            f"code or pick a model option that avoids it")
+
+
+def _cut(text, size):
+    """text cut to at most size bytes of UTF-8, on a character boundary."""
+    return text.encode()[:size].decode(errors="ignore")
 
 
 def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, strict=None, device_id=0, fuse=True,

@@ -483,10 +483,11 @@ def _check_repeat(node):
     args = node_args(node)
     x, repeats = _val(args["self"]), list(args["repeats"])
     if any(not isinstance(r, int) for r in repeats):
-        return f"repeat by {repeats} (Kiln plans hold static repeat counts)"
+        return f"repeat by {len(repeats)} counts, some dynamic (Kiln plans hold static repeat counts)"
     tiled = sum(r != 1 for r in repeats)
     if len(repeats) + tiled > _lib.MAX_RANK:
-        return f"repeat of a rank-{x.dim()} tensor by {repeats} (Kiln's views take {_lib.MAX_RANK} dims)"
+        return (f"repeat of a rank-{x.dim()} tensor by {len(repeats)} counts, {tiled} of them tiling "
+                f"(Kiln's views take {_lib.MAX_RANK} dims, one more for each tiled dim)")
     return None
 
 
@@ -719,8 +720,8 @@ def _check_convolution(node):
         return (f"a {spatial}-d convolution other than a patch embedding (kernel = stride, no "
                 f"padding) (Kiln runs 1-d and 2-d)")
     if args["transposed"]:
-        stride = list(args["stride"]) * (spatial if len(args["stride"]) == 1 else 1)
-        padding = list(args["output_padding"]) * (spatial if len(args["output_padding"]) == 1 else 1)
+        stride = _per_dim(args["stride"], spatial)
+        padding = _per_dim(args["output_padding"], spatial)
         if any(o >= s for o, s in zip(padding, stride)):
             return (f"a transposed convolution with output padding {padding} not below its stride "
                     f"{stride} (cuDNN, which runs Kiln's convolutions on the GPU, needs it below)")
@@ -735,7 +736,7 @@ def _lower_patch_convolution(ctx, node):
     args = node_args(node)
     x, w = _val(args["input"]), _val(args["weight"])
     kernel, spatial = list(w.shape[2:]), list(x.shape[2:])
-    n, cells = len(kernel), [d // k for d, k in zip(x.shape[2:], kernel)]
+    n, cells = len(kernel), [d // k for d, k in zip(spatial, kernel)]
     y = ctx.tensor(args["input"])
     for i, (size, k, c) in enumerate(zip(spatial, kernel, cells)):
         if c * k != size:

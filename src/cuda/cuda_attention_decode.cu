@@ -375,7 +375,6 @@ __global__ void __launch_bounds__(KCU_DECW_WARPS * 32)
   if (threadIdx.x == 0) a.arrivals[row] = 0; /* for the next launch */
 }
 
-
 /* SMs of the current device, asked once per device (a launch path must stay cheap). */
 static int kcu_sm_count(void) {
   static int counts[64];

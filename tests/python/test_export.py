@@ -1,6 +1,7 @@
 """The exporter: partitioning, preprocess through the C builder, blobs on the CPU engine,
 atomic writes, and what stays on ExecuTorch's CPU kernels."""
 
+import importlib
 import operator
 import os
 import subprocess
@@ -421,8 +422,46 @@ def test_an_op_outside_core_aten_is_refused_naming_it_and_its_line(tmp_path):
         kiln.export(Histogram().eval(), (torch.tensor([0.0, 1.0, 1.0, 3.0]),), str(tmp_path / "m.pte"))
     message = str(refused.value)
     assert message.startswith("kiln: aten.histc.default (in forward, test_export.py:")
-    assert "outside ExecuTorch's Core ATen op set" in message and "EdgeCompileConfig" not in message
+    assert "not in ExecuTorch's Core ATen op set" in message and "EdgeCompileConfig" not in message
     assert not (tmp_path / "m.pte").exists()
+
+
+def test_the_core_aten_refusal_fits_255_bytes_at_its_longest():
+    class Node:
+        op, target = "call_function", "aten." + "é" * 80 + ".default"
+        meta = {"stack_trace": f'File "/{"d" * 90}/{"ü" * 90}.py", line 12345678, in {"f" * 90}\n'}
+
+    class Program:
+        graph = type("Graph", (), {"nodes": [Node()]})()
+
+    error = RuntimeError(f"Operator torch._ops.{Node.target} is not in Core ATen opset")
+    message = importlib.import_module("kiln.export")._outside_core_aten(Program(), error)
+    assert len(message.encode()) <= 255, len(message.encode())
+    assert message.startswith("kiln: aten.") and message.endswith("pick a model option that avoids it")
+
+
+def test_repeat_kiln_cannot_view_is_refused_with_its_reason():
+    graph, x = torch.fx.Graph(), torch.randn(2, 2, 2, 2)
+    node = _node(graph, torch.ops.aten.repeat.default, (_placeholder(graph, "x", x), [2, 2, 2, 2, 2]),
+                 x.repeat(2, 2, 2, 2, 2))
+    assert "repeat of a rank-4 tensor by 5 counts, 5 of them tiling" in lowering.refusal(node)
+    fits = _node(graph, torch.ops.aten.repeat.default, (_placeholder(graph, "y", x), [2, 1, 1, 2]),
+                 x.repeat(2, 1, 1, 2))
+    assert lowering.refusal(fits) is None
+
+
+class RepeatByASize(nn.Module):
+    def forward(self, x, z):
+        return x.repeat(z.shape[0], 1) * 2.0
+
+
+def test_repeat_by_a_dynamic_count_stays_on_executorch_with_its_reason(tmp_path):
+    batch = torch.export.Dim("batch", min=2, max=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.export(RepeatByASize().eval(), (torch.randn(2, 3), torch.randn(4, 3)),
+                              str(tmp_path / "m.pte"), dynamic_shapes={"x": None, "z": {0: batch}})
+    assert "repeat by 2 counts, some dynamic" in str(program.kiln_report)
 
 
 def test_slice_scatter_with_a_step_is_refused():
