@@ -14,7 +14,6 @@ from typing import Callable, Dict, NamedTuple, Optional
 
 import sympy
 import torch
-from executorch.exir.dialects.edge._ops import EdgeOpOverload
 from torch._export.utils import (
     get_buffer,
     get_lifted_tensor_constant,
@@ -27,7 +26,10 @@ from torch._export.utils import (
 from torch.export.graph_signature import OutputKind
 
 from . import _lib
+from . import lowering_composed as composed
 from ._lib import Builder, KilnError
+from .fx_nodes import (aten_op, dims_mask, node_args, node_value, only_first_output_used, op_name, pair, per_dim,
+                       static_dims)
 
 
 class Lowering(NamedTuple):
@@ -41,42 +43,6 @@ class Lowering(NamedTuple):
     lower: Callable
     check: Optional[Callable] = None
     compute: bool = True
-
-
-def aten_op(node):
-    """The ATen (or dim-order) OpOverload behind an edge or ATen node's target."""
-    return node.target._op if isinstance(node.target, EdgeOpOverload) else node.target
-
-
-def node_args(node):
-    """The node's arguments by schema name, with the schema's defaults filled in."""
-    values = {}
-    positional = 0
-    for argument in aten_op(node)._schema.arguments:
-        if not argument.kwarg_only and positional < len(node.args):
-            values[argument.name] = node.args[positional]
-            positional += 1
-        elif argument.name in node.kwargs:
-            values[argument.name] = node.kwargs[argument.name]
-        elif argument.has_default_value():
-            values[argument.name] = argument.default_value
-        else:
-            values[argument.name] = None
-    return values
-
-
-def _val(node):
-    return node.meta["val"]
-
-
-def _dims_mask(dims, rank):
-    """The reduced dims as the builder's bitmask; none listed means all."""
-    if dims is None or len(dims) == 0:
-        dims = range(rank)
-    mask = 0
-    for dim in dims:
-        mask |= 1 << (dim + rank if dim < 0 else dim)
-    return mask
 
 
 def _shape_env_bounds(symbol, size):
@@ -160,7 +126,7 @@ class Context:
 
     def input(self, node, name):
         """A builder input shaped like node's value (dynamic dims at their bound)."""
-        val = _val(node)
+        val = node_value(node)
         dims, syms = self.sizes(val.shape)
         return self.builder.add_input(name, _lib.kiln_dtype(val.dtype), tuple(dims), syms)
 
@@ -176,7 +142,7 @@ class Context:
     def promoted(self, value, dtype):
         """An operand in the op's result dtype: PyTorch's type promotion made explicit."""
         tensor = self.operand(value, dtype)
-        if isinstance(value, torch.fx.Node) and _val(value).dtype != dtype:
+        if isinstance(value, torch.fx.Node) and node_value(value).dtype != dtype:
             tensor = self.op("cast", [tensor], [_lib.kiln_dtype(dtype)])
         return tensor
 
@@ -191,34 +157,22 @@ class Context:
 
 def _unary(name):
     """An op of one tensor, cast first to the result's dtype (log of an integer is a float)."""
-    return lambda ctx, node: ctx.op(name, [ctx.promoted(node.args[0], _val(node).dtype)])
+    return lambda ctx, node: ctx.op(name, [ctx.promoted(node.args[0], node_value(node).dtype)])
 
 
 def _lower_neg(ctx, node):
     """neg; of an integer tensor (T5's relative position buckets) 0 - x, which integers take."""
-    dtype = _val(node).dtype
+    dtype = node_value(node).dtype
     if dtype.is_floating_point:
         return ctx.op("neg", [ctx.tensor(node.args[0])])
     return ctx.op("sub", [ctx.operand(0, dtype), ctx.tensor(node.args[0])], (), [1.0])
-
-
-def _lower_log1p(ctx, node):
-    """log1p(x) to full precision from log: with u = 1 + x rounded, log(u) * x / (u - 1), or x
-    where u rounds to 1 (the rounding error of u cancels; Mamba's softplus reads it)."""
-    dtype = _val(node).dtype
-    x = ctx.promoted(node.args[0], dtype)
-    u = ctx.op("add", [x, ctx.operand(1.0, dtype)], (), [1.0])
-    d = ctx.op("sub", [u, ctx.operand(1.0, dtype)], (), [1.0])
-    ratio = ctx.op("div", [ctx.op("mul", [ctx.op("log", [u]), x]), d])
-    exact = ctx.op("compare", [d, ctx.operand(0.0, dtype)], [_lib.COMPARE["eq"]])
-    return ctx.op("where", [exact, x, ratio])
 
 
 def _operand_kind(value):
     """What torch.result_type needs to know of an operand: a number, or a tensor's dtype and
     whether it is 0-dim (which promotes like a number of its category)."""
     if isinstance(value, torch.fx.Node):
-        val = _val(value)
+        val = node_value(value)
         return torch.empty(() if val.dim() == 0 else (0,), dtype=val.dtype)
     return value
 
@@ -238,7 +192,7 @@ def _compare(which):
 
 def _check_remainder(node):
     args = node_args(node)
-    dtype, other = _val(args["self"]).dtype, args["other"]
+    dtype, other = node_value(args["self"]).dtype, args["other"]
     if dtype not in (torch.int32, torch.int64):
         return f"remainder of {dtype} (Kiln takes the remainder of i32 and i64 by a power of two)"
     if isinstance(other, bool) or not isinstance(other, int) or other <= 0 or other & (other - 1):
@@ -250,7 +204,7 @@ def _lower_remainder(ctx, node):
     """remainder by 2^k of an integer: x & (2^k - 1), which in two's complement is Python's x % 2^k
     for every x, negative ones too (a result in [0, 2^k)): a hashing's bucket, as CANINE's."""
     args = node_args(node)
-    dtype = _val(node).dtype
+    dtype = node_value(node).dtype
     mask = ctx.operand(args["other"] - 1, dtype)
     return ctx.op("bitwise", [ctx.promoted(args["self"], dtype), mask], [_lib.BOOL_OPS["and"]])
 
@@ -273,7 +227,7 @@ def _bitwise(which):
 
     def lower(ctx, node):
         args = node_args(node)
-        dtype = _val(node).dtype
+        dtype = node_value(node).dtype
         inputs = [ctx.promoted(args["self"], dtype)]
         if which != "not":
             inputs.append(ctx.promoted(args["other"], dtype))
@@ -285,7 +239,7 @@ def _bitwise(which):
 def _min_max(name):
     def lower(ctx, node):
         args = node_args(node)
-        dtype = _val(node).dtype
+        dtype = node_value(node).dtype
         return ctx.op(name, [ctx.promoted(args["self"], dtype), ctx.promoted(args["other"], dtype)])
 
     return lower
@@ -295,7 +249,7 @@ def _clamped(ctx, node, x, low, high):
     """x bounded below by low and above by high (None: no bound), each a number or a node,
     in the result's dtype: maximum with low, then minimum with high, as PyTorch's clamp (a
     NaN propagates, and low > high gives high)."""
-    dtype = _val(node).dtype
+    dtype = node_value(node).dtype
     value = ctx.promoted(x, dtype)
     if low is not None:
         value = ctx.op("maximum", [value, ctx.promoted(low, dtype)])
@@ -324,7 +278,7 @@ def _lower_hardtanh(ctx, node):
 def _binary(name, has_alpha):
     def lower(ctx, node):
         args = node_args(node)
-        dtype = _val(node).dtype
+        dtype = node_value(node).dtype
         inputs = [ctx.promoted(args["self"], dtype), ctx.promoted(args["other"], dtype)]
         fattr = [float(args["alpha"])] if has_alpha else []
         return ctx.op(name, inputs, (), fattr)
@@ -412,13 +366,13 @@ def _lower_rms_norm(ctx, node):
         inputs.append(ctx.tensor(args["weight"]))
     eps = args["eps"]
     if eps is None:  # PyTorch's default: the machine epsilon of the input dtype
-        eps = torch.finfo(_val(x).dtype).eps
+        eps = torch.finfo(node_value(x).dtype).eps
     flags = 1 if args["weight"] is not None else 0
     return ctx.op("rms_norm", inputs, [len(args["normalized_shape"]), flags], [float(eps)])
 
 
 def _check_group_norm(node):
-    return _only_first_output_used(node, "mean or rstd")
+    return only_first_output_used(node, "mean or rstd")
 
 
 def _lower_group_norm(ctx, node):
@@ -426,7 +380,7 @@ def _lower_group_norm(ctx, node):
     per-channel weight and bias broadcast over the positions."""
     args = node_args(node)
     x = args["input"]
-    shape = list(_val(x).shape)
+    shape = list(node_value(x).shape)
     groups = args["group"]
     per_group = shape[1] // groups
     for size in shape[2:]:
@@ -446,14 +400,14 @@ def _reduce(name):
     def lower(ctx, node):
         args = node_args(node)
         x = args["self"]
-        mask = _dims_mask(args["dim"], _val(x).dim())
+        mask = dims_mask(args["dim"], node_value(x).dim())
         return ctx.op(name, [ctx.tensor(x)], [mask, int(bool(args["keepdim"]))])
 
     return lower
 
 
 def _lower_reshape(ctx, node):
-    return ctx.op("reshape", [ctx.tensor(node.args[0])], list(_val(node).shape))
+    return ctx.op("reshape", [ctx.tensor(node.args[0])], list(node_value(node).shape))
 
 
 def _lower_permute(ctx, node):
@@ -463,7 +417,7 @@ def _lower_permute(ctx, node):
 
 def _lower_transpose(ctx, node):
     args = node_args(node)
-    rank = _val(args["self"]).dim()
+    rank = node_value(args["self"]).dim()
     perm = list(range(rank))
     a, b = args["dim0"], args["dim1"]
     perm[a], perm[b] = perm[b], perm[a]
@@ -471,17 +425,17 @@ def _lower_transpose(ctx, node):
 
 
 def _lower_t(ctx, node):
-    rank = _val(node.args[0]).dim()
+    rank = node_value(node.args[0]).dim()
     return ctx.op("permute", [ctx.tensor(node.args[0])], list(reversed(range(rank))))
 
 
 def _lower_expand(ctx, node):
-    return ctx.op("expand", [ctx.tensor(node.args[0])], list(_val(node).shape))
+    return ctx.op("expand", [ctx.tensor(node.args[0])], list(node_value(node).shape))
 
 
 def _check_repeat(node):
     args = node_args(node)
-    x, repeats = _val(args["self"]), list(args["repeats"])
+    x, repeats = node_value(args["self"]), list(args["repeats"])
     if any(not isinstance(r, int) for r in repeats):
         return f"repeat by {len(repeats)} counts, some dynamic (Kiln plans hold static repeat counts)"
     tiled = sum(r != 1 for r in repeats)
@@ -496,7 +450,7 @@ def _lower_repeat(ctx, node):
     repeats longer than its rank), those expanded to the repeat counts, then merged with the
     dims after them: views, which the builder fuses into one copy."""
     args = node_args(node)
-    shape, repeats = list(_val(args["self"]).shape), list(args["repeats"])
+    shape, repeats = list(node_value(args["self"]).shape), list(args["repeats"])
     shape = [1] * (len(repeats) - len(shape)) + shape
     viewed, expanded = [], []
     for size, count in zip(shape, repeats):
@@ -507,14 +461,18 @@ def _lower_repeat(ctx, node):
         expanded.append(size)
     y = ctx.op("reshape", [ctx.tensor(args["self"])], viewed)
     y = ctx.op("expand", [y], expanded)
-    return ctx.op("reshape", [y], list(_val(node).shape))
+    return ctx.op("reshape", [y], list(node_value(node).shape))
 
 
 def _lower_cat(ctx, node):
+    args = node_args(node)
+    return _lower_cat_ids(ctx, [ctx.tensor(t) for t in args["tensors"]], args["dim"])
+
+
+def _lower_cat_ids(ctx, pieces, dim):
     """cat; more inputs than an op takes (DenseNet's blocks join dozens) become cats of runs of
     consecutive inputs first, each input copied at most twice while the count allows."""
-    args = node_args(node)
-    pieces, dim = [ctx.tensor(t) for t in args["tensors"]], args["dim"]
+    pieces = list(pieces)
     first = 0  # pieces before it are joined runs already
     while len(pieces) > _lib.MAX_OP_INPUTS:
         if len(pieces) - first < 2:
@@ -542,7 +500,7 @@ def _lower_slice(ctx, node):
     args = node_args(node)
     start = 0 if args["start"] is None else args["start"]
     end = _INT64_MAX if args["end"] is None else args["end"]
-    size = _val(args["self"]).shape[args["dim"]]
+    size = node_value(args["self"]).shape[args["dim"]]
     start, end = _bound_at(ctx, size, start), _bound_at(ctx, size, end)
     return ctx.op("slice", [ctx.tensor(args["self"])], [args["dim"], start, end, args["step"]])
 
@@ -550,7 +508,7 @@ def _lower_slice(ctx, node):
 def _slice_scatter_run(node):
     """slice_scatter's dim and the run [start, end) of slots it writes, normalized as PyTorch does."""
     args = node_args(node)
-    shape = _val(args["self"]).shape
+    shape = node_value(args["self"]).shape
     dim = args["dim"] % len(shape)
     size = shape[dim]
     start = 0 if args["start"] is None else args["start"]
@@ -564,7 +522,7 @@ def _check_slice_scatter(node):
     args = node_args(node)
     if args["step"] != 1:
         return f"slice_scatter with step {args['step']} (Kiln writes one run of consecutive slots)"
-    size = _val(args["self"]).shape[args["dim"]]
+    size = node_value(args["self"]).shape[args["dim"]]
     if any(isinstance(v, (torch.fx.Node, torch.SymInt)) for v in (size, args["start"], args["end"])):
         return "slice_scatter over a dynamic dim or at a dynamic position (Kiln plans it static)"
     return None
@@ -576,7 +534,7 @@ def _lower_slice_scatter(ctx, node):
     args = node_args(node)
     x = args["self"]
     dim, start, end = _slice_scatter_run(node)
-    size = _val(x).shape[dim]
+    size = node_value(x).shape[dim]
     pieces = [ctx.tensor(args["src"])]
     if start > 0:
         pieces.insert(0, ctx.op("slice", [ctx.tensor(x)], [dim, 0, start, 1]))
@@ -587,15 +545,15 @@ def _lower_slice_scatter(ctx, node):
 
 def _lower_select(ctx, node):
     args = node_args(node)
-    index = _bound_at(ctx, _val(args["self"]).shape[args["dim"]], args["index"])
+    index = _bound_at(ctx, node_value(args["self"]).shape[args["dim"]], args["index"])
     return ctx.op("select", [ctx.tensor(args["self"])], [args["dim"], index])
 
 
 def _lower_copy(ctx, node):
     """clone, _to_copy and their dim-order forms: a cast when the dtype changes."""
     x = node.args[0]
-    out_dtype = _val(node).dtype
-    if _val(x).dtype != out_dtype:
+    out_dtype = node_value(node).dtype
+    if node_value(x).dtype != out_dtype:
         return ctx.op("cast", [ctx.tensor(x)], [_lib.kiln_dtype(out_dtype)])
     return ctx.op("copy", [ctx.tensor(x)])
 
@@ -608,7 +566,7 @@ def _check_copy(node):
     if args.get("memory_format") not in _CONTIGUOUS_FORMATS:
         return f"copy to memory format {args['memory_format']} (Kiln tensors are contiguous)"
     dim_order = args.get("dim_order")
-    if dim_order is not None and list(dim_order) != list(range(_val(node).dim())):
+    if dim_order is not None and list(dim_order) != list(range(node_value(node).dim())):
         return f"copy to dim order {list(dim_order)} (Kiln tensors are contiguous)"
     return None
 
@@ -624,7 +582,7 @@ def _check_as_strided(node):
         running *= extent
     expected.reverse()
     in_order = all(extent == 1 or s == e for extent, s, e in zip(size, stride, expected))
-    if args["storage_offset"] not in (None, 0) or not in_order or running != _val(args["self"]).numel():
+    if args["storage_offset"] not in (None, 0) or not in_order or running != node_value(args["self"]).numel():
         return f"as_strided to size {size} stride {stride} offset {args['storage_offset']} (only in-order views)"
     return None
 
@@ -641,7 +599,7 @@ def _lower_index_select(ctx, node):
 
 def _lower_where(ctx, node):
     args = node_args(node)
-    dtype = _val(node).dtype
+    dtype = node_value(node).dtype
     inputs = [ctx.tensor(args["condition"]), ctx.promoted(args["self"], dtype),
               ctx.promoted(args["other"], dtype)]
     return ctx.op("where", inputs)
@@ -649,7 +607,7 @@ def _lower_where(ctx, node):
 
 def _lower_masked_fill(ctx, node):
     args = node_args(node)
-    dtype = _val(node).dtype
+    dtype = node_value(node).dtype
     inputs = [ctx.tensor(args["mask"]), ctx.operand(args["value"], dtype), ctx.tensor(args["self"])]
     return ctx.op("where", inputs)
 
@@ -671,11 +629,6 @@ def _lower_sdpa(ctx, node):
     return ctx.op("sdpa", inputs, iattr, [scale])
 
 
-def pair(h, w):
-    """A spatial (h, w) attribute packed as the builder's KILN_PAIR."""
-    return (int(h) << 32) | int(w)
-
-
 def _spatial_pair(values, spatial, fill):
     """A 1- or 2-d window attribute as a pair; a 1-d op gets fill for h."""
     values = [values] if isinstance(values, int) else list(values)
@@ -686,42 +639,33 @@ def _spatial_pair(values, spatial, fill):
     return pair(values[0], values[1])
 
 
-def _only_first_output_used(node, what):
-    for user in node.users:
-        if user.target is not operator.getitem or user.args[1] != 0:
-            return f"{_op_name(node)} whose {what} output is used (Kiln computes only the first)"
-    return None
-
-
-def _per_dim(values, n):
-    values = list(values)
-    return values * n if len(values) == 1 else values
-
-
 def _is_patch_convolution(args):
     """A convolution that cuts its input into disjoint patches (kernel = stride, no padding or
     dilation, one group), the patch or tubelet embedding of vision and video transformers, with
     static spatial dims and channels."""
-    x, w = _val(args["input"]), _val(args["weight"])
+    x, w = node_value(args["input"]), node_value(args["weight"])
     n = x.dim() - 2
     kernel = list(w.shape[2:])
-    return (not args["transposed"] and args["groups"] == 1 and _per_dim(args["stride"], n) == kernel
-            and all(p == 0 for p in _per_dim(args["padding"], n))
-            and all(d == 1 for d in _per_dim(args["dilation"], n))
+    return (not args["transposed"] and args["groups"] == 1 and per_dim(args["stride"], n) == kernel
+            and all(p == 0 for p in per_dim(args["padding"], n))
+            and all(d == 1 for d in per_dim(args["dilation"], n))
             and not any(isinstance(d, torch.SymInt) for d in list(x.shape[1:]) + kernel))
 
 
 def _check_convolution(node):
     args = node_args(node)
-    spatial = _val(args["input"]).dim() - 2
-    if spatial == 3 and _is_patch_convolution(args):
+    spatial = node_value(args["input"]).dim() - 2
+    if spatial == 3:
+        if args["transposed"]:
+            return "a transposed 3-d convolution (Kiln runs 3-d ones as 2-d convolutions of frames)"
+        if not static_dims(args["input"], 1) or not static_dims(args["weight"], 0):
+            return "a 3-d convolution over dynamic channels, frames or cells (Kiln plans them static)"
         return None
     if spatial not in (1, 2):
-        return (f"a {spatial}-d convolution other than a patch embedding (kernel = stride, no "
-                f"padding) (Kiln runs 1-d and 2-d)")
+        return f"a {spatial}-d convolution (Kiln runs 1-d, 2-d and 3-d)"
     if args["transposed"]:
-        stride = _per_dim(args["stride"], spatial)
-        padding = _per_dim(args["output_padding"], spatial)
+        stride = per_dim(args["stride"], spatial)
+        padding = per_dim(args["output_padding"], spatial)
         if any(o >= s for o, s in zip(padding, stride)):
             return (f"a transposed convolution with output padding {padding} not below its stride "
                     f"{stride} (cuDNN, which runs Kiln's convolutions on the GPU, needs it below)")
@@ -734,7 +678,7 @@ def _lower_patch_convolution(ctx, node):
     flattened in the weight's order, times the weight as [out, in * cells], then the output
     channels moved back to dim 1."""
     args = node_args(node)
-    x, w = _val(args["input"]), _val(args["weight"])
+    x, w = node_value(args["input"]), node_value(args["weight"])
     kernel, spatial = list(w.shape[2:]), list(x.shape[2:])
     n, cells = len(kernel), [d // k for d, k in zip(spatial, kernel)]
     y = ctx.tensor(args["input"])
@@ -757,9 +701,11 @@ def _lower_patch_convolution(ctx, node):
 
 def _lower_convolution(ctx, node):
     args = node_args(node)
-    spatial = _val(args["input"]).dim() - 2
-    if spatial == 3:
+    spatial = node_value(args["input"]).dim() - 2
+    if spatial == 3 and _is_patch_convolution(args):
         return _lower_patch_convolution(ctx, node)
+    if spatial == 3:
+        return composed.lower_convolution_3d(ctx, node)
     inputs = [ctx.tensor(args["input"]), ctx.tensor(args["weight"])]
     if args["bias"] is not None:
         inputs.append(ctx.tensor(args["bias"]))
@@ -773,7 +719,7 @@ def _lower_convolution(ctx, node):
 
 
 def _check_batch_norm(node):
-    return _only_first_output_used(node, "mean or invstd")
+    return only_first_output_used(node, "mean or invstd")
 
 
 def _lower_batch_norm(ctx, node):
@@ -798,7 +744,7 @@ def _pool_window(args):
 
 
 def _check_max_pool(node):
-    return _only_first_output_used(node, "indices")
+    return only_first_output_used(node, "indices")
 
 
 def _lower_max_pool(ctx, node):
@@ -818,7 +764,7 @@ def _lower_avg_pool(ctx, node):
 
 
 def _output_pair(node):
-    shape = _val(node).shape
+    shape = node_value(node).shape
     return pair(shape[-2], shape[-1])
 
 
@@ -849,7 +795,7 @@ def _lower_upsample_bilinear(ctx, node):
 def _check_constant_pad(node):
     pad = node_args(node)["pad"]
     if any(not isinstance(p, int) for p in pad):
-        return f"{_op_name(node)} with symbolic padding {list(pad)} (Kiln plans hold static padding)"
+        return f"{op_name(node)} with symbolic padding {list(pad)} (Kiln plans hold static padding)"
     return None
 
 
@@ -858,8 +804,8 @@ def _lower_constant_pad(ctx, node):
     value broadcast to each side's shape for positive padding (pad pairs run from the last dim)."""
     args = node_args(node)
     x, pad, value = args["self"], list(args["pad"]), args["value"]
-    dtype = _val(x).dtype
-    shape = list(_val(x).shape)
+    dtype = node_value(x).dtype
+    shape = list(node_value(x).shape)
     y = ctx.tensor(x)
     fill = ctx.builder.add_constant(torch.full([1] * len(shape), value, dtype=dtype))
     for k in range(len(pad) // 2):
@@ -882,7 +828,7 @@ def _lower_constant_pad(ctx, node):
 
 def _lower_cumsum(ctx, node):
     args = node_args(node)
-    return ctx.op("cumsum", [ctx.tensor(args["self"])], [args["dim"], _lib.kiln_dtype(_val(node).dtype)])
+    return ctx.op("cumsum", [ctx.tensor(args["self"])], [args["dim"], _lib.kiln_dtype(node_value(node).dtype)])
 
 
 def _lower_gather(ctx, node):
@@ -892,7 +838,7 @@ def _lower_gather(ctx, node):
 
 def _check_index(node):
     for position, index in enumerate(node_args(node)["indices"]):
-        if isinstance(index, torch.fx.Node) and _val(index).dtype in (torch.bool, torch.uint8):
+        if isinstance(index, torch.fx.Node) and node_value(index).dtype in (torch.bool, torch.uint8):
             return (f"index.Tensor with a bool mask at position {position}: the result's shape "
                     "depends on the mask's values (Kiln plans are static)")
     return None
@@ -919,13 +865,13 @@ def _put_dim(node):
     if len(given) != 1:
         return None, f"index_put with {len(given)} index tensors (Kiln writes slots along one dim)"
     dim = given[0]
-    index = _val(indices[dim])
+    index = node_value(indices[dim])
     if index.dim() != 1 or index.dtype not in (torch.int32, torch.int64):
         return None, f"index_put with a {index.dtype} index of rank {index.dim()} (Kiln takes a 1-D integer one)"
-    expected = list(_val(args["self"]).shape)
+    expected = list(node_value(args["self"]).shape)
     expected[dim] = index.shape[0]
     values = args["values"]
-    if not isinstance(values, torch.fx.Node) or list(_val(values).shape) != expected:
+    if not isinstance(values, torch.fx.Node) or list(node_value(values).shape) != expected:
         return None, f"index_put whose values are not shaped {expected} (Kiln does not broadcast them)"
     return dim, None
 
@@ -939,7 +885,7 @@ def _lower_index_put(ctx, node):
     args = node_args(node)
     dim = _put_dim(node)[0]
     return ctx.op("index_copy", [ctx.tensor(args["self"]), ctx.tensor(args["indices"][dim]),
-                                 ctx.promoted(args["values"], _val(node).dtype)], [dim])
+                                 ctx.promoted(args["values"], node_value(node).dtype)], [dim])
 
 
 def _lower_index_copy(ctx, node):
@@ -951,20 +897,11 @@ def _lower_index_copy(ctx, node):
 def _lower_copy_into(ctx, node):
     """copy(self, src): src cast to self's dtype and broadcast to its shape; self's values unread."""
     args = node_args(node)
-    out = _val(node)
+    out = node_value(node)
     value = ctx.promoted(args["src"], out.dtype)
-    if tuple(_val(args["src"]).shape) != tuple(out.shape):
+    if tuple(node_value(args["src"]).shape) != tuple(out.shape):
         return ctx.op("expand", [value], list(out.shape))
     return ctx.op("copy", [value])
-
-
-def _lower_argmax(ctx, node):
-    args = node_args(node)
-    x = args["self"]
-    if args["dim"] is None:  # over every element: of the flattened tensor, then reshaped
-        flat = ctx.op("reshape", [ctx.tensor(x)], [_val(x).numel()])
-        return ctx.op("reshape", [ctx.op("argmax", [flat], [0, 0])], list(_val(node).shape))
-    return ctx.op("argmax", [ctx.tensor(x)], [args["dim"], int(bool(args["keepdim"]))])
 
 
 _TOPK_MAX = 8
@@ -973,14 +910,14 @@ _TOPK_MAX = 8
 def _check_topk(node):
     args = node_args(node)
     x, k = args["self"], args["k"]
-    if _val(x).dim() == 0:
+    if node_value(x).dim() == 0:
         return "topk of a 0-d tensor"
-    dim = args["dim"] % _val(x).dim()
+    dim = args["dim"] % node_value(x).dim()
     if not isinstance(k, int) or not 1 <= k <= _TOPK_MAX:
         return f"topk with k = {k} (Kiln selects 1 to {_TOPK_MAX} elements, one argmax each)"
-    if not _val(x).dtype.is_floating_point:
-        return f"topk of {_val(x).dtype} (Kiln selects from float tensors)"
-    if not isinstance(_val(x).shape[dim], int):
+    if not node_value(x).dtype.is_floating_point:
+        return f"topk of {node_value(x).dtype} (Kiln selects from float tensors)"
+    if not isinstance(node_value(x).shape[dim], int):
         return "topk along a dim of dynamic size"
     return None
 
@@ -991,7 +928,7 @@ def _lower_topk(ctx, node):
     first element not taken yet, so no index comes twice. Largest first, as sorted=True asks."""
     args = node_args(node)
     x, k, largest = args["self"], args["k"], args["largest"]
-    val = _val(x)
+    val = node_value(x)
     dim = args["dim"] % val.dim()
     dtype = val.dtype
     xs = ctx.tensor(x)
@@ -1025,7 +962,7 @@ def _lower_split(ctx, node):
     args = node_args(node)
     x, dim = args["self"], args["dim"]
     pieces, start = [], 0
-    for piece in _val(node):
+    for piece in node_value(node):
         size = piece.shape[dim]
         pieces.append(ctx.op("slice", [ctx.tensor(x)], [dim, start, start + size, 1]))
         start += size
@@ -1048,7 +985,7 @@ def is_size_node(node):
 def _check_size(node):
     """A size read or computed on dynamic dims goes with its readers: each must be a Kiln op."""
     if not isinstance(node.meta.get("val"), torch.SymInt):
-        return f"{_op_name(node)} of a value other than a dynamic size"
+        return f"{op_name(node)} of a value other than a dynamic size"
     for user in node.users:
         reason = refusal(user)
         if reason is not None:
@@ -1067,7 +1004,7 @@ def _static_scalars(*names):
         args = node_args(node)
         for name in names:
             if isinstance(args.get(name), torch.fx.Node):
-                return f"{_op_name(node)} with a symbolic {name} (Kiln plans are static)"
+                return f"{op_name(node)} with a symbolic {name} (Kiln plans are static)"
         return None
 
     return check
@@ -1077,9 +1014,9 @@ def _filled(value_of):
     """A creation op that fills the node's static shape: a builder constant."""
 
     def lower(ctx, node):
-        val = _val(node)
+        val = node_value(node)
         if not all(isinstance(d, int) for d in val.shape):
-            raise KilnError(_lib.ERR_UNSUPPORTED, f"{_op_name(node)} of dynamic shape {tuple(val.shape)}: a "
+            raise KilnError(_lib.ERR_UNSUPPORTED, f"{op_name(node)} of dynamic shape {tuple(val.shape)}: a "
                             "Kiln constant has a static shape")
         return ctx.builder.add_constant(torch.full(tuple(val.shape), value_of(node), dtype=val.dtype))
 
@@ -1110,8 +1047,8 @@ def _check_arange(node):
     """A symbolic end is fine when start and step are static and the length follows one symbol
     (a slice of the arange at the bound); a symbolic start or step is not."""
     reason = _static_scalars("start", "step")(node)
-    if reason is None and not _affine(_val(node).shape[0]):
-        reason = (f"{_op_name(node)} of length {_val(node).shape[0]}, not a*s+b of one dynamic size "
+    if reason is None and not _affine(node_value(node).shape[0]):
+        reason = (f"{op_name(node)} of length {node_value(node).shape[0]}, not a*s+b of one dynamic size "
                   "(Kiln plans hold only those)")
     return reason
 
@@ -1119,23 +1056,23 @@ def _check_arange(node):
 def _lower_arange(ctx, node):
     args = node_args(node)
     start, step = args.get("start", 0), args.get("step", 1)
-    length = _val(node).shape[0]
+    length = node_value(node).shape[0]
     if not isinstance(args["end"], torch.fx.Node) and not isinstance(length, torch.SymInt):
-        return ctx.builder.add_constant(torch.arange(start, args["end"], step, dtype=_val(node).dtype))
+        return ctx.builder.add_constant(torch.arange(start, args["end"], step, dtype=node_value(node).dtype))
     # A dynamic end: the arange at the bound, of which each call reads its first `length` values.
     longest = ctx.size(length)[0]
-    full = ctx.builder.add_constant(torch.arange(longest, dtype=_val(node).dtype) * step + start)
+    full = ctx.builder.add_constant(torch.arange(longest, dtype=node_value(node).dtype) * step + start)
     return ctx.op("slice", [full], [0, 0, length, 1])
 
 
 def _check_scalar_tensor(node):
     if _affine(node_args(node)["s"]):
         return None
-    return f"{_op_name(node)} of {node_args(node)['s']}, not a*s+b of one dynamic size (Kiln plans hold only those)"
+    return f"{op_name(node)} of {node_args(node)['s']}, not a*s+b of one dynamic size (Kiln plans hold only those)"
 
 
 def _lower_scalar_tensor(ctx, node):
-    value, dtype = node_args(node)["s"], _val(node).dtype
+    value, dtype = node_args(node)["s"], node_value(node).dtype
     if not _sym_scalar(value):
         return ctx.builder.add_constant(torch.tensor(value, dtype=dtype))
     # A dynamic size as a value: the element at that index of 0, 1, ... up to its bound.
@@ -1172,7 +1109,16 @@ def _table():
     for name in ("abs", "log", "cos", "sin", "erf", "hardswish", "hardsigmoid"):
         add([f"aten::{name}.default"], Lowering(_unary(name)))
     add(["aten::neg.default"], Lowering(_lower_neg))
-    add(["aten::log1p.default"], Lowering(_lower_log1p))
+    add(["aten::log1p.default"], Lowering(composed.lower_log1p))
+    add(["aten::expm1.default"], Lowering(composed.lower_expm1))
+    add(["aten::log2.default"], Lowering(composed.scaled_log(2)))
+    add(["aten::log10.default"], Lowering(composed.scaled_log(10)))
+    add(["aten::reciprocal.default"], Lowering(composed.lower_reciprocal))
+    add(["aten::leaky_relu.default"], Lowering(composed.lower_leaky_relu, composed.check_float_input))
+    add(["aten::elu.default"], Lowering(composed.lower_elu, composed.check_float_input))
+    add(["aten::isnan.default"], Lowering(composed.lower_isnan, composed.check_float_input))
+    add(["aten::isinf.default"], Lowering(composed.lower_isinf, composed.check_float_input))
+    add(["aten::pow.Scalar"], Lowering(composed.lower_pow_scalar, composed.check_pow_scalar))
     for which in ("eq", "ne", "lt", "le", "gt", "ge"):
         add([f"aten::{which}.Tensor", f"aten::{which}.Scalar"], Lowering(_compare(which)))
     for which in ("and", "or", "xor", "not"):
@@ -1226,8 +1172,14 @@ def _table():
     add(["aten::max_pool2d_with_indices.default"], Lowering(_lower_max_pool, _check_max_pool))
     add(["aten::max_pool2d.default"], Lowering(_lower_max_pool))
     add(["aten::avg_pool2d.default"], Lowering(_lower_avg_pool))
+    add(["aten::max_pool3d_with_indices.default"], Lowering(composed.lower_max_pool_3d, composed.check_max_pool_3d))
+    add(["aten::avg_pool3d.default"], Lowering(composed.lower_avg_pool_3d, composed.check_pool_3d))
     add(["aten::_adaptive_avg_pool2d.default", "aten::adaptive_avg_pool2d.default"],
         Lowering(_lower_adaptive_avg_pool))
+    add(["aten::avg_pool1d.default"], Lowering(composed.lower_avg_pool_1d))
+    add(["aten::adaptive_avg_pool1d.default"], Lowering(composed.lower_adaptive_avg_pool_1d))
+    add(["aten::_adaptive_avg_pool3d.default", "aten::adaptive_avg_pool3d.default"],
+        Lowering(composed.lower_adaptive_avg_pool_3d, composed.check_adaptive_avg_pool_3d))
     add(["aten::upsample_nearest2d.vec", "aten::upsample_nearest2d.default"],
         Lowering(_lower_upsample_nearest))
     add(["aten::upsample_bilinear2d.vec", "aten::upsample_bilinear2d.default"],
@@ -1235,9 +1187,21 @@ def _table():
     add(["aten::constant_pad_nd.default"],
         Lowering(_lower_constant_pad, _check_constant_pad, compute=False))
     add(["aten::cumsum.default"], Lowering(_lower_cumsum))
+    add(["aten::flip.default"], Lowering(composed.lower_flip, composed.check_flip, compute=False))
+    for rank in (1, 2, 3):
+        add([f"aten::reflection_pad{rank}d.default"], Lowering(composed.edge_pad(True), composed.check_edge_pad, compute=False))
+        add([f"aten::replication_pad{rank}d.default"], Lowering(composed.edge_pad(False), composed.check_edge_pad, compute=False))
+    add(["aten::select_scatter.default"], Lowering(composed.lower_select_scatter, composed.check_select_scatter, compute=False))
     add(["aten::gather.default"], Lowering(_lower_gather))
     add(["aten::index.Tensor"], Lowering(_lower_index, _check_index))
-    add(["aten::argmax.default"], Lowering(_lower_argmax))
+    add(["aten::argmax.default"], Lowering(composed.arg_extreme(True)))
+    add(["aten::argmin.default"], Lowering(composed.arg_extreme(False)))
+    add(["aten::amin.default"], Lowering(composed.lower_amin, composed.check_float_input))
+    add(["aten::max.dim"], Lowering(composed.extreme_along(True), composed.check_min_max_dim))
+    add(["aten::min.dim"], Lowering(composed.extreme_along(False), composed.check_min_max_dim))
+    add(["aten::mean.default"], Lowering(composed.lower_mean_all))
+    add(["aten::var.correction", "aten::var.dim"], Lowering(composed.lower_var, composed.check_var))
+    add(["aten::any.default", "aten::any.dim", "aten::any.dims"], Lowering(composed.lower_any, composed.check_any))
     add(["aten::topk.default"], Lowering(_lower_topk, _check_topk))
     add(["aten::index_put.default"], Lowering(_lower_index_put, _check_index_put))
     add(["aten::index_copy.default"], Lowering(_lower_index_copy))
@@ -1300,7 +1264,7 @@ def _probe(node, lowering):
         try:
             return _probe_static(node, lowering)
         except (TypeError, ValueError, RuntimeError) as exc:  # a lowering that needs static sizes
-            return f"{_op_name(node)} with a dynamic shape, which its lowering cannot take ({exc})"
+            return f"{op_name(node)} with a dynamic shape, which its lowering cannot take ({exc})"
     return _probe_static(node, lowering)
 
 
@@ -1325,7 +1289,7 @@ def refusal(node):
         return f"{node.op} node"
     lowering = LOWERINGS.get(aten_op(node))
     if lowering is None:
-        return f"{_op_name(node)} is not a Kiln op"
+        return f"{op_name(node)} is not a Kiln op"
     if node.target is operator.getitem:  # of a multi-output node: supported with its source
         return refusal(node.args[0])
     for arg in node.all_input_nodes:
@@ -1350,16 +1314,10 @@ def refusal(node):
     return _probe(node, lowering)
 
 
-def _op_name(node):
-    op = aten_op(node)
-    schema = getattr(op, "_schema", None)
-    return f"{schema.name}.{schema.overload_name or 'default'}" if schema is not None else str(op)
-
-
 def check_inferred(ctx, node, tensor):
     """Refuses a tensor whose builder-inferred dtype or shape differs from PyTorch's; a tuple
     of tensors (a split) is checked output by output."""
-    val = _val(node)
+    val = node_value(node)
     if isinstance(tensor, tuple):
         if len(tensor) != len(val):
             raise KilnError(_lib.ERR_UNSUPPORTED,
@@ -1447,7 +1405,7 @@ def build_graph(graph, constant_of, device_id=0, allow_tf32=False, fuse=True, st
                 if constant is not None:
                     ctx.values[node] = ctx.builder.add_constant(constant)
                     continue
-                reason = _tensor_refusal(_val(node), f"input {node.name}")
+                reason = _tensor_refusal(node_value(node), f"input {node.name}")
                 if reason:
                     raise KilnError(_lib.ERR_UNSUPPORTED, reason)
                 ctx.values[node] = ctx.input(node, _binding_name(node.name, index))
@@ -1455,7 +1413,7 @@ def build_graph(graph, constant_of, device_id=0, allow_tf32=False, fuse=True, st
             elif node.op == "call_function":
                 lowering = LOWERINGS.get(aten_op(node))
                 if lowering is None:
-                    raise KilnError(_lib.ERR_UNSUPPORTED, f"{node.name}: {_op_name(node)} is not a Kiln op")
+                    raise KilnError(_lib.ERR_UNSUPPORTED, f"{node.name}: {op_name(node)} is not a Kiln op")
                 tensor = lowering.lower(ctx, node)
                 if tensor is None:  # a dynamic size, read by the ops that take it
                     continue

@@ -96,6 +96,15 @@ def _torchvision(name, **kwargs):
         _seeded(2, 3, 32, 32)
 
 
+def _torchvision_video(name):
+    """A torchvision video classifier on 4 frames of 32 x 32."""
+    import torchvision
+
+    return models._calibrated(lambda: _varied(getattr(torchvision.models.video, name)(weights=None)),
+                             (3, 4, 32, 32)), \
+        _seeded(1, 3, 4, 32, 32)
+
+
 _SIZES = dict(num_hidden_layers=LAYERS, hidden_size=WIDTH, intermediate_size=FEED_FORWARD,
               num_attention_heads=HEADS)
 
@@ -190,15 +199,35 @@ ARCHITECTURES = {
     "efficientnet_b0": _torchvision("efficientnet_b0"),
     "shufflenet_v2": _torchvision("shufflenet_v2_x0_5"),
     "squeezenet": _torchvision("squeezenet1_0"),
+    # a hierarchical vision transformer pooling its queries by a max over each window (max.dim)
+    "hiera": (_hf(hf.HieraModel, hf.HieraConfig(embed_dim=16, image_size=[64, 64], patch_size=[7, 7],
+                                                patch_stride=[4, 4], patch_padding=[3, 3], depths=[1, 1],
+                                                num_heads=[1, 2], query_stride=[2, 2], num_query_pool=1,
+                                                masked_unit_size=[4, 4], mask_unit_attention=[True, False]),
+                  ImageFeaturesOf), _seeded(1, 3, 64, 64)),
+    # 3-d convolutions over frames alone, time alone and both, with batch norms over frames
+    "r2plus1d_18": _torchvision_video("r2plus1d_18"),
 }
 
 
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def _half(entry):
+    """An architecture's model in fp16, with its inputs."""
+    make, inputs = entry
+    return (lambda: make().half()), inputs
+
+
+# In fp16, T5 clamps its hidden states below infinity where any of them overflowed: isinf and
+# any inside every layer.
+HALF_ARCHITECTURES = {"t5_encoder": _half(ARCHITECTURES["t5_encoder"])}
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES) + [f"{n}_fp16" for n in sorted(HALF_ARCHITECTURES)])
 def test_architecture_runs_whole_on_kiln_and_matches_eager(name, tmp_path, monkeypatch):
     import kiln_runtime  # noqa: F401  (registers KilnBackend)
     from executorch.runtime import Runtime
 
-    make, inputs = ARCHITECTURES[name]
+    half = name.endswith("_fp16")
+    make, inputs = HALF_ARCHITECTURES[name[:-5]] if half else ARCHITECTURES[name]
     model = make()
     args = inputs(1)
     with torch.no_grad():
@@ -216,5 +245,5 @@ def test_architecture_runs_whole_on_kiln_and_matches_eager(name, tmp_path, monke
     (actual,) = Runtime.get().load_program(path).load_method("forward").execute(list(args))
     assert actual.shape == expected.shape, f"{name}: {list(actual.shape)}, expected {list(expected.shape)}"
     error = (actual.double() - expected.double()).abs().max().item()
-    allowed = TOLERANCE * expected.abs().max().item()
+    allowed = (models.F16_TOLERANCE if half else TOLERANCE) * expected.abs().max().item()
     assert error <= allowed, f"{name}: max error {error:.3g}, allowed {allowed:.3g}"

@@ -733,15 +733,15 @@ def test_cmake_package_ignores_a_decoy_in_a_parent_directory(tmp_path, delegate_
 # ---------------------------------------------------------------- caller buffers reach the engine
 
 
-class FlipFirst(torch.nn.Module):
-    """An input that ExecuTorch's own kernel reads first (Kiln has no flip), then Kiln."""
+class AtanFirst(torch.nn.Module):
+    """An input that ExecuTorch's own kernel reads first (Kiln has no atan), then Kiln."""
 
     def __init__(self):
         super().__init__()
         self.fc = torch.nn.Linear(16, 8)
 
     def forward(self, x):
-        return self.fc(torch.flip(x, dims=(-1,)))
+        return self.fc(torch.atan(x))
 
 
 def planned(path, runtime):
@@ -756,8 +756,8 @@ def test_kiln_io_is_left_out_of_the_memory_plan(zoo, runtime, tmp_path, monkeypa
         inputs, outputs = planned(exported.path, runtime)
         assert not any(inputs) and not any(outputs), f"{name}: planned inputs {inputs}, outputs {outputs}"
     # An input an ExecuTorch kernel reads keeps its planned buffer; the output from Kiln does not.
-    path = str(tmp_path / "flip_first.pte")
-    kiln.export(FlipFirst().eval(), (torch.randn(4, 16),), path)
+    path = str(tmp_path / "atan_first.pte")
+    kiln.export(AtanFirst().eval(), (torch.randn(4, 16),), path)
     assert planned(path, runtime) == ([True], [False])
 
 

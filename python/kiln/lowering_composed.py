@@ -1,0 +1,496 @@
+"""Ops Kiln runs as several of its own builder ops, composed at export: pointwise ops written
+with Kiln's (leaky_relu, elu, expm1 and log1p to full precision, ...), reductions from amax,
+argmax, mean and sum (argmin, max and min along a dim, var, any), index remaps by constant
+indices (flip, reflection and replication padding, select_scatter), and 1-d and 3-d convolutions
+and pools as 2-d ones. Each lowering here is lower(ctx, node) of lowering.Lowering; the table
+that maps ATen ops to them is lowering's."""
+
+import math
+
+import torch
+
+from . import _lib
+from .fx_nodes import dims_mask, node_args, node_value, op_name, only_first_output_used, pair, per_dim, static_dims
+
+
+def lower_log1p(ctx, node):
+    """log1p(x) to full precision from log: with u = 1 + x rounded, log(u) * x / (u - 1), or x
+    where u rounds to 1 (the rounding error of u cancels; Mamba's softplus reads it)."""
+    dtype = node_value(node).dtype
+    x = ctx.promoted(node.args[0], dtype)
+    u = ctx.op("add", [x, ctx.operand(1.0, dtype)], (), [1.0])
+    d = ctx.op("sub", [u, ctx.operand(1.0, dtype)], (), [1.0])
+    ratio = ctx.op("div", [ctx.op("mul", [ctx.op("log", [u]), x]), d])
+    exact = ctx.op("compare", [d, ctx.operand(0.0, dtype)], [_lib.COMPARE["eq"]])
+    return ctx.op("where", [exact, x, ratio])
+
+
+def lower_leaky_relu(ctx, node):
+    """leaky_relu: x where x > 0, else x times the slope (a NaN stays NaN)."""
+    args = node_args(node)
+    x, dtype = ctx.tensor(args["self"]), node_value(node).dtype
+    positive = ctx.op("compare", [x, ctx.operand(0.0, dtype)], [_lib.COMPARE["gt"]])
+    return ctx.op("where", [positive, x, ctx.op("mul", [x, ctx.operand(float(args["negative_slope"]), dtype)])])
+
+
+def lower_elu(ctx, node):
+    """elu: scale * x where x > 0, else scale * alpha * (exp(input_scale * x) - 1)."""
+    args = node_args(node)
+    x, dtype = ctx.tensor(args["self"]), node_value(node).dtype
+    scale, alpha, input_scale = (float(args[k]) for k in ("scale", "alpha", "input_scale"))
+    grown = ctx.op("exp", [ctx.op("mul", [x, ctx.operand(input_scale, dtype)])])
+    below = ctx.op("mul", [ctx.op("sub", [grown, ctx.operand(1.0, dtype)], (), [1.0]),
+                           ctx.operand(scale * alpha, dtype)])
+    positive = ctx.op("compare", [x, ctx.operand(0.0, dtype)], [_lib.COMPARE["gt"]])
+    return ctx.op("where", [positive, ctx.op("mul", [x, ctx.operand(scale, dtype)]), below])
+
+
+def lower_reciprocal(ctx, node):
+    dtype = node_value(node).dtype
+    return ctx.op("div", [ctx.operand(1.0, dtype), ctx.promoted(node.args[0], dtype)])
+
+
+def lower_isnan(ctx, node):
+    """isnan: x != x, true only for a NaN."""
+    x = ctx.tensor(node.args[0])
+    return ctx.op("compare", [x, x], [_lib.COMPARE["ne"]])
+
+
+def lower_isinf(ctx, node):
+    x = node.args[0]
+    infinity = ctx.operand(float("inf"), node_value(x).dtype)
+    return ctx.op("compare", [ctx.op("abs", [ctx.tensor(x)]), infinity], [_lib.COMPARE["eq"]])
+
+
+def scaled_log(base):
+    """log2 and log10: the natural log times 1 / ln(base)."""
+
+    def lower(ctx, node):
+        dtype = node_value(node).dtype
+        natural = ctx.op("log", [ctx.promoted(node.args[0], dtype)])
+        return ctx.op("mul", [natural, ctx.operand(1.0 / math.log(base), dtype)])
+
+    return lower
+
+
+def lower_expm1(ctx, node):
+    """expm1(x) to full precision from exp: with u = exp(x) rounded, (u - 1) * x / log(u), or x
+    where u rounds to 1, -1 where u - 1 does, and u itself where it overflows."""
+    dtype = node_value(node).dtype
+    x = ctx.promoted(node.args[0], dtype)
+    u = ctx.op("exp", [x])
+    d = ctx.op("sub", [u, ctx.operand(1.0, dtype)], (), [1.0])
+    y = ctx.op("div", [ctx.op("mul", [d, x]), ctx.op("log", [u])])
+    for test, value in ((ctx.op("compare", [d, ctx.operand(0.0, dtype)], [_lib.COMPARE["eq"]]), x),
+                        (ctx.op("compare", [d, ctx.operand(-1.0, dtype)], [_lib.COMPARE["eq"]]), d),
+                        (ctx.op("compare", [u, ctx.operand(float("inf"), dtype)], [_lib.COMPARE["eq"]]), u)):
+        y = ctx.op("where", [test, value, y])
+    return y
+
+
+def check_pow_scalar(node):
+    base = node_args(node)["self"]
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 0:
+        return f"pow of the number {base} to a tensor power (Kiln takes a positive base, as exp(y * ln(base)))"
+    return None
+
+
+def lower_pow_scalar(ctx, node):
+    """base ** y for a positive number base: exp(y * ln(base))."""
+    args = node_args(node)
+    dtype = node_value(node).dtype
+    y = ctx.promoted(args["exponent"], dtype)
+    return ctx.op("exp", [ctx.op("mul", [y, ctx.operand(math.log(args["self"]), dtype)])])
+
+
+def _negative(ctx, x):
+    """-x for a node x: neg for floats, 0 - x for integers (which have no neg op)."""
+    dtype = node_value(x).dtype
+    if dtype.is_floating_point:
+        return ctx.op("neg", [ctx.tensor(x)])
+    return ctx.op("sub", [ctx.operand(0, dtype), ctx.tensor(x)], (), [1.0])
+
+
+def arg_extreme(largest):
+    """argmax, or argmin as the argmax of -x (the first of equal minima, as PyTorch picks)."""
+
+    def lower(ctx, node):
+        args = node_args(node)
+        x = args["self"]
+        xs = ctx.tensor(x) if largest else _negative(ctx, x)
+        if args["dim"] is None:  # over every element: of the flattened tensor, then reshaped
+            flat = ctx.op("reshape", [xs], [node_value(x).numel()])
+            return ctx.op("reshape", [ctx.op("argmax", [flat], [0, 0])], list(node_value(node).shape))
+        return ctx.op("argmax", [xs], [args["dim"], int(bool(args["keepdim"]))])
+
+    return lower
+
+
+def check_float_input(node):
+    x = node_args(node)["self"]
+    if not node_value(x).dtype.is_floating_point:
+        return f"{op_name(node)} of {node_value(x).dtype} (Kiln composes it of float ops)"
+    return None
+
+
+def check_min_max_dim(node):
+    x = node_args(node)["self"]
+    if node_value(x).dim() == 0:
+        return f"{op_name(node)} of a 0-d tensor"
+    return check_float_input(node)
+
+
+def lower_amin(ctx, node):
+    """amin as -amax(-x)."""
+    args = node_args(node)
+    x = args["self"]
+    mask = dims_mask(args["dim"], node_value(x).dim())
+    largest = ctx.op("amax", [ctx.op("neg", [ctx.tensor(x)])], [mask, int(bool(args["keepdim"]))])
+    return ctx.op("neg", [largest])
+
+
+def extreme_along(largest):
+    """max.dim and min.dim: (values, indices) along one dim, an amax and an argmax (of -x for
+    the minimum); the builder drops the indices where nothing reads them."""
+
+    def lower(ctx, node):
+        args = node_args(node)
+        x = args["self"]
+        dim, keep = args["dim"] % node_value(x).dim(), int(bool(args["keepdim"]))
+        xs = ctx.tensor(x) if largest else ctx.op("neg", [ctx.tensor(x)])
+        values = ctx.op("amax", [xs], [1 << dim, keep])
+        return values if largest else ctx.op("neg", [values]), ctx.op("argmax", [xs], [dim, keep])
+
+    return lower
+
+
+def lower_mean_all(ctx, node):
+    """mean over every element, in the dtype asked for."""
+    args = node_args(node)
+    x, dtype = args["self"], node_value(node).dtype
+    return ctx.op("mean", [ctx.promoted(x, dtype)], [dims_mask(None, node_value(x).dim()), 0])
+
+
+def _var_correction(node):
+    args = node_args(node)
+    if "unbiased" in args:  # var.dim
+        return 1 if args["unbiased"] else 0
+    return 1 if args["correction"] is None else args["correction"]
+
+
+def check_var(node):
+    args = node_args(node)
+    x = args["self"]
+    if not node_value(x).dtype.is_floating_point:
+        return f"{op_name(node)} of {node_value(x).dtype} (Kiln composes it of float ops)"
+    dims = args["dim"] if args["dim"] else range(node_value(x).dim())
+    if any(not isinstance(node_value(x).shape[d], int) for d in dims):
+        return f"{op_name(node)} over a dynamic dim (Kiln divides by a count fixed at export)"
+    return None
+
+
+def lower_var(ctx, node):
+    """var: the mean of squared deviations from the mean (two passes, as PyTorch), divided by
+    max(0, count - correction)."""
+    args = node_args(node)
+    x, dtype = args["self"], node_value(node).dtype
+    shape = node_value(x).shape
+    dims = args["dim"] if args["dim"] else range(len(shape))
+    mask = dims_mask(args["dim"], len(shape))
+    count = math.prod(shape[d] for d in dims)
+    xs = ctx.tensor(x)
+    deviation = ctx.op("sub", [xs, ctx.op("mean", [xs], [mask, 1])], (), [1.0])
+    total = ctx.op("sum", [ctx.op("mul", [deviation, deviation])], [mask, int(bool(args["keepdim"]))])
+    return ctx.op("div", [total, ctx.operand(float(max(0, count - _var_correction(node))), dtype)])
+
+
+def check_any(node):
+    dtype = node_value(node_args(node)["self"]).dtype
+    if dtype == torch.uint8:
+        return "any of a uint8 tensor (its result is uint8; Kiln gives bool)"
+    return None
+
+
+def lower_any(ctx, node):
+    """any: whether the largest magnitude (as f32) is nonzero; a NaN counts, as in PyTorch."""
+    args = node_args(node)
+    x = args["self"]
+    rank = node_value(x).dim()
+    dims = args.get("dim")
+    dims = [dims] if isinstance(dims, int) else dims
+    values = ctx.tensor(x) if node_value(x).dtype == torch.float32 else ctx.op("cast", [ctx.tensor(x)], [_lib.kiln_dtype(torch.float32)])
+    largest = ctx.op("amax", [ctx.op("abs", [values])], [dims_mask(dims, rank), int(bool(args.get("keepdim")))])
+    return ctx.op("compare", [largest, ctx.operand(0.0, torch.float32)], [_lib.COMPARE["ne"]])
+
+
+def _picked(ctx, x, dim, index):
+    """x's slots along dim in the order of the list index: an index_select by a constant."""
+    return ctx.op("index_select", [x, ctx.builder.add_constant(torch.tensor(index, dtype=torch.int64))], [dim])
+
+
+def check_flip(node):
+    args = node_args(node)
+    x = node_value(args["self"])
+    if any(not isinstance(x.shape[d], int) for d in args["dims"]):
+        return f"{op_name(node)} along a dynamic dim (Kiln reverses by a constant index)"
+    return None
+
+
+def lower_flip(ctx, node):
+    args = node_args(node)
+    shape = node_value(args["self"]).shape
+    y = ctx.tensor(args["self"])
+    for dim in args["dims"]:
+        y = _picked(ctx, y, dim % len(shape), list(range(shape[dim] - 1, -1, -1)))
+    return y
+
+
+def edge_pad(mirror):
+    """reflection_pad (mirror: the slots next to the edge, the edge itself not repeated) and
+    replication_pad (the edge slot repeated), each padded dim an index_select by a constant
+    index; padding pairs run from the last dim."""
+
+    def lower(ctx, node):
+        args = node_args(node)
+        shape = node_value(args["self"]).shape
+        y = ctx.tensor(args["self"])
+        pad = list(args["padding"])
+        for k in range(len(pad) // 2):
+            dim, before, after = len(shape) - 1 - k, pad[2 * k], pad[2 * k + 1]
+            if before == 0 and after == 0:
+                continue
+            size = shape[dim]
+            if mirror:
+                index = list(range(before, 0, -1)) + list(range(size)) + list(range(size - 2, size - 2 - after, -1))
+            else:
+                index = [0] * before + list(range(size)) + [size - 1] * after
+            y = _picked(ctx, y, dim, index)
+        return y
+
+    return lower
+
+
+def check_edge_pad(node):
+    args = node_args(node)
+    shape, pad = node_value(args["self"]).shape, list(args["padding"])
+    for k in range(len(pad) // 2):
+        size = shape[len(shape) - 1 - k]
+        if not isinstance(size, int):
+            return f"{op_name(node)} of a dynamic dim (Kiln pads by a constant index)"
+        if min(pad[2 * k], pad[2 * k + 1]) < 0:
+            return f"{op_name(node)} with negative padding {pad}"
+    return None
+
+
+def check_select_scatter(node):
+    args = node_args(node)
+    if not isinstance(node_value(args["self"]).shape[args["dim"]], int) or not isinstance(args["index"], int):
+        return "select_scatter over a dynamic dim or at a dynamic index (Kiln plans it static)"
+    return None
+
+
+def lower_select_scatter(ctx, node):
+    """select_scatter: self's slots before the index, src as one slot, and self's slots after."""
+    args = node_args(node)
+    x, src = args["self"], args["src"]
+    shape = list(node_value(x).shape)
+    dim = args["dim"] % len(shape)
+    index = args["index"] % shape[dim]
+    slot = list(shape)
+    slot[dim] = 1
+    pieces = [ctx.op("reshape", [ctx.tensor(src)], slot)]
+    if index > 0:
+        pieces.insert(0, ctx.op("slice", [ctx.tensor(x)], [dim, 0, index, 1]))
+    if index + 1 < shape[dim]:
+        pieces.append(ctx.op("slice", [ctx.tensor(x)], [dim, index + 1, shape[dim], 1]))
+    return ctx.op("cat", pieces, [dim]) if len(pieces) > 1 else ctx.op("copy", pieces)
+
+
+def _as_rows(ctx, x):
+    """A 1-d pool's input [N, C, L] (or [C, L]) as images [N, C, 1, L]."""
+    shape = list(node_value(x).shape)
+    return ctx.op("reshape", [ctx.tensor(x)], ([1] if len(shape) == 2 else []) + shape[:-1] + [1, shape[-1]])
+
+
+def lower_avg_pool_1d(ctx, node):
+    args = node_args(node)
+    kernel = per_dim(args["kernel_size"], 1)[0]
+    stride = per_dim(args["stride"], 1)[0] if args["stride"] else kernel
+    padding = per_dim(args["padding"], 1)[0]
+    iattr = [pair(1, kernel), pair(1, stride), pair(0, padding), int(bool(args["ceil_mode"])),
+             int(bool(args["count_include_pad"])), 0]
+    y = ctx.op("avg_pool2d", [_as_rows(ctx, args["self"])], iattr)
+    return ctx.op("reshape", [y], list(node_value(node).shape))
+
+
+def lower_adaptive_avg_pool_1d(ctx, node):
+    y = ctx.op("adaptive_avg_pool2d", [_as_rows(ctx, node.args[0])], [pair(1, node_value(node).shape[-1])])
+    return ctx.op("reshape", [y], list(node_value(node).shape))
+
+
+def _frames(ctx, x, n, channels, pad, fill, dtype, cells):
+    """x [n, channels, T, *cells] with `pad` (before, after) frames of fill added along T, as
+    [n, T', channels, *cells]: the frames made the leading dim after the batch."""
+    before, after = pad
+    if before or after:
+        value = ctx.builder.add_constant(torch.full([1] * (3 + len(cells)), fill, dtype=dtype))
+        sides = [ctx.op("expand", [value], [n, channels, k] + cells) if k else None for k in (before, after)]
+        x = ctx.op("cat", [p for p in (sides[0], x, sides[1]) if p is not None], [2])
+    return ctx.op("permute", [x], [0, 2, 1] + [3 + i for i in range(len(cells))])
+
+
+def _taps(ctx, frames, kernel, stride, dilation, out_frames, total):
+    """For each tap j of a window of `kernel` frames, the frames it reads for every output frame:
+    frames [n, total, ...] sliced along dim 1 from j * dilation with step stride."""
+    span = (out_frames - 1) * stride + 1
+    taps = []
+    for j in range(kernel):
+        start = j * dilation
+        whole = start == 0 and stride == 1 and span == total
+        taps.append(frames if whole else ctx.op("slice", [frames], [1, start, start + span, stride]))
+    return taps
+
+
+def lower_convolution_3d(ctx, node):
+    """A 3-d convolution as one 2-d convolution over all output frames: each output frame's
+    input frames (zero frames where the time padding reaches) gathered by one index_select and
+    stacked along the channels, tap by tap within each group, and the weight's taps moved
+    beside its input channels in the same order (a permute the builder folds on a constant
+    weight)."""
+    args = node_args(node)
+    x, w, out = node_value(args["input"]), node_value(args["weight"]), node_value(node)
+    stride, padding, dilation = (per_dim(args[k], 3) for k in ("stride", "padding", "dilation"))
+    groups = int(args["groups"])
+    n, c, t = x.shape[0], x.shape[1], x.shape[2]
+    o, cg, kt = w.shape[0], w.shape[1], w.shape[2]
+    cells, t_out = list(x.shape[3:]), out.shape[2]
+    frames = _frames(ctx, ctx.tensor(args["input"]), n, c, (padding[0], padding[0]), 0, x.dtype, cells)
+    picked = [s * stride[0] + j * dilation[0] for s in range(t_out) for j in range(kt)]
+    if picked != list(range(t + 2 * padding[0])):
+        index = ctx.builder.add_constant(torch.tensor(picked, dtype=torch.int64))
+        frames = ctx.op("index_select", [frames, index], [1])  # [n, t_out * kt, c, *cells]
+    if groups > 1 and kt > 1:  # each group's channels together: [group, tap, channel]
+        frames = ctx.op("reshape", [frames], [n, t_out, kt, groups, cg, cells[0] * cells[1]])
+        frames = ctx.op("permute", [frames], [0, 1, 3, 2, 4, 5])
+    images = ctx.op("reshape", [frames], [n * t_out, kt * c] + cells)
+    weight = ctx.op("permute", [ctx.tensor(args["weight"])], [0, 2, 1, 3, 4])
+    weight = ctx.op("reshape", [weight], [o, kt * cg] + list(w.shape[3:]))
+    inputs = [images, weight] + ([ctx.tensor(args["bias"])] if args["bias"] is not None else [])
+    iattr = [pair(stride[1], stride[2]), pair(padding[1], padding[2]), pair(dilation[1], dilation[2]), groups,
+             int(args["bias"] is not None)]
+    y = ctx.op("conv", inputs, iattr)
+    y = ctx.op("reshape", [y], [n, t_out, o] + list(out.shape[3:]))
+    return ctx.op("permute", [y], [0, 2, 1, 3, 4])
+
+
+def _window_3d(args):
+    """kernel, stride (empty means the kernel) and padding of a 3-d pool, three each."""
+    kernel = per_dim(args["kernel_size"], 3)
+    stride = per_dim(args["stride"], 3) if args["stride"] else kernel
+    return kernel, stride, per_dim(args["padding"], 3)
+
+
+def check_pool_3d(node):
+    x = node_args(node)["self"]
+    if node_value(x).dim() != 5:
+        return f"a 3-d pool of a {node_value(x).dim()}-d input (Kiln pools batched [N, C, T, H, W] ones)"
+    if not static_dims(x, 1):
+        return "a 3-d pool over dynamic channels, frames or cells (Kiln plans them static)"
+    return None
+
+
+def check_max_pool_3d(node):
+    return check_pool_3d(node) or only_first_output_used(node, "indices")
+
+
+def _pooled_frames(ctx, node, x, fill, pool_2d):
+    """A 3-d pool as a 2-d one over frames, then over each output frame's window of frames:
+    the input's frames (with the time padding's frames of fill, and after the last frame as
+    many more as ceil mode reads) pooled by pool_2d([frames as images]); returns the taps of
+    pooled frames, [n, t_out, c, h', w'] each, for the caller to combine."""
+    args = node_args(node)
+    kernel, stride, padding = _window_3d(args)
+    dilation = per_dim(args.get("dilation") or [1], 3)
+    out = node_value(node)[0] if isinstance(node_value(node), tuple) else node_value(node)  # max_pool3d: (values, indices)
+    shape, out = list(node_value(x).shape), list(out.shape)
+    n, c, t = shape[0], shape[1], shape[2]
+    t_out = out[2]
+    reach = (t_out - 1) * stride[0] + (kernel[0] - 1) * dilation[0] + 1  # frames the windows span
+    pad = (padding[0], max(reach - t - padding[0], 0))
+    frames = _frames(ctx, ctx.tensor(x), n, c, pad, fill, node_value(x).dtype, shape[3:])
+    total = t + pad[0] + pad[1]
+    images = ctx.op("reshape", [frames], [n * total, c] + shape[3:])
+    pooled = ctx.op("reshape", [pool_2d(images, kernel, stride, padding, dilation)], [n, total, c] + out[3:])
+    return _taps(ctx, pooled, kernel[0], stride[0], dilation[0], t_out, total)
+
+
+def lower_max_pool_3d(ctx, node):
+    """max_pool3d: frames max-pooled in 2-d, then the elementwise maximum of each output frame's
+    window of pooled frames (padding frames are -inf)."""
+    args = node_args(node)
+
+    def pool_2d(images, kernel, stride, padding, dilation):
+        iattr = [pair(kernel[1], kernel[2]), pair(stride[1], stride[2]), pair(padding[1], padding[2]),
+                 pair(dilation[1], dilation[2]), int(bool(args["ceil_mode"]))]
+        return ctx.op("max_pool2d", [images], iattr)
+
+    taps = _pooled_frames(ctx, node, args["self"], float("-inf"), pool_2d)
+    y = taps[0]
+    for tap in taps[1:]:
+        y = ctx.op("maximum", [y, tap])
+    return ctx.op("permute", [y], [0, 2, 1, 3, 4])
+
+
+def _avg_pool_3d_divisors(node):
+    """Each output cell's divisor of avg_pool3d, as PyTorch's own kernel counts it (its window
+    size, clipped where ceil mode or padding say, or the override): the sums of ones over the
+    windows divided by their average, computed once at export in double."""
+    args = node_args(node)
+    shape = [1, 1] + list(node_value(args["self"]).shape[2:])
+    ones = torch.ones(shape, dtype=torch.float64)
+    kernel, stride, padding = _window_3d(args)
+    mean = torch.nn.functional.avg_pool3d(ones, kernel, stride, padding, bool(args["ceil_mode"]),
+                                          bool(args["count_include_pad"]), args["divisor_override"])
+    sums = torch.nn.functional.avg_pool3d(ones, kernel, stride, padding, bool(args["ceil_mode"]), True, 1)
+    return torch.round(sums / mean)
+
+
+def lower_avg_pool_3d(ctx, node):
+    """avg_pool3d: frames sum-pooled in 2-d (divisor 1), the sums of each output frame's window
+    of frames added (padding frames are zeros), then divided by each cell's divisor (see
+    _avg_pool_3d_divisors)."""
+    args = node_args(node)
+
+    def pool_2d(images, kernel, stride, padding, dilation):
+        iattr = [pair(kernel[1], kernel[2]), pair(stride[1], stride[2]), pair(padding[1], padding[2]),
+                 int(bool(args["ceil_mode"])), 1, 1]
+        return ctx.op("avg_pool2d", [images], iattr)
+
+    taps = _pooled_frames(ctx, node, args["self"], 0.0, pool_2d)
+    y = taps[0]
+    for tap in taps[1:]:
+        y = ctx.op("add", [y, tap], (), [1.0])
+    y = ctx.op("permute", [y], [0, 2, 1, 3, 4])
+    divisors = _avg_pool_3d_divisors(node).to(node_value(node).dtype)
+    return ctx.op("div", [y, ctx.builder.add_constant(divisors)])
+
+
+def check_adaptive_avg_pool_3d(node):
+    x, out = node_value(node.args[0]), node_value(node)
+    if x.dim() != 5 or not static_dims(node.args[0], 2):
+        return "a 3-d adaptive pool of other than a batched input with static frames and cells"
+    if any(i % o for i, o in zip(x.shape[2:], out.shape[2:])):
+        return (f"a 3-d adaptive pool from {list(x.shape[2:])} to {list(out.shape[2:])}, not whole windows "
+                "(Kiln takes output sizes that divide the input's)")
+    return None
+
+
+def lower_adaptive_avg_pool_3d(ctx, node):
+    """A 3-d adaptive pool whose windows tile the input: each dim split into (windows, window
+    size) and the mean over the window sizes."""
+    x, out = node_value(node.args[0]), node_value(node)
+    split = list(x.shape[:2])
+    for i, o in zip(x.shape[2:], out.shape[2:]):
+        split += [o, i // o]
+    y = ctx.op("reshape", [ctx.tensor(node.args[0])], split)
+    return ctx.op("mean", [y], [(1 << 3) | (1 << 5) | (1 << 7), 0])
