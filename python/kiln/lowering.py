@@ -81,6 +81,7 @@ class Context:
         self.values: Dict[torch.fx.Node, int] = {}
         self.bounds = bounds
         self.symbols = {}  # sympy symbol -> (builder symbol number, upper bound)
+        self.framed = {}  # a 3-d convolution's output -> its 2-d convolution's output (lowering_composed)
 
     def _symbol(self, symbol, size):
         if symbol not in self.symbols:
@@ -723,9 +724,13 @@ def _check_batch_norm(node):
 
 
 def _lower_batch_norm(ctx, node):
+    """batch_norm; of a 3-d convolution's output, on its 2-d convolution's output (the same
+    channels at dim 1) with the frames put back after, so the builder folds it into that
+    convolution."""
     args = node_args(node)
-    inputs = [ctx.tensor(args["input"]), ctx.tensor(args["running_mean"]),
-              ctx.tensor(args["running_var"])]
+    x = ctx.tensor(args["input"])
+    framed = ctx.framed.get(x)
+    inputs = [framed[0] if framed else x, ctx.tensor(args["running_mean"]), ctx.tensor(args["running_var"])]
     flags = 0
     if args["weight"] is not None:
         inputs.append(ctx.tensor(args["weight"]))
@@ -733,7 +738,8 @@ def _lower_batch_norm(ctx, node):
     if args["bias"] is not None:
         inputs.append(ctx.tensor(args["bias"]))
         flags |= 2
-    return ctx.op("batch_norm", inputs, [flags], [float(args["eps"])])
+    y = ctx.op("batch_norm", inputs, [flags], [float(args["eps"])])
+    return composed.restored_frames(ctx, y, framed[1]) if framed else y
 
 
 def _pool_window(args):
@@ -1187,6 +1193,7 @@ def _table():
     add(["aten::constant_pad_nd.default"],
         Lowering(_lower_constant_pad, _check_constant_pad, compute=False))
     add(["aten::cumsum.default"], Lowering(_lower_cumsum))
+    add(["aten::grid_sampler_2d.default"], Lowering(composed.lower_grid_sampler, composed.check_grid_sampler))
     add(["aten::flip.default"], Lowering(composed.lower_flip, composed.check_flip, compute=False))
     for rank in (1, 2, 3):
         add([f"aten::reflection_pad{rank}d.default"], Lowering(composed.edge_pad(True), composed.check_edge_pad, compute=False))

@@ -1,9 +1,9 @@
 """Ops Kiln runs as several of its own builder ops, composed at export: pointwise ops written
 with Kiln's (leaky_relu, elu, expm1 and log1p to full precision, ...), reductions from amax,
 argmax, mean and sum (argmin, max and min along a dim, var, any), index remaps by constant
-indices (flip, reflection and replication padding, select_scatter), and 1-d and 3-d convolutions
-and pools as 2-d ones. Each lowering here is lower(ctx, node) of lowering.Lowering; the table
-that maps ATen ops to them is lowering's."""
+indices (flip, reflection and replication padding, select_scatter), 1-d and 3-d convolutions
+and pools as 2-d ones, and grid_sample from gathers. Each lowering here is lower(ctx, node) of
+lowering.Lowering; the table that maps ATen ops to them is lowering's."""
 
 import math
 
@@ -379,8 +379,14 @@ def lower_convolution_3d(ctx, node):
     iattr = [pair(stride[1], stride[2]), pair(padding[1], padding[2]), pair(dilation[1], dilation[2]), groups,
              int(args["bias"] is not None)]
     y = ctx.op("conv", inputs, iattr)
-    y = ctx.op("reshape", [y], [n, t_out, o] + list(out.shape[3:]))
-    return ctx.op("permute", [y], [0, 2, 1, 3, 4])
+    restored = restored_frames(ctx, y, [n, t_out, o] + list(out.shape[3:]))
+    ctx.framed[restored] = (y, [n, t_out, o] + list(out.shape[3:]))
+    return restored
+
+
+def restored_frames(ctx, images, shape):
+    """Images [n * t, c, h, w] (one a frame) as the clip [n, c, t, h, w]; shape is [n, t, c, h, w]."""
+    return ctx.op("permute", [ctx.op("reshape", [images], shape)], [0, 2, 1, 3, 4])
 
 
 def _window_3d(args):
@@ -494,3 +500,120 @@ def lower_adaptive_avg_pool_3d(ctx, node):
         split += [o, i // o]
     y = ctx.op("reshape", [ctx.tensor(node.args[0])], split)
     return ctx.op("mean", [y], [(1 << 3) | (1 << 5) | (1 << 7), 0])
+
+
+# ------------------------------------------------------------------ grid_sample
+
+_GRID_MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
+_GRID_PADDINGS = {0: "zeros", 1: "border", 2: "reflection"}
+
+
+def check_grid_sampler(node):
+    args = node_args(node)
+    x, grid = node_value(args["input"]), node_value(args["grid"])
+    mode, padding = args["interpolation_mode"], args["padding_mode"]
+    if mode not in (0, 1):
+        return f"grid_sample with mode {_GRID_MODES.get(mode, mode)} (Kiln samples bilinear and nearest)"
+    if padding not in (0, 1):
+        return f"grid_sample with padding {_GRID_PADDINGS.get(padding, padding)} (Kiln pads with zeros or the border)"
+    if not x.dtype.is_floating_point or not static_dims(args["input"], 1) or not static_dims(args["grid"], 1):
+        return "grid_sample of other than a float input and grid with static dims past the batch"
+    return None
+
+
+def _f32(ctx, tensor, dtype):
+    return tensor if dtype == torch.float32 else ctx.op("cast", [tensor], [_lib.kiln_dtype(torch.float32)])
+
+
+def _floor(ctx, v):
+    """floor of f32 v whose magnitude is far below 2^63: its value toward zero (a cast to i64
+    and back), less one where that is above v."""
+    f32 = _lib.kiln_dtype(torch.float32)
+    toward_zero = ctx.op("cast", [ctx.op("cast", [v], [_lib.kiln_dtype(torch.int64)])], [f32])
+    above = ctx.op("cast", [ctx.op("compare", [toward_zero, v], [_lib.COMPARE["gt"]])], [f32])
+    return ctx.op("sub", [toward_zero, above], (), [1.0])
+
+
+def _round_half_even(ctx, v):
+    """v rounded to the nearest integer, a tie to the even one (as nearbyint)."""
+    f32 = torch.float32
+    low = _floor(ctx, v)
+    fraction = ctx.op("sub", [v, low], (), [1.0])
+    half = ctx.operand(0.5, f32)
+    odd = ctx.op("sub", [low, ctx.op("mul", [_floor(ctx, ctx.op("mul", [low, half])), ctx.operand(2.0, f32)])],
+                 (), [1.0])
+    up = ctx.op("logical", [ctx.op("compare", [fraction, half], [_lib.COMPARE["gt"]]),
+                            ctx.op("logical", [ctx.op("compare", [fraction, half], [_lib.COMPARE["eq"]]),
+                                               ctx.op("compare", [odd, ctx.operand(1.0, f32)], [_lib.COMPARE["eq"]])],
+                                   [_lib.BOOL_OPS["and"]])], [_lib.BOOL_OPS["or"]])
+    return ctx.op("add", [low, ctx.op("cast", [up], [_lib.kiln_dtype(f32)])], (), [1.0])
+
+
+def _source_coordinate(ctx, g, size, align_corners, border):
+    """A normalized grid coordinate in [-1, 1] as a source index along a dim of `size` cells
+    (f32), clamped to the border or, for zero padding, to [-2, size + 1] (past -1 or size every
+    cell a sample reads is outside either way, and the clamp keeps the floor's cast in range)."""
+    f32 = torch.float32
+    if align_corners:
+        scaled = ctx.op("mul", [ctx.op("add", [g, ctx.operand(1.0, f32)], (), [1.0]), ctx.operand((size - 1) / 2, f32)])
+    else:
+        scaled = ctx.op("div", [ctx.op("sub", [ctx.op("mul", [ctx.op("add", [g, ctx.operand(1.0, f32)], (), [1.0]),
+                                                              ctx.operand(float(size), f32)]),
+                                               ctx.operand(1.0, f32)], (), [1.0]), ctx.operand(2.0, f32)])
+    low, high = (0.0, float(size - 1)) if border else (-2.0, float(size + 1))
+    return ctx.op("minimum", [ctx.op("maximum", [scaled, ctx.operand(low, f32)]), ctx.operand(high, f32)])
+
+
+def _inside(ctx, c, size):
+    f32 = torch.float32
+    return ctx.op("logical", [ctx.op("compare", [c, ctx.operand(0.0, f32)], [_lib.COMPARE["ge"]]),
+                              ctx.op("compare", [c, ctx.operand(float(size - 1), f32)], [_lib.COMPARE["le"]])],
+                  [_lib.BOOL_OPS["and"]])
+
+
+def lower_grid_sampler(ctx, node):
+    """grid_sample (bilinear or nearest; zeros or border padding; both align_corners): the
+    source coordinates computed in f32 as PyTorch computes them, each sample's cells read by a
+    gather over the flattened [N, C, H * W] input at y * W + x (clamped into the image), and
+    weighted by where they fall, a cell outside the image weighing 0 under zero padding."""
+    args = node_args(node)
+    x, grid = args["input"], args["grid"]
+    n, c, h, w = node_value(x).shape
+    out_h, out_w = node_value(grid).shape[1:3]
+    dtype, f32, i64 = node_value(x).dtype, torch.float32, torch.int64
+    border, align = args["padding_mode"] == 1, bool(args["align_corners"])
+    g = _f32(ctx, ctx.tensor(grid), node_value(grid).dtype)
+    ix = _source_coordinate(ctx, ctx.op("select", [g], [3, 0]), w, align, border)
+    iy = _source_coordinate(ctx, ctx.op("select", [g], [3, 1]), h, align, border)
+    flat = ctx.op("reshape", [ctx.tensor(x)], [n, c, h * w])
+    zero = ctx.operand(0.0, f32)
+
+    def sample(cy, cx, weight):
+        """The cells at (cy, cx) (f32 [N, Ho, Wo]) times weight (None: 1), as f32 [N, C, Ho * Wo]."""
+        if not border:
+            inside = ctx.op("logical", [_inside(ctx, cx, w), _inside(ctx, cy, h)], [_lib.BOOL_OPS["and"]])
+            weight = ctx.op("where", [inside, ctx.operand(1.0, f32) if weight is None else weight, zero])
+        cells = []
+        for coordinate, size in ((cy, h), (cx, w)):
+            clamped = ctx.op("minimum", [ctx.op("maximum", [coordinate, zero]), ctx.operand(float(size - 1), f32)])
+            cells.append(ctx.op("cast", [clamped], [_lib.kiln_dtype(i64)]))
+        at = ctx.op("add", [ctx.op("mul", [cells[0], ctx.operand(w, i64)]), cells[1]], (), [1.0])
+        at = ctx.op("expand", [ctx.op("reshape", [at], [n, 1, out_h * out_w])], [n, c, out_h * out_w])
+        values = _f32(ctx, ctx.op("gather", [flat, at], [2]), dtype)
+        return values if weight is None else ctx.op("mul", [values, ctx.op("reshape", [weight], [n, 1, out_h * out_w])])
+
+    if args["interpolation_mode"] == 1:
+        y = sample(_round_half_even(ctx, iy), _round_half_even(ctx, ix), None)
+    else:
+        x0, y0 = _floor(ctx, ix), _floor(ctx, iy)
+        one = ctx.operand(1.0, f32)
+        x1, y1 = (ctx.op("add", [v, one], (), [1.0]) for v in (x0, y0))
+        wx1, wy1 = ctx.op("sub", [ix, x0], (), [1.0]), ctx.op("sub", [iy, y0], (), [1.0])
+        wx0, wy0 = (ctx.op("sub", [one, v], (), [1.0]) for v in (wx1, wy1))
+        y = None
+        for cy, wy in ((y0, wy0), (y1, wy1)):
+            for cx, wx in ((x0, wx0), (x1, wx1)):
+                term = sample(cy, cx, ctx.op("mul", [wy, wx]))
+                y = term if y is None else ctx.op("add", [y, term], (), [1.0])
+    y = ctx.op("reshape", [y], [n, c, out_h, out_w])
+    return y if dtype == f32 else ctx.op("cast", [y], [_lib.kiln_dtype(dtype)])

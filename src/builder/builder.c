@@ -793,8 +793,8 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
 /* Rewrites g: ops computing what an earlier op computed merged into it, constants folded, GEMMs
  * recognized, copies of what nothing writes dropped (so no clone hides a residual from its GEMM),
  * written-out activations made the op they compute, gathers and ANDs that give their input back
- * made views of it, outer products made multiplies, batch norms folded into convolutions,
- * epilogues fused (residuals through a flattening reshape too), dead code removed, convolutions
+ * made views of it, outer products made multiplies, dead code removed, batch norms folded into
+ * convolutions, epilogues fused (residuals through a flattening reshape too), dead code removed, convolutions
  * laid out channels-last, then SwiGLU's gate and up projections joined into one GEMM, repeated k
  * and v heads dropped (grouped-query attention), attention's head split and merge taken into the
  * SDPA, the reshape chains those leave folded and the copies they leave dropped, constant
@@ -817,7 +817,10 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
     return s;
   if (opts->fuse && (s = kiln_fold_identity_ops(g, b->n_symbols != 0, err))) return s;
   if (opts->fuse && (s = kiln_outer_products_to_mul(g, err))) return s;
-  if (opts->fuse && (s = kiln_fold_batch_norm(g, err))) return s;
+  /* dead first: a norm lowered onto the 2-d convolution of a 3-d one leaves the frames put back
+   * for it unread, and a convolution folds only a norm that is its one reader */
+  if (opts->fuse && ((s = kiln_graph_remove_dead(g, err)) || (s = kiln_fold_batch_norm(g, err))))
+    return s;
   if (opts->fuse && (s = kiln_fuse_epilogues(g, err))) return s;
   if ((s = kiln_graph_remove_dead(g, err))) return s;
   if (opts->fuse && (s = kiln_layout_channels_last(g, err))) return s;

@@ -205,6 +205,13 @@ ARCHITECTURES = {
                                                 num_heads=[1, 2], query_stride=[2, 2], num_query_pool=1,
                                                 masked_unit_size=[4, 4], mask_unit_attention=[True, False]),
                   ImageFeaturesOf), _seeded(1, 3, 64, 64)),
+    # multi-scale deformable attention: its samples taken by grid_sample
+    "deformable_detr": (_hf(hf.DeformableDetrModel, hf.DeformableDetrConfig(
+        use_timm_backbone=False, use_pretrained_backbone=False, d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=8,
+        backbone_config=hf.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1],
+                                        out_features=["stage2", "stage3", "stage4"])), ImageFeaturesOf),
+                        _seeded(1, 3, 128, 128)),
     # 3-d convolutions over frames alone, time alone and both, with batch norms over frames
     "r2plus1d_18": _torchvision_video("r2plus1d_18"),
 }

@@ -621,6 +621,48 @@ def test_convolution_kiln_cannot_run_is_refused_with_its_reason():
     assert any("a transposed 3-d convolution" in r for r in refusals_of(partitioner, "aten_convolution"))
 
 
+class VideoBlock(nn.Module):
+    """Two 3-d convolutions, each with a batch norm and a ReLU (R3D's block without the residual)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.norm1 = nn.Conv3d(3, 4, 3, padding=1, bias=False), nn.BatchNorm3d(4)
+        self.conv2, self.norm2 = nn.Conv3d(4, 5, (1, 3, 3), padding=(0, 1, 1)), nn.BatchNorm3d(5)
+        generator = torch.Generator().manual_seed(3)
+        for norm in (self.norm1, self.norm2):
+            for tensor in (norm.weight, norm.bias, norm.running_mean):
+                tensor.data = torch.randn(tensor.shape, generator=generator)
+            norm.running_var.data = torch.rand(norm.running_var.shape, generator=generator) + 0.5
+
+    def forward(self, x):
+        return self.norm2(self.conv2(self.norm1(self.conv1(x)).relu())).relu()
+
+
+def test_batch_norm_of_a_3d_convolution_folds_into_its_2d_one(tmp_path):
+    torch.manual_seed(0)
+    model, x = VideoBlock().eval(), torch.randn(2, 3, 4, 6, 6)
+    edge, partitioner = lower(model, (x,))
+    (blob,) = edge_blobs(edge)
+    path = tmp_path / "video.blob"
+    path.write_bytes(blob.processed_bytes)
+    result = inspect(path)
+    assert result.returncode == 0, result.stderr
+    ops = [line.split(":")[1].split("(")[0].strip() for line in result.stdout.splitlines()
+           if line.strip().startswith("op ")]
+    assert ops.count("conv") == 2 and "batch_norm" not in ops, ops
+    with torch.no_grad():
+        expected = model(x)
+    assert_close(kiln.run_blob(blob.processed_bytes, [x]), [expected], models.F32_TOLERANCE, "video block")
+
+
+@pytest.mark.parametrize("mode, padding, reason", [(2, 0, "with mode bicubic"), (0, 2, "with padding reflection")])
+def test_grid_sample_kiln_cannot_take_is_refused_with_its_reason(mode, padding, reason):
+    graph = torch.fx.Graph()
+    x, grid = _placeholder(graph, "x", rand(1, 2, 4, 4)), _placeholder(graph, "grid", SAMPLES[:1])
+    node = _node(graph, aten.grid_sampler_2d.default, (x, grid, mode, padding, False), torch.empty(1, 2, 4, 7))
+    assert reason in lowering.refusal(node)
+
+
 class WideOutputPadding(nn.Module):
     """Output padding 1 with stride 1, which PyTorch allows below the dilation 2."""
 
@@ -802,6 +844,12 @@ def ids(*shape, high, seed=0):
 def causal_mask(length):
     return torch.ones(length, length, dtype=torch.bool).tril()
 
+
+# grid_sample's grid [2, 4, 7, 2]: points within and past [-1, 1], a row of zeros (a tie between
+# two cells for nearest, align_corners=False over 6 columns) and two exact corners
+SAMPLES = torch.rand(2, 4, 7, 2, generator=torch.Generator().manual_seed(7)) * 2.4 - 1.2
+SAMPLES[0, 0, :3] = 0.0
+SAMPLES[1, 1, 2] = torch.tensor([1.0, -1.0])
 
 # (id, op, args, kwargs): each tensor argument becomes a blob input.
 OP_CASES = [
@@ -1103,6 +1151,14 @@ OP_CASES = [
     ("replication_pad3d", aten.replication_pad3d.default, (rand(1, 2, 2, 3, 3), [1, 1, 1, 1, 2, 0]), {}),
     ("select_scatter", aten.select_scatter.default, (rand(2, 5, 3), rand(2, 3, seed=1), 1, -2), {}),
     ("select_scatter_first", aten.select_scatter.default, (rand(3, 4), rand(4, seed=1), 0, 0), {}),
+    # grid_sample: samples inside, past the edges and (the grid's zeros) at ties between cells
+    ("grid_sample_bilinear", aten.grid_sampler_2d.default, (rand(2, 3, 5, 6), SAMPLES, 0, 0, False), {}),
+    ("grid_sample_bilinear_aligned", aten.grid_sampler_2d.default, (rand(2, 3, 5, 6), SAMPLES, 0, 0, True), {}),
+    ("grid_sample_bilinear_border", aten.grid_sampler_2d.default, (rand(2, 3, 5, 6), SAMPLES, 0, 1, False), {}),
+    ("grid_sample_bilinear_f16", aten.grid_sampler_2d.default,
+     (rand(2, 3, 5, 6, dtype=torch.float16), SAMPLES.half(), 0, 0, True), {}),
+    ("grid_sample_nearest", aten.grid_sampler_2d.default, (rand(2, 3, 5, 6), SAMPLES, 1, 0, False), {}),
+    ("grid_sample_nearest_border_aligned", aten.grid_sampler_2d.default, (rand(2, 3, 5, 6), SAMPLES, 1, 1, True), {}),
 ]
 
 
