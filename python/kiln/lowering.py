@@ -1125,6 +1125,9 @@ def _table():
     add(["aten::isnan.default"], Lowering(composed.lower_isnan, composed.check_float_input))
     add(["aten::isinf.default"], Lowering(composed.lower_isinf, composed.check_float_input))
     add(["aten::pow.Scalar"], Lowering(composed.lower_pow_scalar, composed.check_pow_scalar))
+    for which in ("floor", "ceil", "trunc", "round"):
+        add([f"aten::{which}.default"], Lowering(composed.rounded(which)))
+    add(["aten::sign.default"], Lowering(composed.lower_sign))
     for which in ("eq", "ne", "lt", "le", "gt", "ge"):
         add([f"aten::{which}.Tensor", f"aten::{which}.Scalar"], Lowering(_compare(which)))
     for which in ("and", "or", "xor", "not"):

@@ -2,7 +2,8 @@
 with Kiln's (leaky_relu, elu, expm1 and log1p to full precision, ...), reductions from amax,
 argmax, mean and sum (argmin, max and min along a dim, var, any), index remaps by constant
 indices (flip, reflection and replication padding, select_scatter), 1-d and 3-d convolutions
-and pools as 2-d ones, and grid_sample from gathers. Each lowering here is lower(ctx, node) of
+and pools as 2-d ones, rounding (floor, ceil, trunc, round) from casts, and grid_sample from
+gathers. Each lowering here is lower(ctx, node) of
 lowering.Lowering; the table that maps ATen ops to them is lowering's."""
 
 import math
@@ -502,6 +503,48 @@ def lower_adaptive_avg_pool_3d(ctx, node):
     return ctx.op("mean", [y], [(1 << 3) | (1 << 5) | (1 << 7), 0])
 
 
+# ------------------------------------------------------------------ rounding
+
+_EXACT_F32 = float(1 << 23)  # from here on every f32 is an integer
+
+
+def rounded(which):
+    """floor, ceil, trunc and round (half to even) of a float tensor, in f32 (a half-precision
+    input cast there and back: exact): from a cast toward zero where |x| < 2^23, x itself past
+    that (an integer already), NaN and infinities too; an integer tensor is its own result."""
+
+    def lower(ctx, node):
+        x = node_args(node)["self"]
+        dtype = node_value(x).dtype
+        if not dtype.is_floating_point:
+            return ctx.op("copy", [ctx.tensor(x)])
+        f32 = torch.float32
+        v = _f32(ctx, ctx.tensor(x), dtype)
+        if which == "floor":
+            y = _floor(ctx, v)
+        elif which == "ceil":
+            y = ctx.op("neg", [_floor(ctx, ctx.op("neg", [v]))])
+        elif which == "trunc":
+            y = ctx.op("cast", [ctx.op("cast", [v], [_lib.kiln_dtype(torch.int64)])], [_lib.kiln_dtype(f32)])
+        else:
+            y = _round_half_even(ctx, v)
+        small = ctx.op("compare", [ctx.op("abs", [v]), ctx.operand(_EXACT_F32, f32)], [_lib.COMPARE["lt"]])
+        y = ctx.op("where", [small, y, v])
+        return y if dtype == f32 else ctx.op("cast", [y], [_lib.kiln_dtype(dtype)])
+
+    return lower
+
+
+def lower_sign(ctx, node):
+    """sign: (x > 0) - (x < 0) in x's dtype (0 for zeros and NaN, as PyTorch gives)."""
+    x = node_args(node)["self"]
+    dtype = node_value(x).dtype
+    zero = ctx.operand(0, dtype)
+    signs = [ctx.op("cast", [ctx.op("compare", [ctx.tensor(x), zero], [_lib.COMPARE[c]])], [_lib.kiln_dtype(dtype)])
+             for c in ("gt", "lt")]
+    return ctx.op("sub", signs, (), [1.0])
+
+
 # ------------------------------------------------------------------ grid_sample
 
 _GRID_MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
@@ -522,6 +565,7 @@ def check_grid_sampler(node):
 
 
 def _f32(ctx, tensor, dtype):
+    """tensor (of dtype) in f32."""
     return tensor if dtype == torch.float32 else ctx.op("cast", [tensor], [_lib.kiln_dtype(torch.float32)])
 
 

@@ -69,9 +69,13 @@ def assert_close(actual, expected, tolerance, what):
         assert a.dtype == e.dtype and a.shape == e.shape, (
             f"{what} output {index}: {a.dtype}{list(a.shape)} vs {e.dtype}{list(e.shape)}"
         )
-        if e.dtype.is_floating_point:
-            scale = max(e.abs().max().item(), 1e-6) if e.numel() else 1.0
-            diff = (a.float() - e.float()).abs().max().item() if e.numel() else 0.0
+        if e.dtype.is_floating_point:  # NaN and infinities where expected, the rest within tolerance
+            a, e = a.float(), e.float()
+            finite = torch.isfinite(e)
+            assert torch.equal(torch.isnan(a), torch.isnan(e)), f"{what} output {index}: NaN elsewhere"
+            assert torch.equal(a[torch.isinf(e)], e[torch.isinf(e)]), f"{what} output {index}: infinities differ"
+            scale = max(e[finite].abs().max().item(), 1e-6) if finite.any() else 1.0
+            diff = (a[finite] - e[finite]).abs().max().item() if finite.any() else 0.0
             assert diff <= tolerance * scale, f"{what} output {index}: max diff {diff:g} > {tolerance:g} * {scale:g}"
         else:
             assert torch.equal(a, e), f"{what} output {index} differs"
@@ -845,6 +849,10 @@ def causal_mask(length):
     return torch.ones(length, length, dtype=torch.bool).tril()
 
 
+ROUNDING = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.7, 2.7, -0.0, 3.0, 1e-3, float("nan"), float("inf"),
+                         -float("inf")])
+HUGE = torch.tensor([9e6 + 0.5, -1e10, 1e20, 3e38, -3e38])  # integers already; past i64 too
+
 # grid_sample's grid [2, 4, 7, 2]: points within and past [-1, 1], a row of zeros (a tie between
 # two cells for nearest, align_corners=False over 6 columns) and two exact corners
 SAMPLES = torch.rand(2, 4, 7, 2, generator=torch.Generator().manual_seed(7)) * 2.4 - 1.2
@@ -1139,7 +1147,7 @@ OP_CASES = [
     ("isinf", aten.isinf.default, (torch.tensor([1.0, float("nan"), float("inf"), -float("inf")]),), {}),
     ("log2", aten.log2.default, (rand(3, 4, positive=True) * 10,), {}),
     ("log10", aten.log10.default, (rand(3, 4, positive=True) * 100,), {}),
-    ("expm1", aten.expm1.default, (torch.tensor([-100.0, -1.0, -1e-9, 0.0, 3e-8, 1e-3, 2.0, 80.0]),), {}),
+    ("expm1", aten.expm1.default, (torch.tensor([-100.0, -1.0, -1e-9, 0.0, 3e-8, 1e-3, 2.0, 80.0, 100.0]),), {}),
     ("pow_scalar", aten.pow.Scalar, (10000.0, rand(3, 4)), {}),
     # index remaps by constant indices
     ("flip", aten.flip.default, (rand(2, 3, 4), [0, -1]), {}),
@@ -1151,6 +1159,17 @@ OP_CASES = [
     ("replication_pad3d", aten.replication_pad3d.default, (rand(1, 2, 2, 3, 3), [1, 1, 1, 1, 2, 0]), {}),
     ("select_scatter", aten.select_scatter.default, (rand(2, 5, 3), rand(2, 3, seed=1), 1, -2), {}),
     ("select_scatter_first", aten.select_scatter.default, (rand(3, 4), rand(4, seed=1), 0, 0), {}),
+    # rounding: ties, negatives, -0.5, NaN and infinities, and values past 2^23 and past i64
+    ("floor", aten.floor.default, (ROUNDING,), {}),
+    ("ceil", aten.ceil.default, (ROUNDING,), {}),
+    ("trunc", aten.trunc.default, (ROUNDING,), {}),
+    ("round", aten.round.default, (ROUNDING,), {}),
+    ("round_f16", aten.round.default, (ROUNDING.half(),), {}),
+    ("floor_huge", aten.floor.default, (HUGE,), {}),
+    ("round_huge", aten.round.default, (HUGE,), {}),
+    ("floor_int", aten.floor.default, (ids(2, 3, high=9) - 4,), {}),
+    ("sign", aten.sign.default, (ROUNDING,), {}),
+    ("sign_int", aten.sign.default, (ids(2, 3, high=9) - 4,), {}),
     # grid_sample: samples inside, past the edges and (the grid's zeros) at ties between cells
     ("grid_sample_bilinear", aten.grid_sampler_2d.default, (rand(2, 3, 5, 6), SAMPLES, 0, 0, False), {}),
     ("grid_sample_bilinear_aligned", aten.grid_sampler_2d.default, (rand(2, 3, 5, 6), SAMPLES, 0, 0, True), {}),
