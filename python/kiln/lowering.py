@@ -276,11 +276,16 @@ def _lower_hardtanh(ctx, node):
     return _clamped(ctx, node, args["self"], args["min_val"], args["max_val"])
 
 
+_BOOL_ARITHMETIC = {"add": "or", "mul": "and"}  # what add and mul of two bools are
+
+
 def _binary(name, has_alpha):
     def lower(ctx, node):
         args = node_args(node)
         dtype = node_value(node).dtype
         inputs = [ctx.promoted(args["self"], dtype), ctx.promoted(args["other"], dtype)]
+        if dtype == torch.bool:  # a mask times (or plus) a mask: and (or), as PyTorch computes it
+            return ctx.op("logical", inputs, [_lib.BOOL_OPS[_BOOL_ARITHMETIC[name]]])
         fattr = [float(args["alpha"])] if has_alpha else []
         return ctx.op(name, inputs, (), fattr)
 
@@ -563,12 +568,20 @@ _CONTIGUOUS_FORMATS = (None, torch.contiguous_format, torch.preserve_format)
 
 
 def _check_copy(node):
+    """A copy into another memory format or dim order (a clone of a permuted tensor is one) is a
+    plain copy inside a blob, where only values count; its result may not leave the blob, whose
+    tensors are contiguous, so every reader must be a Kiln op."""
     args = node_args(node)
-    if args.get("memory_format") not in _CONTIGUOUS_FORMATS:
-        return f"copy to memory format {args['memory_format']} (Kiln tensors are contiguous)"
     dim_order = args.get("dim_order")
-    if dim_order is not None and list(dim_order) != list(range(node_value(node).dim())):
-        return f"copy to dim order {list(dim_order)} (Kiln tensors are contiguous)"
+    if args.get("memory_format") not in _CONTIGUOUS_FORMATS:
+        layout = f"memory format {args['memory_format']}"
+    elif dim_order is not None and list(dim_order) != list(range(node_value(node).dim())):
+        layout = f"dim order {list(dim_order)}"
+    else:
+        return None
+    for user in node.users:
+        if user.op != "call_function" or refusal(user) is not None:
+            return f"copy to {layout} read outside Kiln by {user.name} (Kiln tensors are contiguous)"
     return None
 
 

@@ -45,6 +45,11 @@ class Seq2SeqLogitsOf(nn.Module):
         return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits
 
 
+class ReconstructionOf(ImageFeaturesOf):
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values).reconstruction
+
+
 def _ids_and_decoder_ids(seed):
     (ids,) = ids_only(seed)
     return ids, ids[:, :8].flip(1)
@@ -205,6 +210,11 @@ ARCHITECTURES = {
                                                 num_heads=[1, 2], query_stride=[2, 2], num_query_pool=1,
                                                 masked_unit_size=[4, 4], mask_unit_attention=[True, False]),
                   ImageFeaturesOf), _seeded(1, 3, 64, 64)),
+    # super-resolution: a clone of permuted windows (a copy into another dim order), a pixel shuffle
+    "swin2sr": (_hf(hf.Swin2SRForImageSuperResolution,
+                    hf.Swin2SRConfig(image_size=16, patch_size=1, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+                                     window_size=4, upscale=2, upsampler="pixelshuffle"), ReconstructionOf),
+                _seeded(1, 3, 16, 16)),
     # multi-scale deformable attention: its samples taken by grid_sample
     "deformable_detr": (_hf(hf.DeformableDetrModel, hf.DeformableDetrConfig(
         use_timm_backbone=False, use_pretrained_backbone=False, d_model=32, encoder_layers=1, decoder_layers=1,

@@ -392,12 +392,46 @@ def test_copy_to_other_dim_order_stays_on_cpu():
         assert "dim_order_ops._clone_dim_order" not in delegated_ops(blob)
 
 
-def test_clone_to_another_memory_format_is_refused():
+def test_clone_to_another_memory_format_leaving_kiln_is_refused():
     graph = torch.fx.Graph()
     x = _placeholder(graph, "x", torch.randn(1, 2, 3, 4))
     node = _node(graph, torch.ops.aten.clone.default, (x,), torch.randn(1, 2, 3, 4),
                  {"memory_format": torch.channels_last})
-    assert "memory format" in lowering.refusal(node)
+    graph.output((node,))
+    assert "memory format torch.channels_last read outside Kiln" in lowering.refusal(node)
+
+
+class PermutedClone(nn.Module):
+    """A clone of a permuted tensor: a copy into dim order [0, 2, 3, 1] in the edge dialect."""
+
+    def forward(self, x):
+        return (x.permute(0, 2, 3, 1).clone() * 2).permute(0, 3, 1, 2).relu()
+
+
+def test_clone_to_another_dim_order_read_by_kiln_is_a_copy():
+    x = torch.randn(2, 3, 4, 5)
+    edge, partitioner = lower(PermutedClone(), (x,))
+    (blob,) = edge_blobs(edge)
+    assert "dim_order_ops._clone_dim_order" in delegated_ops(blob), delegated_ops(blob)
+    assert cpu_ops_of_edge(edge) == set(), partitioner.refusals
+    assert_close(kiln.run_blob(blob.processed_bytes, [x]), [PermutedClone()(x)], models.F32_TOLERANCE, "clone")
+
+
+class MaskProduct(nn.Module):
+    """Two masks multiplied and added (RT-DETR's valid anchors): and, or."""
+
+    def forward(self, x):
+        inside, positive = x.abs() < 1, x > 0
+        both, either = inside * positive, inside + positive
+        return torch.where(both, x, 0.0) + torch.where(either, 1.0, -1.0)
+
+
+def test_product_and_sum_of_masks_are_and_and_or():
+    x = torch.randn(4, 6)
+    edge, partitioner = lower(MaskProduct(), (x,))
+    (blob,) = edge_blobs(edge)
+    assert cpu_ops_of_edge(edge) == set(), partitioner.refusals
+    assert_close(kiln.run_blob(blob.processed_bytes, [x]), [MaskProduct()(x)], models.F32_TOLERANCE, "masks")
 
 
 def test_remainder_kiln_cannot_take_is_refused_with_its_reason():
