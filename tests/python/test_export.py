@@ -701,6 +701,42 @@ def test_grid_sample_kiln_cannot_take_is_refused_with_its_reason(mode, padding, 
     assert reason in lowering.refusal(node)
 
 
+class PooledVideo(nn.Module):
+    """VideoBlock, 3-d max and average pools, then grid_sample of the clip's mean frame."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = VideoBlock()
+        self.max = nn.MaxPool3d(3, 2, 1)
+        self.avg = nn.AvgPool3d((2, 3, 3), 1, 1, count_include_pad=False)
+
+    def forward(self, x, grid):
+        y = self.avg(self.max(self.block(x)))
+        return y.flatten(1), F.grid_sample(y.mean(2), grid, align_corners=False)
+
+
+def test_video_ops_with_a_dynamic_batch_run_at_each_size(tmp_path, monkeypatch):
+    """The composed 3-d convolutions, pools and grid_sample with the batch a bounded dynamic dim."""
+    import kiln_runtime  # noqa: F401  (registers KilnBackend)
+    from executorch.runtime import Runtime
+
+    torch.manual_seed(0)
+    model, path = PooledVideo().eval(), str(tmp_path / "video.pte")
+    batch = torch.export.Dim("batch", min=1, max=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.export(model, (torch.randn(2, 3, 4, 6, 6), torch.rand(2, 3, 5, 2) * 2 - 1), path,
+                              dynamic_shapes={"x": {0: batch}, "grid": {0: batch}})
+    assert program.kiln_report.kiln_blobs == 1 and program.kiln_report.ops_outside == 0, program.kiln_report
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    method = Runtime.get().load_program(path).load_method("forward")
+    for n in (1, 3, 8):
+        x, grid = torch.randn(n, 3, 4, 6, 6), torch.rand(n, 3, 5, 2) * 2.2 - 1.1
+        with torch.no_grad():
+            expected = list(model(x, grid))
+        assert_close(list(method.execute([x, grid])), expected, models.F32_TOLERANCE, f"batch {n}")
+
+
 class WideOutputPadding(nn.Module):
     """Output padding 1 with stride 1, which PyTorch allows below the dilation 2."""
 
