@@ -1212,9 +1212,11 @@ def _table():
     add(["aten::grid_sampler_2d.default"], Lowering(composed.lower_grid_sampler, composed.check_grid_sampler))
     add(["aten::flip.default"], Lowering(composed.lower_flip, composed.check_flip, compute=False))
     for rank in (1, 2, 3):
-        add([f"aten::reflection_pad{rank}d.default"], Lowering(composed.edge_pad(True), composed.check_edge_pad, compute=False))
-        add([f"aten::replication_pad{rank}d.default"], Lowering(composed.edge_pad(False), composed.check_edge_pad, compute=False))
-    add(["aten::select_scatter.default"], Lowering(composed.lower_select_scatter, composed.check_select_scatter, compute=False))
+        for name, mirror in (("reflection", True), ("replication", False)):
+            add([f"aten::{name}_pad{rank}d.default"],
+                Lowering(composed.edge_pad(mirror), composed.check_edge_pad, compute=False))
+    add(["aten::select_scatter.default"],
+        Lowering(composed.lower_select_scatter, composed.check_select_scatter, compute=False))
     add(["aten::gather.default"], Lowering(_lower_gather))
     add(["aten::index.Tensor"], Lowering(_lower_index, _check_index))
     add(["aten::argmax.default"], Lowering(composed.arg_extreme(True)))

@@ -3,8 +3,8 @@ with Kiln's (leaky_relu, elu, expm1 and log1p to full precision, ...), reduction
 argmax, mean and sum (argmin, max and min along a dim, var, any), index remaps by constant
 indices (flip, reflection and replication padding, select_scatter), 1-d and 3-d convolutions
 and pools as 2-d ones, rounding (floor, ceil, trunc, round) from casts, and grid_sample from
-gathers. Each lowering here is lower(ctx, node) of
-lowering.Lowering; the table that maps ATen ops to them is lowering's."""
+gathers. Each lowering here is lower(ctx, node) of lowering.Lowering; the table that maps ATen
+ops to them is lowering's."""
 
 import math
 
@@ -12,6 +12,14 @@ import torch
 
 from . import _lib
 from .fx_nodes import dims_mask, node_args, node_value, op_name, only_first_output_used, pair, per_dim, static_dims
+
+
+def _f32(ctx, tensor, dtype):
+    """tensor (of dtype) in f32."""
+    return tensor if dtype == torch.float32 else ctx.op("cast", [tensor], [_lib.kiln_dtype(torch.float32)])
+
+
+# ------------------------------------------------------------------ pointwise
 
 
 def lower_log1p(ctx, node):
@@ -102,6 +110,9 @@ def lower_pow_scalar(ctx, node):
     dtype = node_value(node).dtype
     y = ctx.promoted(args["exponent"], dtype)
     return ctx.op("exp", [ctx.op("mul", [y, ctx.operand(math.log(args["self"]), dtype)])])
+
+
+# ------------------------------------------------------------------ reductions
 
 
 def _negative(ctx, x):
@@ -219,9 +230,12 @@ def lower_any(ctx, node):
     rank = node_value(x).dim()
     dims = args.get("dim")
     dims = [dims] if isinstance(dims, int) else dims
-    values = ctx.tensor(x) if node_value(x).dtype == torch.float32 else ctx.op("cast", [ctx.tensor(x)], [_lib.kiln_dtype(torch.float32)])
+    values = _f32(ctx, ctx.tensor(x), node_value(x).dtype)
     largest = ctx.op("amax", [ctx.op("abs", [values])], [dims_mask(dims, rank), int(bool(args.get("keepdim")))])
     return ctx.op("compare", [largest, ctx.operand(0.0, torch.float32)], [_lib.COMPARE["ne"]])
+
+
+# ------------------------------------------------------------------ index remaps
 
 
 def _picked(ctx, x, dim, index):
@@ -305,6 +319,9 @@ def lower_select_scatter(ctx, node):
     if index + 1 < shape[dim]:
         pieces.append(ctx.op("slice", [ctx.tensor(x)], [dim, index + 1, shape[dim], 1]))
     return ctx.op("cat", pieces, [dim]) if len(pieces) > 1 else ctx.op("copy", pieces)
+
+
+# ------------------------------------------------------------------ 1-d and 3-d convolutions and pools as 2-d ones
 
 
 def _as_rows(ctx, x):
@@ -418,7 +435,8 @@ def _pooled_frames(ctx, node, x, fill, pool_2d):
     args = node_args(node)
     kernel, stride, padding = _window_3d(args)
     dilation = per_dim(args.get("dilation") or [1], 3)
-    out = node_value(node)[0] if isinstance(node_value(node), tuple) else node_value(node)  # max_pool3d: (values, indices)
+    out = node_value(node)
+    out = out[0] if isinstance(out, tuple) else out  # max_pool3d's: (values, indices)
     shape, out = list(node_value(x).shape), list(out.shape)
     n, c, t = shape[0], shape[1], shape[2]
     t_out = out[2]
@@ -508,6 +526,31 @@ def lower_adaptive_avg_pool_3d(ctx, node):
 _EXACT_F32 = float(1 << 23)  # from here on every f32 is an integer
 
 
+def _floor(ctx, v):
+    """floor of f32 v whose magnitude is far below 2^63: its value toward zero (a cast to i64
+    and back), less one where that is above v."""
+    f32 = _lib.kiln_dtype(torch.float32)
+    toward_zero = ctx.op("cast", [ctx.op("cast", [v], [_lib.kiln_dtype(torch.int64)])], [f32])
+    above = ctx.op("cast", [ctx.op("compare", [toward_zero, v], [_lib.COMPARE["gt"]])], [f32])
+    return ctx.op("sub", [toward_zero, above], (), [1.0])
+
+
+def _round_half_even(ctx, v):
+    """v rounded to the nearest integer, a tie to the even one (as nearbyint)."""
+    f32 = torch.float32
+    low = _floor(ctx, v)
+    fraction = ctx.op("sub", [v, low], (), [1.0])
+    half = ctx.operand(0.5, f32)
+    odd = ctx.op("sub", [low, ctx.op("mul", [_floor(ctx, ctx.op("mul", [low, half])), ctx.operand(2.0, f32)])],
+                 (), [1.0])
+    tie_to_odd = ctx.op("logical", [ctx.op("compare", [fraction, half], [_lib.COMPARE["eq"]]),
+                                    ctx.op("compare", [odd, ctx.operand(1.0, f32)], [_lib.COMPARE["eq"]])],
+                        [_lib.BOOL_OPS["and"]])
+    up = ctx.op("logical", [ctx.op("compare", [fraction, half], [_lib.COMPARE["gt"]]), tie_to_odd],
+                [_lib.BOOL_OPS["or"]])
+    return ctx.op("add", [low, ctx.op("cast", [up], [_lib.kiln_dtype(f32)])], (), [1.0])
+
+
 def rounded(which):
     """floor, ceil, trunc and round (half to even) of a float tensor, in f32 (a half-precision
     input cast there and back: exact): from a cast toward zero where |x| < 2^23, x itself past
@@ -558,39 +601,11 @@ def check_grid_sampler(node):
     if mode not in (0, 1):
         return f"grid_sample with mode {_GRID_MODES.get(mode, mode)} (Kiln samples bilinear and nearest)"
     if padding not in (0, 1):
-        return f"grid_sample with padding {_GRID_PADDINGS.get(padding, padding)} (Kiln pads with zeros or the border)"
+        return (f"grid_sample with padding {_GRID_PADDINGS.get(padding, padding)} (Kiln pads with zeros or "
+                "the border)")
     if not x.dtype.is_floating_point or not static_dims(args["input"], 1) or not static_dims(args["grid"], 1):
         return "grid_sample of other than a float input and grid with static dims past the batch"
     return None
-
-
-def _f32(ctx, tensor, dtype):
-    """tensor (of dtype) in f32."""
-    return tensor if dtype == torch.float32 else ctx.op("cast", [tensor], [_lib.kiln_dtype(torch.float32)])
-
-
-def _floor(ctx, v):
-    """floor of f32 v whose magnitude is far below 2^63: its value toward zero (a cast to i64
-    and back), less one where that is above v."""
-    f32 = _lib.kiln_dtype(torch.float32)
-    toward_zero = ctx.op("cast", [ctx.op("cast", [v], [_lib.kiln_dtype(torch.int64)])], [f32])
-    above = ctx.op("cast", [ctx.op("compare", [toward_zero, v], [_lib.COMPARE["gt"]])], [f32])
-    return ctx.op("sub", [toward_zero, above], (), [1.0])
-
-
-def _round_half_even(ctx, v):
-    """v rounded to the nearest integer, a tie to the even one (as nearbyint)."""
-    f32 = torch.float32
-    low = _floor(ctx, v)
-    fraction = ctx.op("sub", [v, low], (), [1.0])
-    half = ctx.operand(0.5, f32)
-    odd = ctx.op("sub", [low, ctx.op("mul", [_floor(ctx, ctx.op("mul", [low, half])), ctx.operand(2.0, f32)])],
-                 (), [1.0])
-    up = ctx.op("logical", [ctx.op("compare", [fraction, half], [_lib.COMPARE["gt"]]),
-                            ctx.op("logical", [ctx.op("compare", [fraction, half], [_lib.COMPARE["eq"]]),
-                                               ctx.op("compare", [odd, ctx.operand(1.0, f32)], [_lib.COMPARE["eq"]])],
-                                   [_lib.BOOL_OPS["and"]])], [_lib.BOOL_OPS["or"]])
-    return ctx.op("add", [low, ctx.op("cast", [up], [_lib.kiln_dtype(f32)])], (), [1.0])
 
 
 def _source_coordinate(ctx, g, size, align_corners, border):
@@ -599,7 +614,8 @@ def _source_coordinate(ctx, g, size, align_corners, border):
     cell a sample reads is outside either way, and the clamp keeps the floor's cast in range)."""
     f32 = torch.float32
     if align_corners:
-        scaled = ctx.op("mul", [ctx.op("add", [g, ctx.operand(1.0, f32)], (), [1.0]), ctx.operand((size - 1) / 2, f32)])
+        scaled = ctx.op("mul", [ctx.op("add", [g, ctx.operand(1.0, f32)], (), [1.0]),
+                                ctx.operand((size - 1) / 2, f32)])
     else:
         scaled = ctx.op("div", [ctx.op("sub", [ctx.op("mul", [ctx.op("add", [g, ctx.operand(1.0, f32)], (), [1.0]),
                                                               ctx.operand(float(size), f32)]),
@@ -644,7 +660,9 @@ def lower_grid_sampler(ctx, node):
         at = ctx.op("add", [ctx.op("mul", [cells[0], ctx.operand(w, i64)]), cells[1]], (), [1.0])
         at = ctx.op("expand", [ctx.op("reshape", [at], [n, 1, out_h * out_w])], [n, c, out_h * out_w])
         values = _f32(ctx, ctx.op("gather", [flat, at], [2]), dtype)
-        return values if weight is None else ctx.op("mul", [values, ctx.op("reshape", [weight], [n, 1, out_h * out_w])])
+        if weight is None:
+            return values
+        return ctx.op("mul", [values, ctx.op("reshape", [weight], [n, 1, out_h * out_w])])
 
     if args["interpolation_mode"] == 1:
         y = sample(_round_half_even(ctx, iy), _round_half_even(ctx, ix), None)
