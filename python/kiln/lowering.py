@@ -161,14 +161,6 @@ def _unary(name):
     return lambda ctx, node: ctx.op(name, [ctx.promoted(node.args[0], node_value(node).dtype)])
 
 
-def _lower_neg(ctx, node):
-    """neg; of an integer tensor (T5's relative position buckets) 0 - x, which integers take."""
-    dtype = node_value(node).dtype
-    if dtype.is_floating_point:
-        return ctx.op("neg", [ctx.tensor(node.args[0])])
-    return ctx.op("sub", [ctx.operand(0, dtype), ctx.tensor(node.args[0])], (), [1.0])
-
-
 def _operand_kind(value):
     """What torch.result_type needs to know of an operand: a number, or a tensor's dtype and
     whether it is 0-dim (which promotes like a number of its category)."""
@@ -471,14 +463,10 @@ def _lower_repeat(ctx, node):
 
 
 def _lower_cat(ctx, node):
-    args = node_args(node)
-    return _lower_cat_ids(ctx, [ctx.tensor(t) for t in args["tensors"]], args["dim"])
-
-
-def _lower_cat_ids(ctx, pieces, dim):
     """cat; more inputs than an op takes (DenseNet's blocks join dozens) become cats of runs of
     consecutive inputs first, each input copied at most twice while the count allows."""
-    pieces = list(pieces)
+    args = node_args(node)
+    pieces, dim = [ctx.tensor(t) for t in args["tensors"]], args["dim"]
     first = 0  # pieces before it are joined runs already
     while len(pieces) > _lib.MAX_OP_INPUTS:
         if len(pieces) - first < 2:
@@ -811,40 +799,6 @@ def _lower_upsample_bilinear(ctx, node):
     return ctx.op("upsample_bilinear2d", [ctx.tensor(x)], iattr, _upsample_scales(args))
 
 
-def _check_constant_pad(node):
-    pad = node_args(node)["pad"]
-    if any(not isinstance(p, int) for p in pad):
-        return f"{op_name(node)} with symbolic padding {list(pad)} (Kiln plans hold static padding)"
-    return None
-
-
-def _lower_constant_pad(ctx, node):
-    """constant_pad_nd: per padded dim, a slice for negative padding and a cat with the fill
-    value broadcast to each side's shape for positive padding (pad pairs run from the last dim)."""
-    args = node_args(node)
-    x, pad, value = args["self"], list(args["pad"]), args["value"]
-    dtype = node_value(x).dtype
-    shape = list(node_value(x).shape)
-    y = ctx.tensor(x)
-    fill = ctx.builder.add_constant(torch.full([1] * len(shape), value, dtype=dtype))
-    for k in range(len(pad) // 2):
-        dim, before, after = len(shape) - 1 - k, pad[2 * k], pad[2 * k + 1]
-        if before < 0 or after < 0:
-            start, end = max(-before, 0), shape[dim] - max(-after, 0)
-            y = ctx.op("slice", [y], [dim, start, end, 1])
-            shape[dim] = end - start
-        def side(width):
-            dims = list(shape)
-            dims[dim] = width
-            return ctx.op("expand", [fill], dims)
-
-        parts = ([side(before)] if before > 0 else []) + [y] + ([side(after)] if after > 0 else [])
-        if len(parts) > 1:
-            y = ctx.op("cat", parts, [dim])
-            shape[dim] = shape[dim] + max(before, 0) + max(after, 0)
-    return y
-
-
 def _lower_cumsum(ctx, node):
     args = node_args(node)
     return ctx.op("cumsum", [ctx.tensor(args["self"])], [args["dim"], _lib.kiln_dtype(node_value(node).dtype)])
@@ -1127,7 +1081,7 @@ def _table():
         add([f"aten::{name}.default"], Lowering(_unary(name)))
     for name in ("abs", "log", "cos", "sin", "erf", "hardswish", "hardsigmoid"):
         add([f"aten::{name}.default"], Lowering(_unary(name)))
-    add(["aten::neg.default"], Lowering(_lower_neg))
+    add(["aten::neg.default"], Lowering(composed.lower_neg))
     add(["aten::log1p.default"], Lowering(composed.lower_log1p))
     add(["aten::expm1.default"], Lowering(composed.lower_expm1))
     add(["aten::log2.default"], Lowering(composed.scaled_log(2)))
@@ -1207,7 +1161,7 @@ def _table():
     add(["aten::upsample_bilinear2d.vec", "aten::upsample_bilinear2d.default"],
         Lowering(_lower_upsample_bilinear))
     add(["aten::constant_pad_nd.default"],
-        Lowering(_lower_constant_pad, _check_constant_pad, compute=False))
+        Lowering(composed.lower_constant_pad, composed.check_constant_pad, compute=False))
     add(["aten::cumsum.default"], Lowering(_lower_cumsum))
     add(["aten::grid_sampler_2d.default"], Lowering(composed.lower_grid_sampler, composed.check_grid_sampler))
     add(["aten::flip.default"], Lowering(composed.lower_flip, composed.check_flip, compute=False))

@@ -1,8 +1,8 @@
 """Ops Kiln runs as several of its own builder ops, composed at export: pointwise ops written
 with Kiln's (leaky_relu, elu, expm1 and log1p to full precision, ...), reductions from amax,
 argmax, mean and sum (argmin, max and min along a dim, var, any), index remaps by constant
-indices (flip, reflection and replication padding, select_scatter), 1-d and 3-d convolutions
-and pools as 2-d ones, rounding (floor, ceil, trunc, round) from casts, and grid_sample from
+indices (flip, reflection and replication padding, select_scatter), constant padding, 1-d and
+3-d convolutions and pools as 2-d ones, rounding (floor, ceil, trunc, round) from casts, and grid_sample from
 gathers. Each lowering here is lower(ctx, node) of lowering.Lowering; the table that maps ATen
 ops to them is lowering's."""
 
@@ -12,11 +12,6 @@ import torch
 
 from . import _lib
 from .fx_nodes import dims_mask, node_args, node_value, op_name, only_first_output_used, pair, per_dim, static_dims
-
-
-def _f32(ctx, tensor, dtype):
-    """tensor (of dtype) in f32."""
-    return tensor if dtype == torch.float32 else ctx.op("cast", [tensor], [_lib.kiln_dtype(torch.float32)])
 
 
 # ------------------------------------------------------------------ pointwise
@@ -115,12 +110,17 @@ def lower_pow_scalar(ctx, node):
 # ------------------------------------------------------------------ reductions
 
 
-def _negative(ctx, x):
-    """-x for a node x: neg for floats, 0 - x for integers (which have no neg op)."""
+def negative(ctx, x):
+    """-x for a node x: neg for floats, 0 - x for integers (T5's relative position buckets),
+    which have no neg op."""
     dtype = node_value(x).dtype
     if dtype.is_floating_point:
         return ctx.op("neg", [ctx.tensor(x)])
     return ctx.op("sub", [ctx.operand(0, dtype), ctx.tensor(x)], (), [1.0])
+
+
+def lower_neg(ctx, node):
+    return negative(ctx, node.args[0])
 
 
 def arg_extreme(largest):
@@ -129,7 +129,7 @@ def arg_extreme(largest):
     def lower(ctx, node):
         args = node_args(node)
         x = args["self"]
-        xs = ctx.tensor(x) if largest else _negative(ctx, x)
+        xs = ctx.tensor(x) if largest else negative(ctx, x)
         if args["dim"] is None:  # over every element: of the flattened tensor, then reshaped
             flat = ctx.op("reshape", [xs], [node_value(x).numel()])
             return ctx.op("reshape", [ctx.op("argmax", [flat], [0, 0])], list(node_value(node).shape))
@@ -230,12 +230,53 @@ def lower_any(ctx, node):
     rank = node_value(x).dim()
     dims = args.get("dim")
     dims = [dims] if isinstance(dims, int) else dims
-    values = _f32(ctx, ctx.tensor(x), node_value(x).dtype)
+    values = ctx.promoted(x, torch.float32)
     largest = ctx.op("amax", [ctx.op("abs", [values])], [dims_mask(dims, rank), int(bool(args.get("keepdim")))])
     return ctx.op("compare", [largest, ctx.operand(0.0, torch.float32)], [_lib.COMPARE["ne"]])
 
 
 # ------------------------------------------------------------------ index remaps
+
+
+def _padded_along(ctx, y, shape, dim, before, after, fill):
+    """y (of shape, a list updated to the result's) with `before` and `after` slots of fill (a
+    constant of all dims 1) added along dim, or as many dropped where negative: a slice, then a
+    cat with fill broadcast to each side."""
+    if before < 0 or after < 0:
+        start, end = max(-before, 0), shape[dim] - max(-after, 0)
+        y = ctx.op("slice", [y], [dim, start, end, 1])
+        shape[dim] = end - start
+
+    def side(width):
+        dims = list(shape)
+        dims[dim] = width
+        return ctx.op("expand", [fill], dims)
+
+    parts = ([side(before)] if before > 0 else []) + [y] + ([side(after)] if after > 0 else [])
+    if len(parts) > 1:
+        y = ctx.op("cat", parts, [dim])
+        shape[dim] = shape[dim] + max(before, 0) + max(after, 0)
+    return y
+
+
+def check_constant_pad(node):
+    pad = node_args(node)["pad"]
+    if any(not isinstance(p, int) for p in pad):
+        return f"{op_name(node)} with symbolic padding {list(pad)} (Kiln plans hold static padding)"
+    return None
+
+
+def lower_constant_pad(ctx, node):
+    """constant_pad_nd: each padded dim padded with the fill value or cut (pad pairs run from the
+    last dim)."""
+    args = node_args(node)
+    x, pad, value = args["self"], list(args["pad"]), args["value"]
+    shape = list(node_value(x).shape)
+    y = ctx.tensor(x)
+    fill = ctx.builder.add_constant(torch.full([1] * len(shape), value, dtype=node_value(x).dtype))
+    for k in range(len(pad) // 2):
+        y = _padded_along(ctx, y, shape, len(shape) - 1 - k, pad[2 * k], pad[2 * k + 1], fill)
+    return y
 
 
 def _picked(ctx, x, dim, index):
@@ -346,15 +387,14 @@ def lower_adaptive_avg_pool_1d(ctx, node):
     return ctx.op("reshape", [y], list(node_value(node).shape))
 
 
-def _frames(ctx, x, n, channels, pad, fill, dtype, cells):
-    """x [n, channels, T, *cells] with `pad` (before, after) frames of fill added along T, as
-    [n, T', channels, *cells]: the frames made the leading dim after the batch."""
-    before, after = pad
-    if before or after:
-        value = ctx.builder.add_constant(torch.full([1] * (3 + len(cells)), fill, dtype=dtype))
-        sides = [ctx.op("expand", [value], [n, channels, k] + cells) if k else None for k in (before, after)]
-        x = ctx.op("cat", [p for p in (sides[0], x, sides[1]) if p is not None], [2])
-    return ctx.op("permute", [x], [0, 2, 1] + [3 + i for i in range(len(cells))])
+def _frames(ctx, x, shape, pad, fill, dtype):
+    """x of shape [n, channels, T, *cells] with `pad` (before, after) frames of fill added along
+    T, as [n, T', channels, *cells]: the frames made the leading dim after the batch."""
+    shape = list(shape)
+    if any(pad):
+        value = ctx.builder.add_constant(torch.full([1] * len(shape), fill, dtype=dtype))
+        x = _padded_along(ctx, x, shape, 2, pad[0], pad[1], value)
+    return ctx.op("permute", [x], [0, 2, 1] + list(range(3, len(shape))))
 
 
 def _taps(ctx, frames, kernel, stride, dilation, out_frames, total):
@@ -382,11 +422,10 @@ def lower_convolution_3d(ctx, node):
     n, c, t = x.shape[0], x.shape[1], x.shape[2]
     o, cg, kt = w.shape[0], w.shape[1], w.shape[2]
     cells, t_out = list(x.shape[3:]), out.shape[2]
-    frames = _frames(ctx, ctx.tensor(args["input"]), n, c, (padding[0], padding[0]), 0, x.dtype, cells)
+    frames = _frames(ctx, ctx.tensor(args["input"]), x.shape, (padding[0], padding[0]), 0, x.dtype)
     picked = [s * stride[0] + j * dilation[0] for s in range(t_out) for j in range(kt)]
     if picked != list(range(t + 2 * padding[0])):
-        index = ctx.builder.add_constant(torch.tensor(picked, dtype=torch.int64))
-        frames = ctx.op("index_select", [frames, index], [1])  # [n, t_out * kt, c, *cells]
+        frames = _picked(ctx, frames, 1, picked)  # [n, t_out * kt, c, *cells]
     if groups > 1 and kt > 1:  # each group's channels together: [group, tap, channel]
         frames = ctx.op("reshape", [frames], [n, t_out, kt, groups, cg, cells[0] * cells[1]])
         frames = ctx.op("permute", [frames], [0, 1, 3, 2, 4, 5])
@@ -442,7 +481,7 @@ def _pooled_frames(ctx, node, x, fill, pool_2d):
     t_out = out[2]
     reach = (t_out - 1) * stride[0] + (kernel[0] - 1) * dilation[0] + 1  # frames the windows span
     pad = (padding[0], max(reach - t - padding[0], 0))
-    frames = _frames(ctx, ctx.tensor(x), n, c, pad, fill, node_value(x).dtype, shape[3:])
+    frames = _frames(ctx, ctx.tensor(x), shape, pad, fill, node_value(x).dtype)
     total = t + pad[0] + pad[1]
     images = ctx.op("reshape", [frames], [n * total, c] + shape[3:])
     pooled = ctx.op("reshape", [pool_2d(images, kernel, stride, padding, dilation)], [n, total, c] + out[3:])
@@ -562,7 +601,7 @@ def rounded(which):
         if not dtype.is_floating_point:
             return ctx.op("copy", [ctx.tensor(x)])
         f32 = torch.float32
-        v = _f32(ctx, ctx.tensor(x), dtype)
+        v = ctx.promoted(x, f32)
         if which == "floor":
             y = _floor(ctx, v)
         elif which == "ceil":
@@ -642,7 +681,7 @@ def lower_grid_sampler(ctx, node):
     out_h, out_w = node_value(grid).shape[1:3]
     dtype, f32, i64 = node_value(x).dtype, torch.float32, torch.int64
     border, align = args["padding_mode"] == 1, bool(args["align_corners"])
-    g = _f32(ctx, ctx.tensor(grid), node_value(grid).dtype)
+    g = ctx.promoted(grid, f32)
     ix = _source_coordinate(ctx, ctx.op("select", [g], [3, 0]), w, align, border)
     iy = _source_coordinate(ctx, ctx.op("select", [g], [3, 1]), h, align, border)
     flat = ctx.op("reshape", [ctx.tensor(x)], [n, c, h * w])
@@ -659,7 +698,9 @@ def lower_grid_sampler(ctx, node):
             cells.append(ctx.op("cast", [clamped], [_lib.kiln_dtype(i64)]))
         at = ctx.op("add", [ctx.op("mul", [cells[0], ctx.operand(w, i64)]), cells[1]], (), [1.0])
         at = ctx.op("expand", [ctx.op("reshape", [at], [n, 1, out_h * out_w])], [n, c, out_h * out_w])
-        values = _f32(ctx, ctx.op("gather", [flat, at], [2]), dtype)
+        values = ctx.op("gather", [flat, at], [2])
+        if dtype != f32:
+            values = ctx.op("cast", [values], [_lib.kiln_dtype(f32)])
         if weight is None:
             return values
         return ctx.op("mul", [values, ctx.op("reshape", [weight], [n, 1, out_h * out_w])])
