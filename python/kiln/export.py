@@ -15,7 +15,7 @@ from executorch.exir.passes import MemoryPlanningPass
 from torch.export.graph_signature import InputKind, OutputKind
 
 from .backend import KilnBackend
-from .folding import DEFAULT_FOLD_LIMIT_BYTES, FoldConstants, drop_unused_constants
+from .folding import DEFAULT_FOLD_LIMIT_BYTES, FoldConstants, drop_unused_constants, fold_constants
 from .partitioner import KilnPartitioner
 from .report import NotWholeError, delegation_report
 
@@ -143,14 +143,27 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
     bounds = {str(symbol): (_finite(r.lower), _finite(r.upper)) for symbol, r in exported.range_constraints.items()
               if _finite(r.lower) is not None and _finite(r.upper) is not None}
     partitioner = KilnPartitioner(device_id=device_id, allow_tf32=allow_tf32, fuse=fuse, bounds=bounds)
-    try:
-        edge = to_edge_transform_and_lower(exported, transform_passes=[FoldConstants(fold_limit_bytes)],
+    def lowered(program):
+        return to_edge_transform_and_lower(program, transform_passes=[FoldConstants(fold_limit_bytes)],
                                            partitioner=[partitioner])
+
+    try:
+        edge = lowered(exported)
     except Exception as error:
         message = _outside_core_aten(exported, error)
         if message is None:
             raise
-        raise ValueError(message) from error
+        # ExecuTorch verifies the op set before its passes run, so an op outside it that reads
+        # only constants (position ids bucketized from a mask of static shape) is folded first,
+        # in the functional form, where the buffers a program writes are known and never folded.
+        functional = exported.run_decompositions({})
+        fold_constants(functional, fold_limit_bytes)
+        try:
+            edge = lowered(functional)
+        except Exception as again:
+            if _outside_core_aten(functional, again) is None:
+                raise
+            raise ValueError(message) from error
     # Constants whose readers all went into blobs may be left unread; see drop_unused_constants.
     drop_unused_constants(edge.exported_program())
     return edge, delegation_report(edge, partitioner.refusals)

@@ -179,6 +179,9 @@ ARCHITECTURES = {
     # vision and speech
     "clip_vision": (_hf(hf.CLIPVisionModel, hf.CLIPVisionConfig(**_SIZES, image_size=32, patch_size=8),
                         PooledImageOf), _seeded(1, 3, 32, 32)),
+    # position ids bucketized from a patch mask of static shape: an op outside Core ATen, folded
+    "smolvlm_vision": (_hf(hf.SmolVLMVisionTransformer, hf.SmolVLMVisionConfig(**_SIZES, image_size=32, patch_size=8),
+                           ImageFeaturesOf), _seeded(1, 3, 32, 32)),
     "whisper_encoder": (_hf(lambda config: hf.WhisperModel(config).encoder,
                             hf.WhisperConfig(encoder_layers=LAYERS, decoder_layers=1, d_model=WIDTH,
                                              encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,

@@ -464,6 +464,58 @@ def test_an_op_outside_core_aten_is_refused_naming_it_and_its_line(tmp_path):
     assert not (tmp_path / "m.pte").exists()
 
 
+class BucketizedPositions(nn.Module):
+    """Position ids bucketized from a grid of static shape, as SmolVLM's vision embeddings compute
+    theirs: bucketize is outside ExecuTorch's Core ATen set, but it reads only constants."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(16, 8)
+
+    def forward(self, x):
+        grid = torch.ones(x.shape[1] // 4, 4, dtype=torch.bool, device=x.device)
+        fractions = torch.arange(grid.shape[0], device=x.device) / grid[:, 0].sum()
+        edges = torch.arange(0.25, 1.0, 0.25, device=x.device)
+        rows = torch.bucketize(fractions, edges, right=True)
+        ids = (rows[:, None] * 4 + torch.arange(4, device=x.device)).flatten()
+        return x + self.table(ids)
+
+
+def test_an_op_outside_core_aten_reading_only_constants_is_folded(tmp_path, monkeypatch):
+    import kiln_runtime  # noqa: F401  (registers KilnBackend)
+    from executorch.runtime import Runtime
+
+    torch.manual_seed(0)
+    model, x, path = BucketizedPositions().eval(), torch.randn(2, 16, 8), str(tmp_path / "m.pte")
+    program = kiln.export(model, (x,), path)
+    assert program.kiln_report.kiln_blobs == 1 and program.kiln_report.ops_outside == 0
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    (actual,) = Runtime.get().load_program(path).load_method("forward").execute([x])
+    assert_close([actual], [model(x)], models.F32_TOLERANCE, "bucketized positions")
+
+
+class BucketizedState(nn.Module):
+    """bucketize of a buffer the program writes after reading it: the read sees the last call's
+    value, so it is not a constant, whatever the buffer's initial value."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(4))
+        self.register_buffer("edges", torch.tensor([0.5, 1.5, 2.5]))
+
+    def forward(self, x):
+        bucket = torch.bucketize(self.seen, self.edges)
+        self.seen.add_(1.0)
+        return x * bucket.to(x.dtype)
+
+
+def test_an_op_outside_core_aten_reading_a_written_buffer_is_not_folded(tmp_path):
+    with pytest.raises(ValueError) as refused:
+        kiln.export(BucketizedState().eval(), (torch.randn(4),), str(tmp_path / "m.pte"))
+    assert str(refused.value).startswith("kiln: aten.bucketize.Tensor (in forward, test_export.py:")
+    assert not (tmp_path / "m.pte").exists()
+
+
 def test_the_core_aten_refusal_fits_255_bytes_at_its_longest():
     class Node:
         op, target = "call_function", "aten." + "é" * 80 + ".default"
