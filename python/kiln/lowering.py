@@ -1181,6 +1181,8 @@ def _table():
     add(["aten::mean.default"], Lowering(composed.lower_mean_all))
     add(["aten::var.correction", "aten::var.dim"], Lowering(composed.lower_var, composed.check_var))
     add(["aten::any.default", "aten::any.dim", "aten::any.dims"], Lowering(composed.lower_any, composed.check_any))
+    add(["aten::_native_batch_norm_legit.no_stats"],
+        Lowering(composed.lower_batch_norm_stats, composed.check_batch_norm_stats))
     add(["aten::topk.default"], Lowering(_lower_topk, _check_topk))
     add(["aten::index_put.default"], Lowering(_lower_index_put, _check_index_put))
     add(["aten::index_copy.default"], Lowering(_lower_index_copy))

@@ -1,9 +1,9 @@
 """Ops Kiln runs as several of its own builder ops, composed at export: pointwise ops written
 with Kiln's (leaky_relu, elu, expm1 and log1p to full precision, ...), reductions from amax,
-argmax, mean and sum (argmin, max and min along a dim, var, any), index remaps by constant
-indices (flip, reflection and replication padding, select_scatter), constant padding, 1-d and
-3-d convolutions and pools as 2-d ones, rounding (floor, ceil, trunc, round) from casts, and grid_sample from
-gathers. Each lowering here is lower(ctx, node) of lowering.Lowering; the table that maps ATen
+argmax, mean and sum (argmin, max and min along a dim, var, any), batch norm of batch statistics
+from layer_norm, index remaps by constant indices (flip, reflection and replication padding,
+select_scatter), constant padding, 1-d and 3-d convolutions and pools as 2-d ones, rounding
+(floor, ceil, trunc, round) from casts, and grid_sample from gathers. Each lowering here is lower(ctx, node) of lowering.Lowering; the table that maps ATen
 ops to them is lowering's."""
 
 import math
@@ -214,6 +214,40 @@ def lower_var(ctx, node):
     deviation = ctx.op("sub", [xs, ctx.op("mean", [xs], [mask, 1])], (), [1.0])
     total = ctx.op("sum", [ctx.op("mul", [deviation, deviation])], [mask, int(bool(args["keepdim"]))])
     return ctx.op("div", [total, ctx.operand(float(max(0, count - _var_correction(node))), dtype)])
+
+
+def check_batch_norm_stats(node):
+    """batch_norm of batch statistics (instance norm, a batch norm without running stats)."""
+    x = node_args(node)["input"]
+    if not node_value(x).dtype.is_floating_point:
+        return f"{op_name(node)} of {node_value(x).dtype} (Kiln composes it of float ops)"
+    if not static_dims(x, 0):
+        return f"{op_name(node)} of a dynamic shape (Kiln counts each channel's elements at export)"
+    return only_first_output_used(node, "mean or invstd")
+
+
+def lower_batch_norm_stats(ctx, node):
+    """batch_norm of the batch's own statistics, as instance norm calls it on the batch folded into
+    the channels: a layer_norm of each channel's row (its samples and positions; the channels
+    moved first when there are several samples), then the per-channel weight and bias."""
+    args = node_args(node)
+    x = args["input"]
+    shape = list(node_value(x).shape)
+    order = [1, 0] + list(range(2, len(shape)))
+    xs = ctx.tensor(x)
+    first = xs if shape[0] == 1 else ctx.op("permute", [xs], order)
+    rows = ctx.op("reshape", [first], [shape[1], math.prod(shape) // shape[1]])
+    normed = ctx.op("layer_norm", [rows], [1, 0], [float(args["eps"])])
+    if shape[0] == 1:
+        y = ctx.op("reshape", [normed], shape)
+    else:
+        y = ctx.op("permute", [ctx.op("reshape", [normed], [shape[i] for i in order])], order)
+    per_channel = [shape[1]] + [1] * (len(shape) - 2)
+    if args["weight"] is not None:
+        y = ctx.op("mul", [y, ctx.op("reshape", [ctx.tensor(args["weight"])], per_channel)])
+    if args["bias"] is not None:
+        y = ctx.op("add", [y, ctx.op("reshape", [ctx.tensor(args["bias"])], per_channel)], (), [1.0])
+    return y
 
 
 def check_any(node):

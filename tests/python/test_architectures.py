@@ -101,6 +101,31 @@ def _torchvision(name, **kwargs):
         _seeded(2, 3, 32, 32)
 
 
+class FlowOf(nn.Module):
+    """An optical-flow model called on two frames, returning its last flow estimate."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, image1, image2):
+        return self.model(image1, image2, num_flow_updates=2)[-1]
+
+
+def _raft_small():
+    """torchvision's RAFT (small) on two frames of 128 x 128, the least its correlation pyramid takes."""
+    import torchvision
+
+    def make():
+        torch.manual_seed(0)
+        return _varied(FlowOf(torchvision.models.optical_flow.raft_small(weights=None))).eval()
+
+    def inputs(seed):
+        return _seeded(1, 3, 128, 128)(seed) + _seeded(1, 3, 128, 128)(seed + 1)
+
+    return make, inputs
+
+
 def _torchvision_video(name):
     """A torchvision video classifier on 4 frames of 32 x 32."""
     import torchvision
@@ -227,6 +252,8 @@ ARCHITECTURES = {
                         _seeded(1, 3, 128, 128)),
     # 3-d convolutions over frames alone, time alone and both, with batch norms over frames
     "r2plus1d_18": _torchvision_video("r2plus1d_18"),
+    # optical flow: instance norms (batch statistics), a correlation volume, grid_sample lookups
+    "raft_small": _raft_small(),
 }
 
 
