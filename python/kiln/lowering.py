@@ -384,14 +384,8 @@ def _lower_group_norm(ctx, node):
     for size in shape[2:]:
         per_group = per_group * size
     rows = ctx.op("reshape", [ctx.tensor(x)], [shape[0], groups, per_group])
-    normed = ctx.op("layer_norm", [rows], [1, 0], [float(args["eps"])])
-    y = ctx.op("reshape", [normed], shape)
-    per_channel = [shape[1]] + [1] * (len(shape) - 2)
-    if args["weight"] is not None:
-        y = ctx.op("mul", [y, ctx.op("reshape", [ctx.tensor(args["weight"])], per_channel)])
-    if args["bias"] is not None:
-        y = ctx.op("add", [y, ctx.op("reshape", [ctx.tensor(args["bias"])], per_channel)], (), [1.0])
-    return y
+    y = ctx.op("reshape", [ctx.op("layer_norm", [rows], [1, 0], [float(args["eps"])])], shape)
+    return composed.per_channel_affine(ctx, y, args["weight"], args["bias"], shape)
 
 
 def _reduce(name):

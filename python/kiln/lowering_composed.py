@@ -242,11 +242,17 @@ def lower_batch_norm_stats(ctx, node):
         y = ctx.op("reshape", [normed], shape)
     else:
         y = ctx.op("permute", [ctx.op("reshape", [normed], [shape[i] for i in order])], order)
+    return per_channel_affine(ctx, y, args["weight"], args["bias"], shape)
+
+
+def per_channel_affine(ctx, y, weight, bias, shape):
+    """y * weight + bias, y of shape `shape`, weight and bias (nodes, or None) a value for each
+    channel of dim 1, broadcast over the other dims: the affine step of group and instance norms."""
     per_channel = [shape[1]] + [1] * (len(shape) - 2)
-    if args["weight"] is not None:
-        y = ctx.op("mul", [y, ctx.op("reshape", [ctx.tensor(args["weight"])], per_channel)])
-    if args["bias"] is not None:
-        y = ctx.op("add", [y, ctx.op("reshape", [ctx.tensor(args["bias"])], per_channel)], (), [1.0])
+    if weight is not None:
+        y = ctx.op("mul", [y, ctx.op("reshape", [ctx.tensor(weight)], per_channel)])
+    if bias is not None:
+        y = ctx.op("add", [y, ctx.op("reshape", [ctx.tensor(bias)], per_channel)], (), [1.0])
     return y
 
 
