@@ -143,6 +143,7 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
     bounds = {str(symbol): (_finite(r.lower), _finite(r.upper)) for symbol, r in exported.range_constraints.items()
               if _finite(r.lower) is not None and _finite(r.upper) is not None}
     partitioner = KilnPartitioner(device_id=device_id, allow_tf32=allow_tf32, fuse=fuse, bounds=bounds)
+
     def lowered(program):
         return to_edge_transform_and_lower(program, transform_passes=[FoldConstants(fold_limit_bytes)],
                                            partitioner=[partitioner])

@@ -3,8 +3,8 @@ with Kiln's (leaky_relu, elu, expm1 and log1p to full precision, ...), reduction
 argmax, mean and sum (argmin, max and min along a dim, var, any), batch norm of batch statistics
 from layer_norm, index remaps by constant indices (flip, reflection and replication padding,
 select_scatter), constant padding, 1-d and 3-d convolutions and pools as 2-d ones, rounding
-(floor, ceil, trunc, round) from casts, and grid_sample from gathers. Each lowering here is lower(ctx, node) of lowering.Lowering; the table that maps ATen
-ops to them is lowering's."""
+(floor, ceil, trunc, round) from casts, and grid_sample from gathers. Each lowering here is
+lower(ctx, node) of lowering.Lowering; the table that maps ATen ops to them is lowering's."""
 
 import math
 

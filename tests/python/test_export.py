@@ -1220,7 +1220,8 @@ OP_CASES = [
     # batch statistics: instance norm's (the batch folded into the channels) and several samples'
     ("batch_norm_stats_instance", aten._native_batch_norm_legit.no_stats,
      (rand(1, 6, 5, 4) * 3 + 2, rand(6, seed=1), rand(6, seed=2), True, 0.1, 1e-5), {}),
-    ("batch_norm_stats_batch", aten._native_batch_norm_legit.no_stats, (rand(3, 4, 5) * 2 - 1, None, None, True, 0.1, 1e-3), {}),
+    ("batch_norm_stats_batch", aten._native_batch_norm_legit.no_stats,
+     (rand(3, 4, 5) * 2 - 1, None, None, True, 0.1, 1e-3), {}),
     ("log1p", aten.log1p.default, (rand(3, 4, positive=True),), {}),
     ("neg_int", aten.neg.default, (ids(3, 4, high=9),), {}),
     # remainder by a power of two, negative dividends too (Python's sign: the divisor's)
