@@ -138,8 +138,9 @@ def arg_extreme(largest):
     return lower
 
 
-def check_float_input(node):
-    x = node_args(node)["self"]
+def check_float_input(node, name="self"):
+    """None when the node's input `name` is a float tensor, else the refusal."""
+    x = node_args(node)[name]
     if not node_value(x).dtype.is_floating_point:
         return f"{op_name(node)} of {node_value(x).dtype} (Kiln composes it of float ops)"
     return None
@@ -218,10 +219,10 @@ def lower_var(ctx, node):
 
 def check_batch_norm_stats(node):
     """batch_norm of batch statistics (instance norm, a batch norm without running stats)."""
-    x = node_args(node)["input"]
-    if not node_value(x).dtype.is_floating_point:
-        return f"{op_name(node)} of {node_value(x).dtype} (Kiln composes it of float ops)"
-    if not static_dims(x, 0):
+    refusal = check_float_input(node, "input")
+    if refusal is not None:
+        return refusal
+    if not static_dims(node_args(node)["input"], 0):
         return f"{op_name(node)} of a dynamic shape (Kiln counts each channel's elements at export)"
     return only_first_output_used(node, "mean or invstd")
 

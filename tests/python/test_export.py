@@ -307,6 +307,18 @@ def test_dynamic_size_not_affine_in_its_symbol_stays_on_cpu():
         partitioner.refusals
 
 
+class InstanceNormed(nn.Module):
+    def forward(self, x):
+        return F.instance_norm(x, eps=1e-5) * 2.0
+
+
+def test_instance_norm_of_a_dynamic_batch_stays_on_cpu_with_its_reason():
+    batch = torch.export.Dim("batch", min=1, max=4)
+    edge, partitioner = lower(InstanceNormed(), (torch.randn(2, 3, 4, 4),), dynamic_shapes=({0: batch},))
+    assert any("no_stats of a dynamic shape (Kiln counts each channel's elements at export)" in reason
+               for reason in refusals_of(partitioner, "aten__native_batch_norm_legit")), partitioner.refusals
+
+
 class Rank9(nn.Module):
     def forward(self, x):
         return (x * 2.0).relu()
