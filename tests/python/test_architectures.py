@@ -101,6 +101,27 @@ def _torchvision(name, **kwargs):
         _seeded(2, 3, 32, 32)
 
 
+class SegmentationOf(nn.Module):
+    """A torchvision segmentation model, returning its per-pixel class scores."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, image):
+        return self.model(image)["out"]
+
+
+def _torchvision_segmentation(name):
+    """A torchvision segmentation model (no auxiliary head) on 64 x 64 images."""
+    import torchvision
+
+    segmentation = getattr(torchvision.models.segmentation, name)
+    return models._calibrated(lambda: _varied(SegmentationOf(segmentation(weights=None, weights_backbone=None,
+                                                                          aux_loss=False))), (3, 64, 64)), \
+        _seeded(1, 3, 64, 64)
+
+
 class FlowOf(nn.Module):
     """An optical-flow model called on two frames, returning its last flow estimate."""
 
@@ -164,6 +185,11 @@ ARCHITECTURES = {
     "gemma3": (_hf(hf.Gemma3ForCausalLM, hf.Gemma3TextConfig(**_decoder_sizes(), head_dim=16, sliding_window=8),
                    LogitsOf), ids_only),
     "cohere": _decoder(hf.CohereForCausalLM, hf.CohereConfig),
+    # parallel attention and MLP with partial rotary; normalized queries and keys with squared
+    # ReLU; LayerNorm with a weight offset by one
+    "phi": _decoder(hf.PhiForCausalLM, hf.PhiConfig),
+    "persimmon": _decoder(hf.PersimmonForCausalLM, hf.PersimmonConfig),
+    "nemotron": _decoder(hf.NemotronForCausalLM, hf.NemotronConfig, head_dim=16),
     # mixtures of experts, routed by topk; transformers' batched experts (every expert on every
     # token, weighted by the router), as its default grouped ones export an op outside Core ATen
     "mixtral": (_hf(lambda config: hf.MixtralForCausalLM._from_config(config, experts_implementation="batched_mm"),
@@ -196,6 +222,14 @@ ARCHITECTURES = {
                                                                     intra_bottleneck_size=32, true_hidden_size=32)),
     "t5_encoder": _encoder(hf.T5EncoderModel, hf.T5Config(num_layers=LAYERS, d_model=WIDTH, d_ff=FEED_FORWARD,
                                                           num_heads=HEADS, d_kv=16, vocab_size=VOCAB)),
+    # rotary positions in encoders: local sliding-window layers beside global ones with GeGLU;
+    # ESM's token-dropout rescaling
+    "modernbert": _encoder(hf.ModernBertModel, hf.ModernBertConfig(hidden_size=WIDTH, intermediate_size=FEED_FORWARD,
+                                                                    num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                                                    vocab_size=VOCAB, pad_token_id=0, bos_token_id=1,
+                                                                    eos_token_id=2, cls_token_id=1, sep_token_id=2)),
+    "esm": _encoder(hf.EsmModel, hf.EsmConfig(**_SIZES, vocab_size=VOCAB, pad_token_id=0,
+                                              position_embedding_type="rotary")),
     # characters hashed into buckets (remainder by a power of two), downsampled by a convolution
     "canine": _encoder(hf.CanineModel, hf.CanineConfig(**_SIZES, downsampling_rate=4, num_hash_buckets=64)),
     # pooled queries, its relative shift written into slices of a copy (slice_scatter)
@@ -229,6 +263,20 @@ ARCHITECTURES = {
                                                          tubelet_size=2), ImageFeaturesOf), _seeded(1, 4, 3, 32, 32)),
     "timesformer": (_hf(hf.TimesformerModel, hf.TimesformerConfig(**_SIZES, image_size=32, patch_size=8, num_frames=2),
                         ImageFeaturesOf), _seeded(1, 2, 3, 32, 32)),
+    # cosine attention under a learned logit scale, its position bias from an MLP over log-spaced
+    # offsets; attention biases gathered by index, hardswish; keys from a strided convolution
+    "swinv2": (_hf(hf.Swinv2Model, hf.Swinv2Config(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                                                   num_heads=[2, 2], window_size=4), ImageFeaturesOf),
+               _seeded(1, 3, 32, 32)),
+    "levit": (models._calibrated(_hf(hf.LevitModel, hf.LevitConfig(image_size=64, hidden_sizes=[32, 48, 64],
+                                                                   num_attention_heads=[1, 2, 2], depths=[1, 1, 1],
+                                                                   key_dim=[8, 8, 8]), ImageFeaturesOf),
+                                 (3, 64, 64)), _seeded(1, 3, 64, 64)),
+    "pvt_v2": (_hf(hf.PvtV2Model, hf.PvtV2Config(depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 48, 64],
+                                                 num_attention_heads=[1, 2, 2, 4]), ImageFeaturesOf),
+               _seeded(1, 3, 64, 64)),
+    # segmentation: dilated convolutions beside a pooled branch, upsampled to the input's size
+    "deeplabv3": _torchvision_segmentation("deeplabv3_mobilenet_v3_large"),
     "efficientnet_b0": _torchvision("efficientnet_b0"),
     "shufflenet_v2": _torchvision("shufflenet_v2_x0_5"),
     "squeezenet": _torchvision("squeezenet1_0"),
