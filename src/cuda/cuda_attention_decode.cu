@@ -201,14 +201,17 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
 /* Merges query row `row`'s splits, one block of KCU_DEC_MERGE_WARPS warps: the splits' sums
  * rescaled to the largest of their maxima. Each split's maximum, sum and weight go through
  * shared memory once (the largest maximum and the total by block reductions, not a loop over
- * every split); then each warp sums the rows of every fourth split (a lane per value dim, the
- * loads of several splits in flight, a split with no live key skipped) and the four warps' sums
- * meet in shared memory. The partial rows are read past L1: another block may have just
- * written them. */
+ * every split); the first warp lists the splits with a live key in order (a static cache's
+ * tail leaves most of them empty), and the warps take the listed rows KCU_DEC_MERGE_BATCH at a
+ * time, a lane per value dim, every load of a batch in flight together: one round trip for up
+ * to KCU_DEC_MERGE_WARPS * KCU_DEC_MERGE_BATCH live splits, where a loop skipping the empty
+ * splits one by one waited a round trip for each live one. The four warps' sums meet in shared
+ * memory. The partial rows are read past L1: another block may have just written them. */
+#define KCU_DEC_MERGE_BATCH 4
 static __device__ __forceinline__ void kcu_dec_merge_row(kcu_dec_args a, uint32_t row, void *out,
                                                          float (*w)[KCU_DEC_MAX_SPLITS],
                                                          float (*num)[KCU_ATTN_MAX_HEAD],
-                                                         float *red) {
+                                                         float *red, int *n_live) {
   int64_t b = row / (uint32_t)a.L, i = row - b * a.L, qo, ko, vo, mo, oo;
   kcu_attn_offsets(&a.g, b, &qo, &ko, &vo, &mo, &oo);
   const int64_t stride = a.Ev + 2;
@@ -225,15 +228,37 @@ static __device__ __forceinline__ void kcu_dec_merge_row(kcu_dec_args a, uint32_
     sum += w[2][sp] * w[1][sp];
   }
   sum = kcu_block_reduce(sum, 0, red); /* its barriers also publish w */
+  int *listed = (int *)w[1]; /* the sums are in `sum` now: their row holds the list */
+  if (warp == 0) {
+    int count = 0;
+    for (int base = 0; base < n; base += 32) {
+      int sp = base + lane, live = sp < n && w[2][sp] != 0.0f;
+      unsigned ballot = __ballot_sync(0xffffffffu, live);
+      if (live) listed[count + __popc(ballot & ((1u << lane) - 1u))] = sp;
+      count += __popc(ballot);
+    }
+    if (lane == 0) *n_live = count;
+  }
+  __syncthreads();
+  const int live = *n_live;
 #pragma unroll
   for (int c = 0; c < KCU_DEC_MAXC; c++) acc[c] = 0.0f;
-#pragma unroll 4
-  for (int sp = warp; sp < n; sp += KCU_DEC_MERGE_WARPS) {
-    float ws = w[2][sp];
-    if (ws == 0.0f) continue; /* the same in every lane; the split's row holds zeros */
+  for (int j0 = warp * KCU_DEC_MERGE_BATCH; j0 < live;
+       j0 += KCU_DEC_MERGE_WARPS * KCU_DEC_MERGE_BATCH) {
+    float got[KCU_DEC_MERGE_BATCH][KCU_DEC_MAXC], ws[KCU_DEC_MERGE_BATCH];
 #pragma unroll
-    for (int c = 0; c < KCU_DEC_MAXC; c++)
-      if (lane + 32 * c < Ev) acc[c] += ws * __ldcg(pr + sp * stride + 2 + lane + 32 * c);
+    for (int u = 0; u < KCU_DEC_MERGE_BATCH; u++) {
+      int sp = j0 + u < live ? listed[j0 + u] : -1; /* the same in every lane */
+      ws[u] = sp >= 0 ? w[2][sp] : 0.0f;
+#pragma unroll
+      for (int c = 0; c < KCU_DEC_MAXC; c++)
+        got[u][c] = sp >= 0 && lane + 32 * c < Ev ? __ldcg(pr + sp * stride + 2 + lane + 32 * c)
+                                                  : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < KCU_DEC_MERGE_BATCH; u++)
+#pragma unroll
+      for (int c = 0; c < KCU_DEC_MAXC; c++) acc[c] += ws[u] * got[u][c];
   }
 #pragma unroll
   for (int c = 0; c < KCU_DEC_MAXC; c++)
@@ -252,8 +277,9 @@ __global__ void __launch_bounds__(KCU_DEC_MERGE_WARPS * 32)
   __shared__ float w[3][KCU_DEC_MAX_SPLITS]; /* maxima, sums, weights */
   __shared__ float num[KCU_DEC_MERGE_WARPS][KCU_ATTN_MAX_HEAD];
   __shared__ float red[KCU_DEC_MERGE_WARPS];
+  __shared__ int n_live;
   kcu_begin_early();
-  kcu_dec_merge_row(a, blockIdx.x, out, w, num, red);
+  kcu_dec_merge_row(a, blockIdx.x, out, w, num, red, &n_live);
 }
 
 #define KCU_DECW_WARPS 4  /* warps a block of the warp path: splits of one query row */
@@ -364,14 +390,14 @@ __global__ void __launch_bounds__(KCU_DECW_WARPS * 32)
   __shared__ float w[3][KCU_DEC_MAX_SPLITS];
   __shared__ float num[KCU_DEC_MERGE_WARPS][KCU_ATTN_MAX_HEAD];
   __shared__ float red[KCU_DEC_MERGE_WARPS];
-  __shared__ int last;
+  __shared__ int last, n_live;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(&a.arrivals[row], 1u) == blocks - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  kcu_dec_merge_row(a, row, out, w, num, red);
+  kcu_dec_merge_row(a, row, out, w, num, red, &n_live);
   if (threadIdx.x == 0) a.arrivals[row] = 0; /* for the next launch */
 }
 

@@ -25,10 +25,16 @@ typedef struct kcu_chain {
 void kcu_chain_init(kcu_chain *c, const kiln_pw_span *span, const kcu_tensor *in, uint32_t n_in,
                     const kcu_tensor *shape);
 
+/* One step of kind on v: unary, or binary with operand y (y op v where reversed). */
+static __device__ __forceinline__ float kcu_step_math(int kind, int binary, int reversed,
+                                                      float param, float v, float y) {
+  if (!binary) return kcu_unop(kind, v, param);
+  return reversed ? kcu_binop(kind, y, v, 1.0f) : kcu_binop(kind, v, y, 1.0f);
+}
+
 static __device__ __forceinline__ float kcu_chain_step(const kcu_chain *c, int s, float v,
                                                        float y) {
-  if (c->slot[s] == 0) return kcu_unop(c->kind[s], v, c->param[s]);
-  return c->reversed[s] ? kcu_binop(c->kind[s], y, v, 1.0f) : kcu_binop(c->kind[s], v, y, 1.0f);
+  return kcu_step_math(c->kind[s], c->slot[s] != 0, c->reversed[s], c->param[s], v, y);
 }
 
 /* Element offset of operand k at element i of the chain's shape. */

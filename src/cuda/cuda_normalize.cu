@@ -101,8 +101,7 @@ __global__ void kcu_norm_rows(kcu_chain c, int before, const void *w, const void
  * made the kernel several hundred KB of machine code, most of the library's). */
 static __device__ __noinline__ float kcu_norm_step(int kind, int binary, int reversed,
                                                    float param, float v, float y) {
-  if (!binary) return kcu_unop(kind, v, param);
-  return reversed ? kcu_binop(kind, y, v, 1.0f) : kcu_binop(kind, v, y, 1.0f);
+  return kcu_step_math(kind, binary, reversed, param, v, y);
 }
 
 /* Steps [from, to) on the elements v of 16-byte vector vi, every operand of x's shape. */
