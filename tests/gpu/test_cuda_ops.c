@@ -2291,15 +2291,18 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
   p_free(p);
 }
 
-/* Decoding's attention (one query row per head over a long cache) on the decoding kernel
- * (keys split among blocks) and on the tiled fused kernel: microseconds per call, agreement.
+/* Decoding's attention (one query row per head over a long cache) on the tiled fused kernel
+ * and on the decoding kernel (keys split among warps), its splits merged by a kernel after it or
+ * by the last block of a row to finish (the engine's way): microseconds per call, agreement.
  * keep < S: a bool mask keeps the first keep keys, as a static cache filled that far. */
 static void time_sdpa_decode(int64_t heads, int64_t kv_heads, int64_t S, int64_t E, kiln_dtype dt,
                              int64_t keep) {
   kcu_tensor t[4], m;
   unsigned char *mask_host = NULL;
   const int64_t rows[4] = {heads, kv_heads, kv_heads, heads}, len[4] = {1, S, S, 1};
-  void *outs[2] = {NULL, NULL}, *part = NULL;
+  void *outs[3] = {NULL, NULL, NULL}, *part = NULL;
+  unsigned *arrivals = NULL;
+  const int64_t n_arrivals = kcu_attention_arrivals(132 * 2);
   size_t part_bytes = kcu_attention_part_bytes(E, 132 * 2);
   for (int i = 0; i < 4; i++) {
     memset(&t[i], 0, sizeof t[i]);
@@ -2328,38 +2331,49 @@ static void time_sdpa_decode(int64_t heads, int64_t kv_heads, int64_t S, int64_t
   const kcu_tensor *mask = keep < S ? &m : NULL;
   outs[0] = t[3].data;
   if (!cuda_ok(cudaMalloc(&outs[1], (size_t)t[3].numel * 4), "cudaMalloc") ||
-      !cuda_ok(cudaMalloc(&part, part_bytes), "cudaMalloc"))
+      !cuda_ok(cudaMalloc(&outs[2], (size_t)t[3].numel * 4), "cudaMalloc") ||
+      !cuda_ok(cudaMalloc(&part, part_bytes), "cudaMalloc") ||
+      !cuda_ok(cudaMalloc((void **)&arrivals, (size_t)n_arrivals * sizeof(unsigned)), "cudaMalloc") ||
+      !cuda_ok(cudaMemset(arrivals, 0, (size_t)n_arrivals * sizeof(unsigned)), "cudaMemset"))
     die("device");
   cudaStream_t st;
   cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  double us[2];
-  kcu_dec_scratch dec = {part, part_bytes, NULL, 0}; /* the merge kernel after the splits */
-  for (int split = 0; split < 2; split++) {
+  double us[3];
+  /* split 1: the merge kernel after the splits; 2: the last block of a row merges it (the
+   * engine's way, with arrival counts) */
+  kcu_dec_scratch decs[3] = {{NULL, 0, NULL, 0}, {part, part_bytes, NULL, 0},
+                             {part, part_bytes, arrivals, n_arrivals}};
+  for (int split = 0; split < 3; split++) {
+    const kcu_dec_scratch *dec = split ? &decs[split] : NULL;
     kcu_tensor o = t[3];
     o.data = outs[split];
     float scale = 1.0f / sqrtf((float)E), ms = 0.0f;
     cudaError_t rc = cudaSuccess;
     for (int i = 0; i < 3 && rc == cudaSuccess; i++)
-      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, split ? &dec : NULL);
+      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, dec);
     cudaEventRecord(e0, st);
     for (int i = 0; i < 100 && rc == cudaSuccess; i++)
-      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, split ? &dec : NULL);
+      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, dec);
     cudaEventRecord(e1, st);
     if (rc == cudaSuccess) rc = cudaEventSynchronize(e1);
     cudaEventElapsedTime(&ms, e0, e1);
     us[split] = rc == cudaSuccess ? ms * 10.0 : -1.0;
   }
   double e = device_rel_error(outs[0], outs[1], dt, (uint64_t)t[3].numel);
-  printf("time-sdpa decode %lld/%lld heads S %lld keep %lld E %lld %-4s tiled kernel %8.1f us  decoding kernel %8.1f us  agree %.1e\n",
+  double e2 = device_rel_error(outs[0], outs[2], dt, (uint64_t)t[3].numel);
+  printf("time-sdpa decode %lld/%lld heads S %lld keep %lld E %lld %-4s tiled %8.1f us  decoding + merge kernel %6.1f us  decoding merging its rows %6.1f us  agree %.1e %.1e\n",
          (long long)heads, (long long)kv_heads, (long long)S, (long long)keep, (long long)E,
-         kiln_dtype_name(dt), us[0], us[1], e);
-  CHECK(us[0] > 0.0 && us[1] > 0.0 && e <= dtype_tolerance(dt));
+         kiln_dtype_name(dt), us[0], us[1], us[2], e, e2);
+  CHECK(us[0] > 0.0 && us[1] > 0.0 && us[2] > 0.0 && e <= dtype_tolerance(dt) &&
+        e2 <= dtype_tolerance(dt));
   for (int i = 0; i < 4; i++) cudaFree(t[i].data);
   cudaFree(m.data);
   cudaFree(outs[1]);
+  cudaFree(outs[2]);
+  cudaFree(arrivals);
   cudaFree(part);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
