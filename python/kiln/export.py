@@ -128,6 +128,17 @@ def _cut(text, size):
     return text.encode()[:size].decode(errors="ignore")
 
 
+def _forget_pending_sizes(program):
+    """Drops the data-dependent sizes a failed lowering of program created and never bound
+    (a boolean mask's selection traced again), which would fail the next trace of it."""
+    for node in program.graph.nodes:
+        mode = getattr(node.meta.get("val"), "fake_mode", None)
+        pending = getattr(getattr(mode, "shape_env", None), "pending_fresh_unbacked_symbols", None)
+        if isinstance(pending, list):
+            pending.clear()
+            return
+
+
 def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, strict=None, device_id=0, fuse=True,
           allow_tf32=False, fold_limit_bytes=DEFAULT_FOLD_LIMIT_BYTES):
     """Exports (unless model is an ExportedProgram), folds constants and lowers to Kiln.
@@ -157,6 +168,7 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
         # ExecuTorch verifies the op set before its passes run, so an op outside it that reads
         # only constants (position ids bucketized from a mask of static shape) is folded first,
         # in the functional form, where the buffers a program writes are known and never folded.
+        _forget_pending_sizes(exported)
         functional = exported.run_decompositions({})
         fold_constants(functional, fold_limit_bytes)
         try:

@@ -7,6 +7,8 @@ ExecuTorch's constant_prop_pass does the evaluation; this wraps it with a size g
 it lacks, so that a fold never turns a small input into a much larger constant.
 """
 
+import collections
+
 import torch
 from executorch.exir import memory
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
@@ -35,40 +37,69 @@ def _is_static(value):
     return all(isinstance(d, int) for t in tensors for d in t.shape)
 
 
-def foldable_constants(program, limit_bytes=DEFAULT_FOLD_LIMIT_BYTES):
-    """Evaluates every node that reads only constants; returns ({node: value}, {node name: bytes refused}).
+_SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
-    A node whose value would exceed both limit_bytes and the bytes of the program constants it
-    derives from is not evaluated and stays in the graph (with what depends on it).
+
+def foldable_constants(program, limit_bytes=DEFAULT_FOLD_LIMIT_BYTES):
+    """Evaluates every node that reads only constants.
+
+    Returns ({node: tensor}, {node: Python scalar}, {node name: bytes refused}). A node whose value
+    would exceed both limit_bytes and the bytes of the program constants it derives from is not
+    evaluated and stays in the graph (with what depends on it). A size that depends on data (a
+    boolean mask's selection) is known once evaluated and checked then; the scalars read from
+    constants (such a size, the checks on it) are evaluated too.
     """
     constants = propagation.get_constant_placeholder_dict(program)
+    scalars = {}
+    known = collections.ChainMap(constants, scalars)
     source_bytes = {node: value.numel() * value.element_size() for node, value in constants.items()}
     refused = {}
     for node in program.graph.nodes:
         if (node.op != "call_function" or node.target is memory.alloc or node.target in _SKIPPED
                 or node.is_impure()):
             continue
-        if not (propagation.is_const(node.args, program, constants)
-                and propagation.is_const(node.kwargs, program, constants)):
+        if not (propagation.is_const(node.args, program, known) and propagation.is_const(node.kwargs, program, known)):
             continue
         value = node.meta.get("val")
-        size = _value_bytes(value)
-        if size is None or not _is_static(value):
+        size, scalar = _value_bytes(value), isinstance(value, _SCALARS)
+        if size is None and not scalar:
             continue
-        read = sum(source_bytes[n] for n in node.all_input_nodes)
-        if size > max(limit_bytes, read):
+        read = sum(source_bytes.get(n, 0) for n in node.all_input_nodes)
+        static = not scalar and _is_static(value)
+        if static and size > max(limit_bytes, read):
             refused[node.name] = size
             continue
-        args, kwargs = pytree.tree_map(
-            lambda a: propagation.get_data(a, program, constants), (node.args, node.kwargs))
+        args, kwargs = pytree.tree_map(lambda a: propagation.get_data(a, program, known), (node.args, node.kwargs))
         with torch.no_grad():
             result = node.target(*args, **kwargs)
+        if scalar:
+            scalars[node] = result
+            continue
+        if not static and _value_bytes(result) > max(limit_bytes, read):
+            refused[node.name] = _value_bytes(result)
+            continue
         # ExecuTorch refuses zero strides, which a folded expand would carry.
         if isinstance(result, torch.Tensor) and 0 in result.stride():
             result = result.contiguous()
         constants[node] = result
         source_bytes[node] = read
-    return constants, refused
+    return constants, scalars, refused
+
+
+def _inline_scalars(program, scalars):
+    """Writes each folded scalar into the arguments of the nodes that read it, drops the runtime
+    checks (_assert_scalar) that now read a true constant, and erases the scalars' nodes nothing
+    reads any more (the program's output may still)."""
+    for node, value in scalars.items():
+        for user in [user for user in node.users if user.op == "call_function"]:
+            user.args, user.kwargs = pytree.tree_map(lambda a, n=node, v=value: v if a is n else a,
+                                                     (user.args, user.kwargs))
+    for node in list(program.graph.nodes):
+        if node.target == torch.ops.aten._assert_scalar.default and node.args[0] is True:
+            program.graph.erase_node(node)
+    for node in reversed(list(scalars)):
+        if not node.users:
+            program.graph.erase_node(node)
 
 
 def fold_constants(program, limit_bytes=DEFAULT_FOLD_LIMIT_BYTES):
@@ -77,7 +108,8 @@ def fold_constants(program, limit_bytes=DEFAULT_FOLD_LIMIT_BYTES):
         return {}  # the lifted constants are placed before the first user input
     if any(node.target == torch.ops.higher_order.cond for node in program.graph.nodes):
         return {}
-    constants, refused = foldable_constants(program, limit_bytes)
+    constants, scalars, refused = foldable_constants(program, limit_bytes)
+    _inline_scalars(program, scalars)
     specs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
     specs.update(propagation.create_constant_nodes_and_return_specs(constants, program))
     program.graph_signature.input_specs = [specs[n.name] for n in program.graph.find_nodes(op="placeholder")]

@@ -506,6 +506,63 @@ def test_an_op_outside_core_aten_reading_only_constants_is_folded(tmp_path, monk
     assert_close([actual], [model(x)], models.F32_TOLERANCE, "bucketized positions")
 
 
+class MaskSelectedPositions(nn.Module):
+    """SmolVLM's vision embeddings as transformers 5.17 writes them: position ids bucketized from
+    a patch mask and written through it as a boolean index, a selection whose size depends on
+    data (here constants: a mask of static shape with its last row of patches off)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Embedding(16, 8)
+
+    def forward(self, x):
+        mask = torch.ones(1, 4, 4, dtype=torch.bool, device=x.device)
+        mask[:, 3, :] = False
+        fractions = torch.arange(4, device=x.device)[None, :] / mask[:, :, 0].sum(dim=1)[:, None]
+        edges = torch.arange(0.25, 1.0, 0.25, device=x.device)
+        rows = torch.bucketize(fractions.clamp(max=1 - 1e-6), edges, right=True)
+        positions = (rows[:, :, None] * 4 + torch.arange(4, device=x.device)).reshape(1, -1)
+        ids, keep = torch.zeros(1, 16, dtype=torch.long, device=x.device), mask.view(1, -1)
+        ids[keep] = positions[keep]
+        return x + self.table(ids)
+
+
+def test_a_constant_selection_of_data_dependent_size_is_folded(tmp_path, monkeypatch):
+    """The first lowering fails on bucketize (outside Core ATen) and leaves the selection's sizes
+    pending in the program's shape environment; the retry forgets them, and the fold evaluates
+    the selection, the sizes read from it and the checks on them, so the program is one blob."""
+    import kiln_runtime  # noqa: F401  (registers KilnBackend)
+    from executorch.runtime import Runtime
+
+    torch.manual_seed(0)
+    model, x, path = MaskSelectedPositions().eval(), torch.randn(2, 16, 8), str(tmp_path / "m.pte")
+    program = kiln.export(model, (x,), path, require_whole=True)
+    assert program.kiln_report.kiln_blobs == 1 and program.kiln_report.ops_outside == 0
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    (actual,) = Runtime.get().load_program(path).load_method("forward").execute([x])
+    expected = model(x)
+    assert not torch.allclose(expected, x + model.table.weight[0]), "degenerate positions"
+    assert_close([actual], [expected], models.F32_TOLERANCE, "positions selected by a mask")
+
+
+class PickedFromConstants(nn.Module):
+    """A selection of data-dependent size from a constant: the indices of a mask's cells."""
+
+    def forward(self, x):
+        picked = torch.nonzero(torch.ones(16, 16, dtype=torch.bool, device=x.device))
+        return x * picked.sum().to(x.dtype)
+
+
+def test_a_data_dependent_selection_is_folded_within_the_size_limit():
+    model, x = PickedFromConstants().eval(), torch.randn(8)
+    folded = kiln.to_executorch(model, (x,))
+    assert folded.kiln_report.kiln_blobs == 1 and folded.kiln_report.ops_outside == 0
+    (blob,) = kiln.blobs(folded)
+    assert_close(kiln.run_blob(blob, [x], device="cpu"), [model(x)], models.F32_TOLERANCE, "picked cells")
+    capped = kiln.to_executorch(model, (x,), fold_limit_bytes=1024)  # 256 cells' indices: 4096 bytes
+    assert "aten.nonzero.out" in [str(n.target) for n in capped.exported_program().graph.nodes]
+
+
 class BucketizedState(nn.Module):
     """bucketize of a buffer the program writes after reading it: the read sees the last call's
     value, so it is not a constant, whatever the buffer's initial value."""
