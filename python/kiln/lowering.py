@@ -1165,6 +1165,7 @@ def _table():
                 Lowering(composed.edge_pad(mirror), composed.check_edge_pad, compute=False))
     add(["aten::select_scatter.default"],
         Lowering(composed.lower_select_scatter, composed.check_select_scatter, compute=False))
+    add(["aten::scatter.value"], Lowering(composed.lower_scatter_value, composed.check_scatter_value))
     add(["aten::gather.default"], Lowering(_lower_gather))
     add(["aten::index.Tensor"], Lowering(_lower_index, _check_index))
     add(["aten::argmax.default"], Lowering(composed.arg_extreme(True)))

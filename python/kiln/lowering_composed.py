@@ -2,9 +2,10 @@
 with Kiln's (leaky_relu, elu, expm1 and log1p to full precision, ...), reductions from amax,
 argmax, mean and sum (argmin, max and min along a dim, var, any), batch norm of batch statistics
 from layer_norm, index remaps by constant indices (flip, reflection and replication padding,
-select_scatter), constant padding, 1-d and 3-d convolutions and pools as 2-d ones, rounding
-(floor, ceil, trunc, round) from casts, and grid_sample from gathers. Each lowering here is
-lower(ctx, node) of lowering.Lowering; the table that maps ATen ops to them is lowering's."""
+select_scatter), scatter of a value by comparisons, constant padding, 1-d and 3-d convolutions
+and pools as 2-d ones, rounding (floor, ceil, trunc, round) from casts, and grid_sample from
+gathers. Each lowering here is lower(ctx, node) of lowering.Lowering; the table that maps ATen
+ops to them is lowering's."""
 
 import math
 
@@ -401,6 +402,42 @@ def lower_select_scatter(ctx, node):
     if index + 1 < shape[dim]:
         pieces.append(ctx.op("slice", [ctx.tensor(x)], [dim, index + 1, shape[dim], 1]))
     return ctx.op("cat", pieces, [dim]) if len(pieces) > 1 else ctx.op("copy", pieces)
+
+
+def check_scatter_value(node):
+    args = node_args(node)
+    shape, index = node_value(args["self"]).shape, node_value(args["index"]).shape
+    if not all(isinstance(d, int) for d in list(shape) + list(index)):
+        return "scatter of a value over a dynamic shape (Kiln plans it static)"
+    if not shape:
+        return "scatter into a 0-d tensor"
+    dim = args["dim"] % len(shape)
+    if len(index) != len(shape) or any(index[k] != shape[k] for k in range(len(shape)) if k != dim):
+        return (f"scatter with an index of shape {list(index)} into {list(shape)} (Kiln scatters with an "
+                "index as large as self in every dim but dim)")
+    return None
+
+
+def lower_scatter_value(ctx, node):
+    """scatter of a value (a routing mask's chosen experts set to -inf): slot j along dim takes the
+    value where one of the index's entries along dim is j, else self's. The index, given a new
+    dim before dim, is compared with the slot numbers 0..n-1, and any over the index's entries
+    picks the slots (a where)."""
+    args = node_args(node)
+    x, index = args["self"], args["index"]
+    shape, wide = list(node_value(x).shape), list(node_value(index).shape)
+    dim = args["dim"] % len(shape)
+    wide.insert(dim, 1)
+    slots = [1] * len(wide)
+    slots[dim] = shape[dim]
+    numbers = ctx.builder.add_constant(torch.arange(shape[dim], dtype=torch.int64).reshape(slots))
+    hits = ctx.op("compare", [ctx.op("reshape", [ctx.tensor(index)], wide), numbers], [_lib.COMPARE["eq"]])
+    hits = ctx.op("cast", [hits], [_lib.kiln_dtype(torch.float32)])
+    hit = ctx.op("compare", [ctx.op("amax", [hits], [dims_mask([dim + 1], len(wide)), 0]),
+                             ctx.operand(0.0, torch.float32)], [_lib.COMPARE["ne"]])
+    dtype = node_value(node).dtype
+    value = args["value"] if dtype.is_floating_point else int(args["value"])
+    return ctx.op("where", [hit, ctx.operand(value, dtype), ctx.tensor(x)])
 
 
 # ------------------------------------------------------------------ 1-d and 3-d convolutions and pools as 2-d ones

@@ -199,6 +199,23 @@ ARCHITECTURES = {
                       hf.Qwen2MoeConfig(**_decoder_sizes(), num_experts=4, num_experts_per_tok=2,
                                         moe_intermediate_size=32, shared_expert_intermediate_size=64),
                       LogitsOf), ids_only),
+    # PhiMoE's sparse mixer: the chosen expert masked out of the router's scores by a scatter
+    "phimoe": (_hf(lambda config: hf.PhimoeForCausalLM._from_config(config, experts_implementation="batched_mm"),
+                   hf.PhimoeConfig(**_decoder_sizes(), num_local_experts=4, num_experts_per_tok=2), LogitsOf),
+               ids_only),
+    # recurrences: Mamba 2's chunked state-space scan, RecurrentGemma's gated linear recurrence
+    # beside local attention, RWKV's time mixing
+    "mamba2": (_hf(hf.Mamba2ForCausalLM, hf.Mamba2Config(num_hidden_layers=LAYERS, hidden_size=WIDTH, num_heads=8,
+                                                         head_dim=16, vocab_size=VOCAB, state_size=16, n_groups=1,
+                                                         chunk_size=16), LogitsOf), ids_only),
+    "recurrent_gemma": (_hf(hf.RecurrentGemmaForCausalLM,
+                            hf.RecurrentGemmaConfig(num_hidden_layers=3, hidden_size=WIDTH, intermediate_size=FEED_FORWARD,
+                                                    num_attention_heads=HEADS, num_key_value_heads=1, vocab_size=VOCAB,
+                                                    lru_width=WIDTH, attention_window_size=16, head_dim=16),
+                            LogitsOf), ids_only),
+    "rwkv": (_hf(hf.RwkvForCausalLM, hf.RwkvConfig(num_hidden_layers=LAYERS, hidden_size=WIDTH, vocab_size=VOCAB,
+                                                   attention_hidden_size=WIDTH, intermediate_size=FEED_FORWARD,
+                                                   context_length=64), LogitsOf), ids_only),
     # a state-space model: its selective scan unrolled over the sequence, softplus through log1p
     "mamba": (_hf(hf.MambaForCausalLM, hf.MambaConfig(num_hidden_layers=LAYERS, hidden_size=WIDTH, vocab_size=VOCAB,
                                                        state_size=8, intermediate_size=FEED_FORWARD), LogitsOf),
@@ -230,6 +247,9 @@ ARCHITECTURES = {
                                                                     eos_token_id=2, cls_token_id=1, sep_token_id=2)),
     "esm": _encoder(hf.EsmModel, hf.EsmConfig(**_SIZES, vocab_size=VOCAB, pad_token_id=0,
                                               position_embedding_type="rotary")),
+    # relative attention over sinusoidal relative positions with per-head biases (XLNet)
+    "xlnet": (_hf(hf.XLNetModel, hf.XLNetConfig(n_layer=LAYERS, d_model=WIDTH, n_head=HEADS, d_inner=FEED_FORWARD,
+                                                vocab_size=VOCAB), HiddenStatesOf), ids_and_mask),
     # characters hashed into buckets (remainder by a power of two), downsampled by a convolution
     "canine": _encoder(hf.CanineModel, hf.CanineConfig(**_SIZES, downsampling_rate=4, num_hash_buckets=64)),
     # pooled queries, its relative shift written into slices of a copy (slice_scatter)

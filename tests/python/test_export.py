@@ -1355,6 +1355,10 @@ OP_CASES = [
     ("replication_pad3d", aten.replication_pad3d.default, (rand(1, 2, 2, 3, 3), [1, 1, 1, 1, 2, 0]), {}),
     ("select_scatter", aten.select_scatter.default, (rand(2, 5, 3), rand(2, 3, seed=1), 1, -2), {}),
     ("select_scatter_first", aten.select_scatter.default, (rand(3, 4), rand(4, seed=1), 0, 0), {}),
+    # scatter of a value: a router's chosen experts masked to -inf (a repeated index too), along dim 0
+    ("scatter_value", aten.scatter.value, (rand(3, 6), -1, torch.tensor([[1, 4], [0, 0], [5, 2]]), float("-inf")), {}),
+    ("scatter_value_dim0", aten.scatter.value, (rand(4, 3), 0, ids(2, 3, high=4, seed=3), 2.5), {}),
+    ("scatter_value_int", aten.scatter.value, (ids(3, 5, high=9), 1, ids(3, 2, high=5, seed=4), 1), {}),
     # rounding: ties, negatives, -0.5, NaN and infinities, and values past 2^23 and past i64
     ("floor", aten.floor.default, (ROUNDING,), {}),
     ("ceil", aten.ceil.default, (ROUNDING,), {}),
@@ -1425,6 +1429,17 @@ def test_min_and_max_along_a_dim_give_their_indices_too(op, args):
     graph.output(tuple(_node(graph, operator.getitem, (node, i), value) for i, value in enumerate(expected)))
     blob = lowering.build_graph(graph, lambda n: None)
     assert_close(kiln.run_blob(blob, [args[0]]), list(expected), models.F32_TOLERANCE, "extremes")
+
+
+def test_a_scatter_whose_index_is_narrower_than_self_outside_its_dim_is_refused():
+    graph, node, _, _ = _graph_of(aten.scatter.value, (rand(3, 6), 1, ids(2, 2, high=6), 0.0), {})
+    assert lowering.refusal(node) == ("scatter with an index of shape [2, 2] into [3, 6] (Kiln scatters with an "
+                                      "index as large as self in every dim but dim)")
+
+
+def test_a_scatter_into_a_0d_tensor_is_refused():
+    graph, node, _, _ = _graph_of(aten.scatter.value, (torch.tensor(0.5), 0, torch.tensor(0), 1.0), {})
+    assert lowering.refusal(node) == "scatter into a 0-d tensor"
 
 
 def test_every_lowering_has_a_case():
