@@ -75,8 +75,9 @@ def foldable_constants(program, limit_bytes=DEFAULT_FOLD_LIMIT_BYTES):
         if scalar:
             scalars[node] = result
             continue
-        if not static and _value_bytes(result) > max(limit_bytes, read):
-            refused[node.name] = _value_bytes(result)
+        produced = None if static else _value_bytes(result)
+        if produced is not None and produced > max(limit_bytes, read):
+            refused[node.name] = produced
             continue
         # ExecuTorch refuses zero strides, which a folded expand would carry.
         if isinstance(result, torch.Tensor) and 0 in result.stride():
