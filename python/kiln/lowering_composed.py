@@ -413,8 +413,9 @@ def check_scatter_value(node):
         return "scatter into a 0-d tensor"
     dim = args["dim"] % len(shape)
     if len(index) != len(shape) or any(index[k] != shape[k] for k in range(len(shape)) if k != dim):
-        return (f"scatter with an index of shape {list(index)} into {list(shape)} (Kiln scatters with an "
-                "index as large as self in every dim but dim)")
+        shapes = f"scatter with an index of shape {list(index)} into {list(shape)}"[:120]
+        return (f"{shapes}: Kiln scatters with an index as large as self in every dim but dim; expand the "
+                "index to self's shape outside dim")
     return None
 
 

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import warnings
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from executorch.exir.dialects.edge._ops import EdgeOpOverload
 
 import kiln
 import models
-from kiln import _lib, lowering
+from kiln import _lib, lowering, lowering_composed
 from kiln.backend import parse_compile_specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -1433,8 +1435,19 @@ def test_min_and_max_along_a_dim_give_their_indices_too(op, args):
 
 def test_a_scatter_whose_index_is_narrower_than_self_outside_its_dim_is_refused():
     graph, node, _, _ = _graph_of(aten.scatter.value, (rand(3, 6), 1, ids(2, 2, high=6), 0.0), {})
-    assert lowering.refusal(node) == ("scatter with an index of shape [2, 2] into [3, 6] (Kiln scatters with an "
-                                      "index as large as self in every dim but dim)")
+    assert lowering.refusal(node) == ("scatter with an index of shape [2, 2] into [3, 6]: Kiln scatters with an "
+                                      "index as large as self in every dim but dim; expand the index to self's "
+                                      "shape outside dim")
+
+
+def test_a_scatter_refusal_stays_within_a_message_for_the_largest_shapes():
+    shape = [2 ** 40] * 8
+    args = {"self": SimpleNamespace(shape=shape), "index": SimpleNamespace(shape=[1] + shape[1:]), "dim": 1}
+    with mock.patch.object(lowering_composed, "node_args", lambda node: args), \
+            mock.patch.object(lowering_composed, "node_value", lambda value: value):
+        reason = lowering_composed.check_scatter_value(None)
+    assert reason.startswith("scatter with an index of shape [1, ")
+    assert len(reason.encode()) <= 255 and reason.endswith("expand the index to self's shape outside dim")
 
 
 def test_a_scatter_into_a_0d_tensor_is_refused():
