@@ -2342,12 +2342,13 @@ static void time_sdpa_decode(int64_t heads, int64_t kv_heads, int64_t S, int64_t
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   double us[3];
-  /* split 1: the merge kernel after the splits; 2: the last block of a row merges it (the
-   * engine's way, with arrival counts) */
-  kcu_dec_scratch decs[3] = {{NULL, 0, NULL, 0}, {part, part_bytes, NULL, 0},
-                             {part, part_bytes, arrivals, n_arrivals}};
+  /* split 0: no decoding scratch (the tiled kernel); 1: the merge kernel after the splits;
+   * 2: the last block of a row merges it (the engine's way, with arrival counts) */
+  const kcu_dec_scratch merge_kernel = {part, part_bytes, NULL, 0};
+  const kcu_dec_scratch merge_by_last = {part, part_bytes, arrivals, n_arrivals};
+  const kcu_dec_scratch *decs[3] = {NULL, &merge_kernel, &merge_by_last};
   for (int split = 0; split < 3; split++) {
-    const kcu_dec_scratch *dec = split ? &decs[split] : NULL;
+    const kcu_dec_scratch *dec = decs[split];
     kcu_tensor o = t[3];
     o.data = outs[split];
     float scale = 1.0f / sqrtf((float)E), ms = 0.0f;
