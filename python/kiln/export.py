@@ -13,6 +13,7 @@ from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 from executorch.exir.passes import MemoryPlanningPass
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .backend import KilnBackend
 from .folding import DEFAULT_FOLD_LIMIT_BYTES, FoldConstants, drop_unused_constants, fold_constants
@@ -163,18 +164,20 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
         edge = lowered(exported)
     except Exception as error:
         message = _outside_core_aten(exported, error)
-        if message is None:
+        if message is None and not isinstance(error, GuardOnDataDependentSymNode):
             raise
-        # ExecuTorch verifies the op set before its passes run, so an op outside it that reads
-        # only constants (position ids bucketized from a mask of static shape) is folded first,
-        # in the functional form, where the buffers a program writes are known and never folded.
+        # ExecuTorch verifies the op set and retraces every view before Kiln's folding runs, so
+        # an op outside the set that reads only constants (position ids bucketized from a mask of
+        # static shape), or a view whose size a computation on constants decides (a pooled
+        # length from a float), is folded first, in the functional form, where the buffers a
+        # program writes are known and never folded.
         _forget_pending_sizes(exported)
         functional = exported.run_decompositions({})
         fold_constants(functional, fold_limit_bytes)
         try:
             edge = lowered(functional)
         except Exception as again:
-            if _outside_core_aten(functional, again) is None:
+            if message is None or _outside_core_aten(functional, again) is None:
                 raise
             raise ValueError(message) from error
     # Constants whose readers all went into blobs may be left unread; see drop_unused_constants.

@@ -565,6 +565,28 @@ def test_a_data_dependent_selection_is_folded_within_the_size_limit():
     assert "aten.nonzero.out" in [str(n.target) for n in capped.exported_program().graph.nodes]
 
 
+class RelativeRange(nn.Module):
+    """Funnel's relative positions as transformers 5.17 writes them: an arange whose ends are
+    tensors computed from constants, so its length is data-dependent to the tracer, then sliced."""
+
+    def forward(self, x):
+        pos = torch.arange(0, x.shape[1], dtype=torch.int64, device=x.device)
+        rel = torch.arange(pos[-1] - pos[0], pos[0] - pos[-1] - 1, -1, dtype=torch.long, device=x.device)
+        return x * rel[1:].to(x.dtype)[: x.shape[1]]
+
+
+def test_a_view_whose_size_constants_decide_is_folded():
+    """ExecuTorch's first lowering retraces the slice and cannot decide its size (a guard on a
+    data-dependent expression); the retry folds the arange in the functional form, and the
+    program is one blob matching eager."""
+    model, x = RelativeRange().eval(), torch.randn(2, 8)
+    folded = kiln.to_executorch(model, (x,), require_whole=True)
+    (blob,) = kiln.blobs(folded)
+    expected = model(x)
+    assert expected.std().item() > 1e-3
+    assert_close(kiln.run_blob(blob, [x], device="cpu"), [expected], models.F32_TOLERANCE, "relative range")
+
+
 class BucketizedState(nn.Module):
     """bucketize of a buffer the program writes after reading it: the read sees the last call's
     value, so it is not a constant, whatever the buffer's initial value."""
