@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU tests, run on a machine with an NVIDIA GPU (CI has none): the CUDA engine against the
 # CPU reference engine op by op, the device-fault check in a process of its own, the model
-# zoo against PyTorch eager on the GPU, and the two-GPU checks when two devices are present.
+# zoo and every architecture of the CPU suite against PyTorch eager on the GPU, and the two-GPU
+# checks when two devices are present.
 # Usage: scripts/gpu_test.sh [build-dir]   (the build must have the CUDA engine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +38,13 @@ else
   summary+=("NOT RUN two gpus: $gpus GPU visible")
 fi
 if [ "${KILN_GPU_MODELS:-1}" = 1 ]; then
-  step "models" timeout 1500 python3 -m pytest -q -p no:cacheprovider tests/gpu
+  step "models" timeout 1500 python3 -m pytest -q -p no:cacheprovider tests/gpu \
+    --ignore=tests/gpu/test_architectures_cuda.py
+fi
+# Every architecture of tests/python/test_architectures.py in fp32, fp16 and bf16: about 160
+# cases of 5 to 20 s (each exported, then run on both engines).
+if [ "${KILN_GPU_ARCHITECTURES:-1}" = 1 ]; then
+  step "architectures" timeout 3600 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_architectures_cuda.py
 fi
 
 echo "== summary"
