@@ -1,5 +1,7 @@
 """kiln.export: a PyTorch module to a .pte file whose supported parts run on Kiln."""
 
+import contextlib
+import logging
 import operator
 import os
 import re
@@ -140,6 +142,20 @@ def _forget_pending_sizes(program):
             return
 
 
+@contextlib.contextmanager
+def _tracer_errors_unlogged():
+    """Keeps the tracer's error log quiet while a lowering Kiln may retry runs: on a size it cannot
+    decide it logs the failure with its whole traceback before raising it, which read as an
+    export that failed when the retry then succeeds. The raised error carries the same message."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    saved = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(saved)
+
+
 def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, strict=None, device_id=0, fuse=True,
           allow_tf32=False, fold_limit_bytes=DEFAULT_FOLD_LIMIT_BYTES):
     """Exports (unless model is an ExportedProgram), folds constants and lowers to Kiln.
@@ -161,7 +177,8 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
                                            partitioner=[partitioner])
 
     try:
-        edge = lowered(exported)
+        with _tracer_errors_unlogged():
+            edge = lowered(exported)
     except Exception as error:
         message = _outside_core_aten(exported, error)
         if message is None and not isinstance(error, GuardOnDataDependentSymNode):
