@@ -27,25 +27,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 import kiln  # noqa: E402
 from kiln import _lib  # noqa: E402
 from test_architectures import ARCHITECTURES, TOLERANCE  # noqa: E402
+from test_real_models_cuda import relative_error  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 HALF_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
 ILL_CONDITIONED = 1e-1  # eager's own error in a half dtype past which nothing is compared
-
-
-@pytest.fixture
-def no_tf32():
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-def relative_error(got, want):
-    got, want = got.detach().double().cpu(), want.detach().double().cpu()
-    peak = want.abs().max().item()
-    return (got - want).abs().max().item() / (peak if peak > 0 else 1.0)
 
 
 def _in_binding_order(blob, model, inputs):

@@ -67,14 +67,6 @@ def test_real_model_cuda_matches_eager(spec, dtype):
 CNN_TOLERANCE = {torch.float16: 1e-2, torch.float32: 1e-4}
 
 
-@pytest.fixture
-def no_tf32():
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["f16", "f32"])
 @pytest.mark.parametrize("spec", CNN_ZOO_224, ids=[m.name for m in CNN_ZOO_224])
 def test_cnn_cuda_matches_eager(spec, dtype, no_tf32):
