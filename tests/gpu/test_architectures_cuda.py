@@ -6,7 +6,8 @@ In fp16 and bf16 against float64 eager within 1e-2 and 2e-2, or, where the model
 ill-conditioned in that dtype that eager's own error nears that (random-weight CNNs, LeViT,
 R(2+1)D), within 3 times eager's error: there any change in where a sum rounds moves the result by about
 eager's error again (measured on the H100: LeViT bf16 1.6e-1 against eager's 5.7e-2, the CUDA
-engine equal to the CPU engine), while a wrong op is off by its whole magnitude. Past 1e-1 of
+engine equal to the CPU engine; block by block on the same inputs Kiln's error equals eager's),
+while a wrong op is off by its whole magnitude. Past 1e-1 of
 eager's own error (EfficientNet-B0 and ShuffleNetV2 in bf16) nothing is compared. The CUDA
 engine must also agree with the CPU engine wherever the CPU engine is itself within the bound: a
 router's near-tie decided the other way by one engine's rounding (PhiMoE in bf16) moves a
