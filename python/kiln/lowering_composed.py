@@ -441,6 +441,77 @@ def lower_scatter_value(ctx, node):
     return ctx.op("where", [hit, ctx.operand(value, dtype), ctx.tensor(x)])
 
 
+# ------------------------------------------------------------------ col2im (fold) as a gather and a sum
+
+
+def _col2im_geometry(node):
+    """col2im's input as (batch or None, channels, kernel, dilation, padding, stride, output size,
+    block grid), all static."""
+    args = node_args(node)
+    shape = list(node_value(args["self"]).shape)
+    kernel, dilation = list(args["kernel_size"]), list(args["dilation"])
+    padding, stride, size = list(args["padding"]), list(args["stride"]), list(args["output_size"])
+    grid = [(size[d] + 2 * padding[d] - dilation[d] * (kernel[d] - 1) - 1) // stride[d] + 1 for d in range(2)]
+    batch = shape[0] if len(shape) == 3 else None
+    return batch, shape[-2] // (kernel[0] * kernel[1]), kernel, dilation, padding, stride, size, grid
+
+
+def check_col2im(node):
+    args = node_args(node)
+    x = node_value(args["self"])
+    values = list(x.shape) + list(args["output_size"])
+    if not all(isinstance(v, int) for v in values):
+        return "col2im over a dynamic shape (Kiln plans it static)"
+    if x.dim() not in (2, 3):
+        return f"col2im of a rank-{x.dim()} input (PyTorch takes rank 2 or 3)"
+    return check_float_input(node)
+
+
+def _col2im_table(kernel, dilation, padding, stride, size, grid):
+    """For each output pixel (row-major), the columns of the flattened blocks [kh * kw * L] that
+    land on it, padded with kh * kw * L (a zero column appended) to the most any pixel gets."""
+    blocks = grid[0] * grid[1]
+    zero = kernel[0] * kernel[1] * blocks
+    lists = []
+    for y in range(size[0]):
+        for x in range(size[1]):
+            found = []
+            for i in range(kernel[0]):
+                row = y + padding[0] - i * dilation[0]
+                if row < 0 or row % stride[0] or row // stride[0] >= grid[0]:
+                    continue
+                for j in range(kernel[1]):
+                    col = x + padding[1] - j * dilation[1]
+                    if col < 0 or col % stride[1] or col // stride[1] >= grid[1]:
+                        continue
+                    found.append((i * kernel[1] + j) * blocks + (row // stride[0]) * grid[1] + col // stride[1])
+            lists.append(found)
+    most = max(1, max(len(found) for found in lists))
+    return torch.tensor([found + [zero] * (most - len(found)) for found in lists], dtype=torch.int64), most
+
+
+def lower_col2im(ctx, node):
+    """col2im (nn.Fold, overlap-add of sliding blocks): each output pixel sums the block columns
+    that land on it. Which they are follows from the static geometry alone, so a constant table
+    lists them per pixel; an index_select gathers them (a zero column fills the short lists at
+    the borders and between strides) and a sum over the list adds them. PyTorch decomposes it
+    into an index_put that accumulates, which Kiln does not take."""
+    args = node_args(node)
+    x = args["self"]
+    batch, channels, kernel, dilation, padding, stride, size, grid = _col2im_geometry(node)
+    n = batch if batch is not None else 1
+    columns = kernel[0] * kernel[1] * grid[0] * grid[1]
+    table, most = _col2im_table(kernel, dilation, padding, stride, size, grid)
+    flat = ctx.op("reshape", [ctx.tensor(x)], [n, channels, columns])
+    zeros = ctx.builder.add_constant(torch.zeros(n, channels, 1, dtype=node_value(x).dtype))
+    padded = ctx.op("cat", [flat, zeros], [2])
+    picked = ctx.op("index_select", [padded, ctx.builder.add_constant(table.flatten())], [2])
+    picked = ctx.op("reshape", [picked], [n, channels, size[0] * size[1], most])
+    summed = ctx.op("sum", [picked], [dims_mask([3], 4), 0])
+    out = [n, channels] + size if batch is not None else [channels] + size
+    return ctx.op("reshape", [summed], out)
+
+
 # ------------------------------------------------------------------ 1-d and 3-d convolutions and pools as 2-d ones
 
 

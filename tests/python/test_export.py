@@ -602,6 +602,43 @@ def test_a_retried_lowering_logs_no_error():
     assert logged == []
 
 
+class OutlookMixing(nn.Module):
+    """VOLO's outlook attention in miniature: each pixel's 3x3 neighbourhood (unfold) mixed by
+    weights computed from the pixel, then the blocks added back where they overlap (fold), with a
+    stride of 2 as VOLO pools its attention."""
+
+    def __init__(self, channels=8):
+        super().__init__()
+        self.weights = nn.Linear(channels, 9 * 9)
+        self.unfold = nn.Unfold(3, padding=1, stride=2)
+        self.fold = nn.Fold((8, 8), 3, padding=1, stride=2)
+
+    def forward(self, x):
+        n, c, h, w = x.shape
+        blocks = self.unfold(x).reshape(n, c, 9, -1).permute(0, 3, 2, 1)  # n, L, 9, c
+        pooled = F.avg_pool2d(x, 2).flatten(2).transpose(1, 2)  # n, L, c
+        mix = self.weights(pooled).reshape(n, -1, 9, 9).softmax(-1)
+        out = (mix @ blocks).permute(0, 3, 2, 1).reshape(n, c * 9, -1)
+        return self.fold(out)
+
+
+def test_an_overlap_add_of_blocks_runs_whole(tmp_path, monkeypatch):
+    """nn.Fold is col2im, which ExecuTorch would decompose into an index_put that accumulates;
+    Kiln keeps it whole and composes it, so the model is one blob matching eager."""
+    import kiln_runtime  # noqa: F401  (registers KilnBackend)
+    from executorch.runtime import Runtime
+
+    torch.manual_seed(0)
+    model, x, path = OutlookMixing().eval(), torch.randn(2, 8, 8, 8), str(tmp_path / "m.pte")
+    program = kiln.export(model, (x,), path, require_whole=True)
+    assert program.kiln_report.kiln_blobs == 1 and program.kiln_report.ops_outside == 0
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    (actual,) = Runtime.get().load_program(path).load_method("forward").execute([x])
+    expected = model(x)
+    assert expected.std().item() > 1e-2
+    assert_close([actual], [expected], models.F32_TOLERANCE, "outlook mixing")
+
+
 class BucketizedState(nn.Module):
     """bucketize of a buffer the program writes after reading it: the read sees the last call's
     value, so it is not a constant, whatever the buffer's initial value."""
@@ -1395,6 +1432,10 @@ OP_CASES = [
     ("select_scatter", aten.select_scatter.default, (rand(2, 5, 3), rand(2, 3, seed=1), 1, -2), {}),
     ("select_scatter_first", aten.select_scatter.default, (rand(3, 4), rand(4, seed=1), 0, 0), {}),
     # scatter of a value: a router's chosen experts masked to -inf (a repeated index too), along dim 0
+    # overlap-add of sliding blocks (nn.Fold): borders, strides and dilation leave pixels fewer blocks
+    ("col2im", aten.col2im.default, (rand(2, 4 * 9, 9), [6, 6], [3, 3], [1, 1], [1, 1], [2, 2]), {}),
+    ("col2im_dilated_unbatched", aten.col2im.default, (rand(3 * 6, 14), [7, 5], [2, 3], [2, 1], [1, 0], [1, 2]), {}),
+    ("col2im_half", aten.col2im.default, (rand(1, 2 * 4, 9).half(), [4, 4], [2, 2], [1, 1], [0, 0], [1, 1]), {}),
     ("scatter_value", aten.scatter.value, (rand(3, 6), -1, torch.tensor([[1, 4], [0, 0], [5, 2]]), float("-inf")), {}),
     ("scatter_value_dim0", aten.scatter.value, (rand(4, 3), 0, ids(2, 3, high=4, seed=3), 2.5), {}),
     ("scatter_value_int", aten.scatter.value, (ids(3, 5, high=9), 1, ids(3, 2, high=5, seed=4), 1), {}),
