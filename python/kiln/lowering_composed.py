@@ -456,6 +456,10 @@ def _col2im_geometry(node):
     return batch, shape[-2] // (kernel[0] * kernel[1]), kernel, dilation, padding, stride, size, grid
 
 
+# The most col2im's constant table (an int64 a block of each pixel) may take in a blob.
+COL2IM_TABLE_LIMIT_BYTES = 64 << 20
+
+
 def check_col2im(node):
     args = node_args(node)
     x = node_value(args["self"])
@@ -464,6 +468,12 @@ def check_col2im(node):
         return "col2im over a dynamic shape (Kiln plans it static)"
     if x.dim() not in (2, 3):
         return f"col2im of a rank-{x.dim()} input (PyTorch takes rank 2 or 3)"
+    size, kernel = list(args["output_size"]), list(args["kernel_size"])
+    table = size[0] * size[1] * kernel[0] * kernel[1] * 8  # at most every kernel tap a pixel
+    if table > COL2IM_TABLE_LIMIT_BYTES:
+        return (f"col2im to {size[0]}x{size[1]} with a {kernel[0]}x{kernel[1]} kernel: its gather table could take "
+                f"{table >> 20} MiB of the blob (Kiln's limit {COL2IM_TABLE_LIMIT_BYTES >> 20} MiB); fold a smaller "
+                "output or in tiles")
     return check_float_input(node)
 
 

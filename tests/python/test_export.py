@@ -1528,6 +1528,16 @@ def test_a_scatter_refusal_stays_within_a_message_for_the_largest_shapes():
     assert len(reason.encode()) <= 255 and reason.endswith("expand the index to self's shape outside dim")
 
 
+def test_a_col2im_whose_table_would_bloat_the_blob_is_refused():
+    args = {"self": SimpleNamespace(shape=[1, 9, 4096 * 4096], dim=lambda: 3), "output_size": [4096, 4096],
+            "kernel_size": [3, 3]}
+    with mock.patch.object(lowering_composed, "node_args", lambda node: args), \
+            mock.patch.object(lowering_composed, "node_value", lambda value: value):
+        reason = lowering_composed.check_col2im(None)
+    assert reason == ("col2im to 4096x4096 with a 3x3 kernel: its gather table could take 1152 MiB of the blob "
+                      "(Kiln's limit 64 MiB); fold a smaller output or in tiles")
+
+
 def test_a_scatter_into_a_0d_tensor_is_refused():
     graph, node, _, _ = _graph_of(aten.scatter.value, (torch.tensor(0.5), 0, torch.tensor(0), 1.0), {})
     assert lowering.refusal(node) == "scatter into a 0-d tensor"
