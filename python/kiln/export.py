@@ -186,8 +186,8 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
         # ExecuTorch verifies the op set and retraces every view before Kiln's folding runs, so
         # an op outside the set that reads only constants (position ids bucketized from a mask of
         # static shape), or a view whose size a computation on constants decides (a slice of an
-        # arange whose ends are tensors, as Funnel's relative positions), is folded first, in the functional form, where the buffers a
-        # program writes are known and never folded.
+        # arange whose ends are tensors, as Funnel's relative positions), is folded first, in the
+        # functional form, where the buffers a program writes are known and never folded.
         _forget_pending_sizes(exported)
         functional = exported.run_decompositions({})
         fold_constants(functional, fold_limit_bytes)

@@ -4,14 +4,13 @@ tensors, and compared with eager on the GPU and with the CPU reference engine ru
 blob. In fp32 (no TF32) within 1e-4 of the largest reference magnitude, as on the CPU engine.
 In fp16 and bf16 against float64 eager within 1e-2 and 2e-2, or, where the model is so
 ill-conditioned in that dtype that eager's own error nears that (random-weight CNNs, LeViT,
-R(2+1)D), within 3 times eager's error: there any change in where a sum rounds moves the result by about
-eager's error again (measured on the H100: LeViT bf16 1.6e-1 against eager's 5.7e-2, the CUDA
-engine equal to the CPU engine; block by block on the same inputs Kiln's error equals eager's),
-while a wrong op is off by its whole magnitude. Past 1e-1 of
-eager's own error (EfficientNet-B0 and ShuffleNetV2 in bf16) nothing is compared. The CUDA
-engine must also agree with the CPU engine wherever the CPU engine is itself within the bound: a
-router's near-tie decided the other way by one engine's rounding (PhiMoE in bf16) moves a
-token to another expert.
+R(2+1)D), within 3 times eager's error: there any change in where a sum rounds moves the result
+by about eager's error again (measured on the H100: LeViT bf16 1.6e-1 against eager's 5.7e-2,
+the CUDA engine equal to the CPU engine; block by block on the same inputs Kiln's error equals
+eager's), while a wrong op is off by its whole magnitude. Past 1e-1 of eager's own error
+(EfficientNet-B0 and ShuffleNetV2 in bf16) nothing is compared. The CUDA engine must also agree
+with the CPU engine wherever the CPU engine is itself within the bound: a router's near-tie
+decided the other way by one engine's rounding (PhiMoE in bf16) moves a token to another expert.
 
 Runs on a GPU machine only (scripts/gpu_test.sh); the CPU-only suite is tests/python."""
 
