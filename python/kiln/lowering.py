@@ -389,13 +389,63 @@ def _lower_group_norm(ctx, node):
 
 
 def _reduce(name):
+    """sum, mean or amax over dims; a dtype asked for (sum's and mean's) is the input's before
+    the reduction, as PyTorch casts it."""
+
     def lower(ctx, node):
         args = node_args(node)
         x = args["self"]
         mask = dims_mask(args["dim"], node_value(x).dim())
-        return ctx.op(name, [ctx.tensor(x)], [mask, int(bool(args["keepdim"]))])
+        return ctx.op(name, [ctx.promoted(x, node_value(node).dtype)], [mask, int(bool(args["keepdim"]))])
 
     return lower
+
+
+COUNT_LIMIT = 2**24  # f32 holds every integer up to here: a sum of as many 0s and 1s is exact
+
+
+def _summed_count(node):
+    """The most elements one output of a reduction sums (dynamic dims at their bound), or None
+    where a dim has no bound."""
+    args = node_args(node)
+    shape = node_value(args["self"]).shape
+    dims = args["dim"] if args["dim"] else range(len(shape))
+    count = 1
+    for dim in dims:
+        size = shape[dim]
+        if isinstance(size, torch.SymInt):
+            size = size.node.shape_env.bound_sympy(size.node.expr).upper
+            if not isinstance(size, sympy.Integer):  # unbounded (torch's int_oo is no Integer)
+                return None
+        count *= int(size)
+    return count
+
+
+def _check_sum(node):
+    """A sum into a float dtype casts its input there first; a sum of bools into an integer (a
+    count: tokens that are not padding) sums them in f32, exact while it stays below 2^24."""
+    dtype, into = node_value(node_args(node)["self"]).dtype, node_value(node).dtype
+    if into.is_floating_point:
+        return None
+    if dtype != torch.bool:
+        return (f"sum of {dtype} into {into} (Kiln sums floats and counts bools); "
+                "cast the input to a float dtype first")
+    count = _summed_count(node)
+    if count is None or count > COUNT_LIMIT:
+        return (f"sum of {count or 'unbounded'} bools an output (f32 counts at most 2^24 exactly); "
+                "sum fewer at a time, or bound the dynamic dims")
+    return None
+
+
+def _lower_sum(ctx, node):
+    into = node_value(node).dtype
+    if into.is_floating_point:
+        return _reduce("sum")(ctx, node)
+    args = node_args(node)
+    x = args["self"]
+    mask = dims_mask(args["dim"], node_value(x).dim())
+    counted = ctx.op("sum", [ctx.promoted(x, torch.float32)], [mask, int(bool(args["keepdim"]))])
+    return ctx.op("cast", [counted], [_lib.kiln_dtype(into)])
 
 
 def _lower_reshape(ctx, node):
@@ -1110,7 +1160,7 @@ def _table():
     add(["aten::rms_norm.default"], Lowering(_lower_rms_norm))
     add(["aten::native_group_norm.default"], Lowering(_lower_group_norm, _check_group_norm))
     add(["aten::mean.dim"], Lowering(_reduce("mean")))
-    add(["aten::sum.dim_IntList"], Lowering(_reduce("sum")))
+    add(["aten::sum.dim_IntList"], Lowering(_lower_sum, _check_sum))
     add(["aten::amax.default"], Lowering(_reduce("amax")))
     add(["aten::view_copy.default", "aten::view.default", "aten::reshape.default",
          "aten::_unsafe_view.default", "aten::squeeze_copy.dims", "aten::squeeze_copy.dim",

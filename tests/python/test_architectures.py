@@ -55,6 +55,14 @@ def _ids_and_decoder_ids(seed):
     return ids, ids[:, :8].flip(1)
 
 
+def _right_padded_ids(seed, pad=1):
+    """Token ids with no pad among them but the last 3 of row 1."""
+    (ids,) = ids_only(seed)
+    ids = torch.where(ids == pad, pad + 1, ids)
+    ids[1, -3:] = pad
+    return (ids,)
+
+
 class PooledImageOf(ImageFeaturesOf):
     def forward(self, pixel_values):
         return self.model(pixel_values=pixel_values).pooler_output
@@ -226,6 +234,14 @@ ARCHITECTURES = {
                                decoder_attention_heads=HEADS, encoder_ffn_dim=FEED_FORWARD,
                                decoder_ffn_dim=FEED_FORWARD, vocab_size=VOCAB, max_position_embeddings=64),
                  Seq2SeqLogitsOf), _ids_and_decoder_ids),
+    # mBART's decoder input is its input shifted right around the last token that is not padding:
+    # a count of bools
+    "mbart": (_hf(hf.MBartForConditionalGeneration,
+                  hf.MBartConfig(encoder_layers=LAYERS, decoder_layers=LAYERS, d_model=WIDTH, encoder_attention_heads=HEADS,
+                                 decoder_attention_heads=HEADS, encoder_ffn_dim=FEED_FORWARD,
+                                 decoder_ffn_dim=FEED_FORWARD, vocab_size=VOCAB, max_position_embeddings=64,
+                                 pad_token_id=1),
+                  LogitsOf), _right_padded_ids),
     "t5": (_hf(hf.T5ForConditionalGeneration, hf.T5Config(num_layers=LAYERS, d_model=WIDTH, d_ff=FEED_FORWARD,
                                                           num_heads=HEADS, d_kv=16, vocab_size=VOCAB),
                Seq2SeqLogitsOf), _ids_and_decoder_ids),

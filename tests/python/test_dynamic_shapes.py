@@ -154,3 +154,28 @@ def test_inspect_shows_the_fused_groups_of_a_dynamic_plan(llama):
     assert len(groups) == 4, out.stdout[-3000:]
     for tensor in groups:
         assert re.search(rf"\b{tensor}: f32 \[[\d, ]+\] as \[[^]]*{symbol}[^]]*\]", out.stdout), tensor
+
+
+class MaskedMeanPool(torch.nn.Module):
+    """Mean of the positions whose token is not padding (0): a count of bools over the dynamic
+    sequence, which Kiln sums in f32 (exact below 2^24), then divides by."""
+
+    def forward(self, x, ids):
+        keep = ids != 0
+        count = keep.sum(dim=1, keepdim=True)
+        return (x * keep.unsqueeze(-1)).sum(dim=1) / count
+
+
+def pool_inputs(time):
+    generator = torch.Generator().manual_seed(time)
+    ids = torch.randint(1, 9, (3, time), generator=generator)
+    ids[0, time // 2:] = 0  # a padded row
+    return torch.randn(3, time, 8, generator=generator), ids
+
+
+def test_a_count_of_bools_over_a_dynamic_sequence_runs_whole(tmp_path):
+    time = torch.export.Dim("time", min=2, max=40)
+    pool = Exported(MaskedMeanPool().eval(), pool_inputs(8), ({1: time}, {1: time}), tmp_path / "pool.pte")
+    assert len(pool.blobs) == 1 and pool.report.whole, pool.report
+    for length in (2, 17, 40, 5):
+        pool.check(pool_inputs(length))

@@ -1221,6 +1221,13 @@ OP_CASES = [
     ("mean_all", aten.mean.dim, (rand(2, 3), None), {}),
     ("sum", aten.sum.dim_IntList, (rand(2, 3, 4), [0, 2]), {}),
     ("sum_all", aten.sum.dim_IntList, (rand(2, 3), []), {}),
+    # a dtype asked for is the input's before the sum; bools are counted (in f32, exact below 2^24)
+    ("sum_f16_into_f32", aten.sum.dim_IntList, (rand(2, 3, 40, dtype=torch.float16), [-1]), {"dtype": torch.float32}),
+    ("sum_int_into_f32", aten.sum.dim_IntList, (ids(3, 5, high=9) - 4, [1], True), {"dtype": torch.float32}),
+    ("sum_bool_count", aten.sum.dim_IntList, (rand(3, 50) > 0.3, [1]), {}),
+    ("sum_bool_count_all", aten.sum.dim_IntList, (rand(2, 3, 4) > 0, []), {}),
+    ("sum_bool_into_i32", aten.sum.dim_IntList, (rand(4, 6) < 0, [0], True), {"dtype": torch.int32}),
+    ("mean_f16_into_f32", aten.mean.dim, (rand(2, 3, 40, dtype=torch.float16), [1]), {"dtype": torch.float32}),
     ("amax", aten.amax.default, (rand(2, 3, 4), [1]), {}),
     ("view_copy", aten.view_copy.default, (rand(2, 3, 4), [6, -1]), {}),
     ("view", aten.view.default, (rand(2, 3, 4), [4, 6]), {}),
@@ -1536,6 +1543,19 @@ def test_a_col2im_whose_table_would_bloat_the_blob_is_refused():
         reason = lowering_composed.check_col2im(None)
     assert reason == ("col2im to 4096x4096 with a 3x3 kernel: its gather table could take 1152 MiB of the blob "
                       "(Kiln's limit 64 MiB); fold a smaller output or in tiles")
+
+
+def test_a_sum_kiln_cannot_count_exactly_is_refused_with_its_reason():
+    graph, node, _, _ = _graph_of(aten.sum.dim_IntList, (ids(2, 5, high=9), [1]), {})
+    assert lowering.refusal(node) == ("sum of torch.int64 into torch.int64 (Kiln sums floats and counts bools); "
+                                      "cast the input to a float dtype first")
+    graph = torch.fx.Graph()
+    flags = [_placeholder(graph, f"x{n}", torch.empty(4096, n, dtype=torch.bool, device="meta")) for n in (4096, 4097)]
+    counts = [_node(graph, aten.sum.dim_IntList, (x, [0, 1]), torch.empty((), dtype=torch.int64, device="meta"))
+              for x in flags]
+    assert lowering._check_sum(counts[0]) is None  # 2^24 bools: every count up to it is exact in f32
+    assert lowering.refusal(counts[1]) == ("sum of 16781312 bools an output (f32 counts at most 2^24 exactly); "
+                                           "sum fewer at a time, or bound the dynamic dims")
 
 
 def test_a_scatter_into_a_0d_tensor_is_refused():
