@@ -14,7 +14,6 @@ decided the other way by one engine's rounding (PhiMoE in bf16) moves a token to
 
 Runs on a GPU machine only (scripts/gpu_test.sh); the CPU-only suite is tests/python."""
 
-import inspect
 import os
 import sys
 import warnings
@@ -25,22 +24,13 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 
 import kiln  # noqa: E402
-from kiln import _lib  # noqa: E402
 from test_architectures import ARCHITECTURES, TOLERANCE  # noqa: E402
-from test_real_models_cuda import relative_error  # noqa: E402
+from test_real_models_cuda import in_binding_order, relative_error  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 HALF_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 2e-2}
 ILL_CONDITIONED = 1e-1  # eager's own error in a half dtype past which nothing is compared
-
-
-def _in_binding_order(blob, model, inputs):
-    """The inputs in the order the blob binds them (named after forward's parameters)."""
-    by_name = dict(zip(inspect.signature(model.forward).parameters, inputs))
-    with _lib.Engine(blob, "cpu") as engine:
-        names = [b[0] for b in engine.bindings() if b[1] == _lib.IO_INPUT]
-    return [by_name[n] for n in names] if all(n in by_name for n in names) else list(inputs)
 
 
 def _eager(model, inputs):
@@ -86,7 +76,7 @@ def test_architecture_runs_whole_on_cuda_and_matches_eager(name, dtype, no_tf32)
                 pytest.skip(f"torch.export itself cannot export {name} in {dtype}: {str(failure)[:120]}")
             raise
     (blob,) = kiln.blobs(program)
-    ordered = _in_binding_order(blob, model, inputs)
+    ordered = in_binding_order(blob, model, inputs)
     (got,) = kiln.run_blob(blob, [t.cuda() for t in ordered], device="cuda")
     (on_cpu,) = kiln.run_blob(blob, ordered, device="cpu")
     # Some models return fp32 from a half model (Mamba's residual stream): Kiln's output has eager's dtype.
