@@ -421,15 +421,28 @@ def _summed_count(node):
     return count
 
 
+_CASTS = {"aten::_to_copy", "dim_order_ops::_to_dim_order_copy"}
+
+
+def _counts(value):
+    """Whether every element of an fx value is 0 or 1: a bool, or a bool cast to a number (the
+    `mask.long().sum()` idiom)."""
+    if node_value(value).dtype == torch.bool:
+        return True
+    return (isinstance(value, torch.fx.Node) and value.op == "call_function"
+            and aten_op(value)._schema.name in _CASTS and node_value(value.args[0]).dtype == torch.bool)
+
+
 def _check_sum(node):
-    """A sum into a float dtype casts its input there first; a sum of bools into an integer (a
-    count: tokens that are not padding) sums them in f32, exact while it stays below 2^24."""
-    dtype, into = node_value(node_args(node)["self"]).dtype, node_value(node).dtype
+    """A sum into a float dtype casts its input there first; a sum of 0s and 1s into an integer
+    (a count: tokens that are not padding) sums them in f32, exact while it stays below 2^24."""
+    x = node_args(node)["self"]
+    dtype, into = node_value(x).dtype, node_value(node).dtype
     if into.is_floating_point:
         return None
-    if dtype != torch.bool:
-        return (f"sum of {dtype} into {into} (Kiln sums floats and counts bools); "
-                "cast the input to a float dtype first")
+    if not _counts(x):
+        return (f"sum of {dtype} into {into} (Kiln sums floats, and counts bools or bools cast to "
+                "integers); cast the input to a float dtype first")
     count = _summed_count(node)
     if count is None or count > COUNT_LIMIT:
         return (f"sum of {count or 'unbounded'} bools an output (f32 counts at most 2^24 exactly); "

@@ -1545,10 +1545,29 @@ def test_a_col2im_whose_table_would_bloat_the_blob_is_refused():
                       "(Kiln's limit 64 MiB); fold a smaller output or in tiles")
 
 
+class CastCounts(nn.Module):
+    """Counts written as bools cast to integers and summed (`mask.long().sum(-1)`), beside a
+    count_nonzero, scaling x."""
+
+    def forward(self, x, ids):
+        above = (ids > 3).long().sum(-1, keepdim=True)
+        odd = (ids % 2 == 1).to(torch.int32).sum(-1, keepdim=True)
+        return x * above + odd * torch.count_nonzero(ids, dim=1).unsqueeze(-1)
+
+
+def test_a_count_of_bools_cast_to_integers_runs_whole():
+    model, x, tokens = CastCounts().eval(), rand(3, 4), ids(3, 9, high=7, seed=2)
+    program = kiln.to_executorch(model, (x, tokens), require_whole=True)
+    (blob,) = kiln.blobs(program)
+    expected = model(x, tokens)
+    assert expected.std().item() > 1e-3
+    assert_close(kiln.run_blob(blob, [x, tokens], device="cpu"), [expected], models.F32_TOLERANCE, "cast counts")
+
+
 def test_a_sum_kiln_cannot_count_exactly_is_refused_with_its_reason():
     graph, node, _, _ = _graph_of(aten.sum.dim_IntList, (ids(2, 5, high=9), [1]), {})
-    assert lowering.refusal(node) == ("sum of torch.int64 into torch.int64 (Kiln sums floats and counts bools); "
-                                      "cast the input to a float dtype first")
+    assert lowering.refusal(node) == ("sum of torch.int64 into torch.int64 (Kiln sums floats, and counts bools or "
+                                      "bools cast to integers); cast the input to a float dtype first")
     graph = torch.fx.Graph()
     flags = [_placeholder(graph, f"x{n}", torch.empty(4096, n, dtype=torch.bool, device="meta")) for n in (4096, 4097)]
     counts = [_node(graph, aten.sum.dim_IntList, (x, [0, 1]), torch.empty((), dtype=torch.int64, device="meta"))
