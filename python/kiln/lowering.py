@@ -1208,6 +1208,8 @@ def _table():
     add(["aten::max_pool3d_with_indices.default"], Lowering(composed.lower_max_pool_3d, composed.check_max_pool_3d))
     add(["aten::avg_pool3d.default"], Lowering(composed.lower_avg_pool_3d, composed.check_pool_3d))
     add(["aten::col2im.default"], Lowering(composed.lower_col2im, composed.check_col2im))
+    add(["aten::unfold_copy.default", "aten::unfold.default"],
+        Lowering(composed.lower_unfold, composed.check_unfold, compute=False))
     add(["aten::_adaptive_avg_pool2d.default", "aten::adaptive_avg_pool2d.default"],
         Lowering(_lower_adaptive_avg_pool))
     add(["aten::avg_pool1d.default"], Lowering(composed.lower_avg_pool_1d))

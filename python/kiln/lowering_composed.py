@@ -456,8 +456,9 @@ def _col2im_geometry(node):
     return batch, shape[-2] // (kernel[0] * kernel[1]), kernel, dilation, padding, stride, size, grid
 
 
-# The most col2im's constant table (an int64 a block of each pixel) may take in a blob.
-COL2IM_TABLE_LIMIT_BYTES = 64 << 20
+# The most a constant gather table (int64s: col2im's blocks of each pixel, unfold's windows) may
+# take in a blob.
+GATHER_TABLE_LIMIT_BYTES = 64 << 20
 
 
 def check_col2im(node):
@@ -470,9 +471,9 @@ def check_col2im(node):
         return f"col2im of a rank-{x.dim()} input (PyTorch takes rank 2 or 3)"
     size, kernel = list(args["output_size"]), list(args["kernel_size"])
     table = size[0] * size[1] * kernel[0] * kernel[1] * 8  # at most every kernel tap a pixel
-    if table > COL2IM_TABLE_LIMIT_BYTES:
+    if table > GATHER_TABLE_LIMIT_BYTES:
         return (f"col2im to {size[0]}x{size[1]} with a {kernel[0]}x{kernel[1]} kernel: its gather table could take "
-                f"{table >> 20} MiB of the blob (Kiln's limit {COL2IM_TABLE_LIMIT_BYTES >> 20} MiB); fold a smaller "
+                f"{table >> 20} MiB of the blob (Kiln's limit {GATHER_TABLE_LIMIT_BYTES >> 20} MiB); fold a smaller "
                 "output or in tiles")
     return check_float_input(node)
 
@@ -520,6 +521,46 @@ def lower_col2im(ctx, node):
     summed = ctx.op("sum", [picked], [dims_mask([3], 4), 0])
     out = [n, channels] + size if batch is not None else [channels] + size
     return ctx.op("reshape", [summed], out)
+
+
+# ------------------------------------------------------------------ unfold (sliding windows along a dim)
+
+
+def _unfold_geometry(node):
+    """Tensor.unfold's (input shape, dim, window size, step, window count)."""
+    args = node_args(node)
+    shape = list(node_value(args["self"]).shape)
+    dim = args["dimension"] % max(len(shape), 1)
+    size, step = args["size"], args["step"]
+    return shape, dim, size, step, (shape[dim] - size) // step + 1 if shape else 1
+
+
+def check_unfold(node):
+    shape, dim, size, step, count = _unfold_geometry(node)
+    if not shape:
+        return "unfold of a 0-d tensor"
+    if isinstance(shape[dim], torch.SymInt):
+        return f"unfold along dim {dim}, whose size is dynamic (Kiln gathers the windows by a constant table)"
+    table = count * size * 8
+    if table > GATHER_TABLE_LIMIT_BYTES:
+        return (f"unfold of {count} windows of {size}: its gather table would take {table >> 20} MiB of the blob "
+                f"(Kiln's limit {GATHER_TABLE_LIMIT_BYTES >> 20} MiB); unfold a shorter dim or in pieces")
+    return None
+
+
+def lower_unfold(ctx, node):
+    """Tensor.unfold(dim, size, step) (HaloNet's blocks, framing a signal): window i's slot j is
+    the input's slot i * step + j along dim. One index_select by a constant table of every
+    window's slots, a reshape splitting dim into (windows, size), and a permute moving size last,
+    where PyTorch puts it."""
+    shape, dim, size, step, count = _unfold_geometry(node)
+    x = ctx.tensor(node_args(node)["self"])
+    picked = _picked(ctx, x, dim, [i * step + j for i in range(count) for j in range(size)])
+    split = ctx.op("reshape", [picked], shape[:dim] + [count, size] + shape[dim + 1:])
+    if dim == len(shape) - 1:
+        return split
+    rank = len(shape) + 1
+    return ctx.op("permute", [split], list(range(dim + 1)) + list(range(dim + 2, rank)) + [dim + 1])
 
 
 # ------------------------------------------------------------------ 1-d and 3-d convolutions and pools as 2-d ones

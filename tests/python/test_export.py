@@ -1442,6 +1442,13 @@ OP_CASES = [
     # overlap-add of sliding blocks (nn.Fold): borders, strides and dilation leave pixels fewer blocks
     ("col2im", aten.col2im.default, (rand(2, 4 * 9, 9), [6, 6], [3, 3], [1, 1], [1, 1], [2, 2]), {}),
     ("col2im_dilated_unbatched", aten.col2im.default, (rand(3 * 6, 14), [7, 5], [2, 3], [2, 1], [1, 0], [1, 2]), {}),
+    # unfold: windows along the last dim, a middle one (their slots moved last), a step leaving a
+    # tail out, integers, one window as long as the dim
+    ("unfold", aten.unfold_copy.default, (rand(2, 3, 10), 2, 4, 3), {}),
+    ("unfold_middle_dim", aten.unfold_copy.default, (rand(2, 11, 5), 1, 3, 2), {}),
+    ("unfold_step_past_the_tail", aten.unfold_copy.default, (rand(9, 4), 0, 2, 4), {}),
+    ("unfold_int", aten.unfold_copy.default, (ids(3, 8, high=9), -1, 3, 1), {}),
+    ("unfold_view_whole", aten.unfold.default, (rand(6, 4), 0, 6, 1), {}),
     ("col2im_half", aten.col2im.default, (rand(1, 2 * 4, 9).half(), [4, 4], [2, 2], [1, 1], [0, 0], [1, 1]), {}),
     ("scatter_value", aten.scatter.value, (rand(3, 6), -1, torch.tensor([[1, 4], [0, 0], [5, 2]]), float("-inf")), {}),
     ("scatter_value_dim0", aten.scatter.value, (rand(4, 3), 0, ids(2, 3, high=4, seed=3), 2.5), {}),
@@ -1575,6 +1582,42 @@ def test_a_sum_kiln_cannot_count_exactly_is_refused_with_its_reason():
     assert lowering._check_sum(counts[0]) is None  # 2^24 bools: every count up to it is exact in f32
     assert lowering.refusal(counts[1]) == ("sum of 16781312 bools an output (f32 counts at most 2^24 exactly); "
                                            "sum fewer at a time, or bound the dynamic dims")
+
+
+class HaloBlocks(nn.Module):
+    """HaloNet's local attention in miniature: each 2x2 block of queries attends to its 4x4 window
+    (the block with a halo of 1), the windows cut by unfold along height, then width."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Conv2d(4, 12, 1)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=1)  # [1, 4, 8, 8] each
+        q = q.reshape(1, 4, 4, 2, 4, 2).permute(0, 2, 4, 3, 5, 1).reshape(1, 16, 4, 4)
+        windows = [F.pad(t, [1, 1, 1, 1]).unfold(2, 4, 2).unfold(3, 4, 2) for t in (k, v)]  # [1, 4, 4, 4, 4, 4]
+        k, v = (w.reshape(1, 4, 16, 16).permute(0, 2, 3, 1) for w in windows)
+        weights = (q @ k.transpose(-1, -2) / 2).softmax(-1)
+        return weights @ v
+
+
+def test_halo_attention_with_unfolded_windows_runs_whole():
+    torch.manual_seed(0)
+    model, x = HaloBlocks().eval(), torch.randn(1, 4, 8, 8)
+    program = kiln.to_executorch(model, (x,), require_whole=True)
+    (blob,) = kiln.blobs(program)
+    expected = model(x)
+    assert expected.std().item() > 1e-3
+    assert_close(kiln.run_blob(blob, [x], device="cpu"), [expected], models.F32_TOLERANCE, "halo blocks")
+
+
+def test_an_unfold_whose_table_would_bloat_the_blob_is_refused():
+    args = {"self": SimpleNamespace(shape=[4, 2 ** 20]), "dimension": -1, "size": 16, "step": 1}
+    with mock.patch.object(lowering_composed, "node_args", lambda node: args), \
+            mock.patch.object(lowering_composed, "node_value", lambda value: value):
+        reason = lowering_composed.check_unfold(None)
+    assert reason == ("unfold of 1048561 windows of 16: its gather table would take 127 MiB of the blob (Kiln's "
+                      "limit 64 MiB); unfold a shorter dim or in pieces")
 
 
 def test_a_scatter_into_a_0d_tensor_is_refused():
