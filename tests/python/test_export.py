@@ -566,6 +566,15 @@ def test_a_data_dependent_selection_is_folded_within_the_size_limit():
     assert "aten.nonzero.out" in [str(n.target) for n in capped.exported_program().graph.nodes]
 
 
+def assert_whole_and_eager(model, inputs, label):
+    """model exports as one Kiln blob, and the CPU engine running it matches eager (whose output
+    is not degenerate)."""
+    (blob,) = kiln.blobs(kiln.to_executorch(model, inputs, require_whole=True))
+    expected = model(*inputs)
+    assert expected.std().item() > 1e-3
+    assert_close(kiln.run_blob(blob, list(inputs), device="cpu"), [expected], models.F32_TOLERANCE, label)
+
+
 class RelativeRange(nn.Module):
     """Funnel's relative positions as transformers 5.17 writes them: an arange whose ends are
     tensors computed from constants, so its length is data-dependent to the tracer, then sliced."""
@@ -580,12 +589,7 @@ def test_a_view_whose_size_constants_decide_is_folded():
     """ExecuTorch's first lowering retraces the slice and cannot decide its size (a guard on a
     data-dependent expression); the retry folds the arange in the functional form, and the
     program is one blob matching eager."""
-    model, x = RelativeRange().eval(), torch.randn(2, 8)
-    folded = kiln.to_executorch(model, (x,), require_whole=True)
-    (blob,) = kiln.blobs(folded)
-    expected = model(x)
-    assert expected.std().item() > 1e-3
-    assert_close(kiln.run_blob(blob, [x], device="cpu"), [expected], models.F32_TOLERANCE, "relative range")
+    assert_whole_and_eager(RelativeRange().eval(), (torch.randn(2, 8),), "relative range")
 
 
 def test_a_retried_lowering_logs_no_error():
@@ -1563,12 +1567,7 @@ class CastCounts(nn.Module):
 
 
 def test_a_count_of_bools_cast_to_integers_runs_whole():
-    model, x, tokens = CastCounts().eval(), rand(3, 4), ids(3, 9, high=7, seed=2)
-    program = kiln.to_executorch(model, (x, tokens), require_whole=True)
-    (blob,) = kiln.blobs(program)
-    expected = model(x, tokens)
-    assert expected.std().item() > 1e-3
-    assert_close(kiln.run_blob(blob, [x, tokens], device="cpu"), [expected], models.F32_TOLERANCE, "cast counts")
+    assert_whole_and_eager(CastCounts().eval(), (rand(3, 4), ids(3, 9, high=7, seed=2)), "cast counts")
 
 
 def test_a_sum_kiln_cannot_count_exactly_is_refused_with_its_reason():
@@ -1603,12 +1602,7 @@ class HaloBlocks(nn.Module):
 
 def test_halo_attention_with_unfolded_windows_runs_whole():
     torch.manual_seed(0)
-    model, x = HaloBlocks().eval(), torch.randn(1, 4, 8, 8)
-    program = kiln.to_executorch(model, (x,), require_whole=True)
-    (blob,) = kiln.blobs(program)
-    expected = model(x)
-    assert expected.std().item() > 1e-3
-    assert_close(kiln.run_blob(blob, [x], device="cpu"), [expected], models.F32_TOLERANCE, "halo blocks")
+    assert_whole_and_eager(HaloBlocks().eval(), (torch.randn(1, 4, 8, 8),), "halo blocks")
 
 
 def test_an_unfold_whose_table_would_bloat_the_blob_is_refused():
