@@ -538,9 +538,10 @@ def _unfold_geometry(node):
 def check_unfold(node):
     shape, dim, size, step, count = _unfold_geometry(node)
     if not shape:
-        return "unfold of a 0-d tensor"
+        return "unfold of a 0-d tensor (Kiln unfolds along a dim); reshape it to [1] first"
     if isinstance(shape[dim], torch.SymInt):
-        return f"unfold along dim {dim}, whose size is dynamic (Kiln gathers the windows by a constant table)"
+        return (f"unfold along dim {dim}, whose size is dynamic (Kiln gathers the windows by a constant table); "
+                "export that dim static")
     table = count * size * 8
     if table > GATHER_TABLE_LIMIT_BYTES:
         return (f"unfold of {count} windows of {size}: its gather table would take {table >> 20} MiB of the blob "

@@ -1612,6 +1612,23 @@ def test_an_unfold_whose_table_would_bloat_the_blob_is_refused():
         reason = lowering_composed.check_unfold(None)
     assert reason == ("unfold of 1048561 windows of 16: its gather table would take 127 MiB of the blob (Kiln's "
                       "limit 64 MiB); unfold a shorter dim or in pieces")
+    args = {"self": SimpleNamespace(shape=[]), "dimension": 0, "size": 1, "step": 1}
+    with mock.patch.object(lowering_composed, "node_args", lambda node: args), \
+            mock.patch.object(lowering_composed, "node_value", lambda value: value):
+        assert lowering_composed.check_unfold(None) == ("unfold of a 0-d tensor (Kiln unfolds along a dim); "
+                                                        "reshape it to [1] first")
+
+
+class Frames(nn.Module):
+    def forward(self, x):
+        return x.unfold(1, 4, 2) * 2
+
+
+def test_an_unfold_along_a_dynamic_dim_stays_on_executorch_with_its_reason():
+    length = torch.export.Dim("length", min=6, max=64)
+    program = kiln.to_executorch(Frames().eval(), (torch.randn(2, 16),), dynamic_shapes=({1: length},))
+    assert ("aten.unfold_copy.default", "unfold along dim 1, whose size is dynamic (Kiln gathers the windows by "
+            "a constant table); export that dim static") in [(out.op, out.reason) for out in program.kiln_report.left_out]
 
 
 def test_a_scatter_into_a_0d_tensor_is_refused():
