@@ -1446,6 +1446,7 @@ OP_CASES = [
     # overlap-add of sliding blocks (nn.Fold): borders, strides and dilation leave pixels fewer blocks
     ("col2im", aten.col2im.default, (rand(2, 4 * 9, 9), [6, 6], [3, 3], [1, 1], [1, 1], [2, 2]), {}),
     ("col2im_dilated_unbatched", aten.col2im.default, (rand(3 * 6, 14), [7, 5], [2, 3], [2, 1], [1, 0], [1, 2]), {}),
+    ("col2im_half", aten.col2im.default, (rand(1, 2 * 4, 9).half(), [4, 4], [2, 2], [1, 1], [0, 0], [1, 1]), {}),
     # unfold: windows along the last dim, a middle one (their slots moved last), a step leaving a
     # tail out, integers, one window as long as the dim
     ("unfold", aten.unfold_copy.default, (rand(2, 3, 10), 2, 4, 3), {}),
@@ -1453,7 +1454,6 @@ OP_CASES = [
     ("unfold_step_past_the_tail", aten.unfold_copy.default, (rand(9, 4), 0, 2, 4), {}),
     ("unfold_int", aten.unfold_copy.default, (ids(3, 8, high=9), -1, 3, 1), {}),
     ("unfold_view_whole", aten.unfold.default, (rand(6, 4), 0, 6, 1), {}),
-    ("col2im_half", aten.col2im.default, (rand(1, 2 * 4, 9).half(), [4, 4], [2, 2], [1, 1], [0, 0], [1, 1]), {}),
     ("scatter_value", aten.scatter.value, (rand(3, 6), -1, torch.tensor([[1, 4], [0, 0], [5, 2]]), float("-inf")), {}),
     ("scatter_value_dim0", aten.scatter.value, (rand(4, 3), 0, ids(2, 3, high=4, seed=3), 2.5), {}),
     ("scatter_value_int", aten.scatter.value, (ids(3, 5, high=9), 1, ids(3, 2, high=5, seed=4), 1), {}),
@@ -1605,7 +1605,7 @@ def test_halo_attention_with_unfolded_windows_runs_whole():
     assert_whole_and_eager(HaloBlocks().eval(), (torch.randn(1, 4, 8, 8),), "halo blocks")
 
 
-def test_an_unfold_whose_table_would_bloat_the_blob_is_refused():
+def test_an_unfold_of_a_bloated_table_or_a_0d_input_is_refused():
     args = {"self": SimpleNamespace(shape=[4, 2 ** 20]), "dimension": -1, "size": 16, "step": 1}
     with mock.patch.object(lowering_composed, "node_args", lambda node: args), \
             mock.patch.object(lowering_composed, "node_value", lambda value: value):
