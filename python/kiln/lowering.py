@@ -388,17 +388,18 @@ def _lower_group_norm(ctx, node):
     return composed.per_channel_affine(ctx, y, args["weight"], args["bias"], shape)
 
 
+def _reduced(ctx, node, name, dtype):
+    """The reduction `name` of node's input over its dims, the input cast to dtype first."""
+    args = node_args(node)
+    x = args["self"]
+    mask = dims_mask(args["dim"], node_value(x).dim())
+    return ctx.op(name, [ctx.promoted(x, dtype)], [mask, int(bool(args["keepdim"]))])
+
+
 def _reduce(name):
     """sum, mean or amax over dims; a dtype asked for (sum's and mean's) is the input's before
     the reduction, as PyTorch casts it."""
-
-    def lower(ctx, node):
-        args = node_args(node)
-        x = args["self"]
-        mask = dims_mask(args["dim"], node_value(x).dim())
-        return ctx.op(name, [ctx.promoted(x, node_value(node).dtype)], [mask, int(bool(args["keepdim"]))])
-
-    return lower
+    return lambda ctx, node: _reduced(ctx, node, name, node_value(node).dtype)
 
 
 COUNT_LIMIT = 2**24  # f32 holds every integer up to here: a sum of as many 0s and 1s is exact
@@ -453,12 +454,8 @@ def _check_sum(node):
 def _lower_sum(ctx, node):
     into = node_value(node).dtype
     if into.is_floating_point:
-        return _reduce("sum")(ctx, node)
-    args = node_args(node)
-    x = args["self"]
-    mask = dims_mask(args["dim"], node_value(x).dim())
-    counted = ctx.op("sum", [ctx.promoted(x, torch.float32)], [mask, int(bool(args["keepdim"]))])
-    return ctx.op("cast", [counted], [_lib.kiln_dtype(into)])
+        return _reduced(ctx, node, "sum", into)
+    return ctx.op("cast", [_reduced(ctx, node, "sum", torch.float32)], [_lib.kiln_dtype(into)])
 
 
 def _lower_reshape(ctx, node):

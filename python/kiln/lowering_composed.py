@@ -527,18 +527,19 @@ def lower_col2im(ctx, node):
 
 
 def _unfold_geometry(node):
-    """Tensor.unfold's (input shape, dim, window size, step, window count)."""
+    """Tensor.unfold's (input shape, dim, window size, step, window count) of an input of rank 1
+    or more."""
     args = node_args(node)
     shape = list(node_value(args["self"]).shape)
-    dim = args["dimension"] % max(len(shape), 1)
+    dim = args["dimension"] % len(shape)
     size, step = args["size"], args["step"]
-    return shape, dim, size, step, (shape[dim] - size) // step + 1 if shape else 1
+    return shape, dim, size, step, (shape[dim] - size) // step + 1
 
 
 def check_unfold(node):
-    shape, dim, size, step, count = _unfold_geometry(node)
-    if not shape:
+    if not node_value(node_args(node)["self"]).shape:
         return "unfold of a 0-d tensor (Kiln unfolds along a dim); reshape it to [1] first"
+    shape, dim, size, step, count = _unfold_geometry(node)
     if isinstance(shape[dim], torch.SymInt):
         return (f"unfold along dim {dim}, whose size is dynamic (Kiln gathers the windows by a constant table); "
                 "export that dim static")
