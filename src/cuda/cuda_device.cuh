@@ -111,6 +111,24 @@ static cudaError_t kcu_launch_early(void (*k)(P...), dim3 grid, dim3 block, size
 
 #include "cuda_op_math.cuh"
 
+/* c[16x8] += a[16x16] b[16x8] on the tensor cores (mma.sync m16n8k16), f32 accumulators; bf16
+ * is a compile-time constant. A lane (g = lane / 4, t = lane % 4) holds a[g][2t..2t+1],
+ * a[g+8][2t..], a[g][2t+8..], a[g+8][2t+8..]; b[2t..2t+1][g], b[2t+8..2t+9][g]; c[g][2t..2t+1],
+ * c[g+8][2t..2t+1]. */
+static __device__ __forceinline__ void kcu_mma(float *c, const uint32_t *a, uint32_t b0,
+                                               uint32_t b1, const int bf16) {
+  if (bf16)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* Unpacks 16 bytes of dtype dt held in a register into 4 (f32) or 8 floats. */
 static __device__ __forceinline__ void kcu_unpack16(uint4 raw, int dt, float *f) {
   unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};

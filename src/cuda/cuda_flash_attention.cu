@@ -62,21 +62,6 @@ static __device__ __forceinline__ void kcu_ldsm4_t(uint32_t *r, uint32_t addr) {
                : "memory");
 }
 
-/* c[16x8] += a[16x16] b[16x8], f32 accumulators; bf16 is a compile-time constant. */
-static __device__ __forceinline__ void kcu_mma(float *c, const uint32_t *a, uint32_t b0,
-                                               uint32_t b1, const int bf16) {
-  if (bf16)
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* Two floats as one register of two 16-bit values, the first in the low half. */
 static __device__ __forceinline__ uint32_t kcu_pack2(float x, float y, const int bf16) {
   if (bf16) {

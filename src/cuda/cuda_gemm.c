@@ -189,7 +189,7 @@ static void kcu_gemm_geometry(kcu_gemm *g, const kiln_plan *plan, uint32_t op_in
     if (g->ld_pad) g->scratch_bytes = (uint64_t)M * (uint64_t)g->ld_pad * es;
     /* A few rows: reading the weight once is all the work; the GEMV kernel does it with the
      * bias, every activation (erf GELU included) and the residual in its epilogue. */
-    g->gemv_ok = kcu_test_gemv_choice != 0 && kcu_gemv_fits(M, K) &&
+    g->gemv_ok = kcu_test_gemv_choice != 0 && kcu_gemv_fits(M, K, out->dtype) &&
                  kcu_gemm_align(x, 0) >= 16 && kcu_gemm_align(w, 0) >= 16;
     g->act = act;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
@@ -315,7 +315,7 @@ cudaError_t kcu_gemm_reshape(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *
   if (!g->desc) { /* the GEMV kernel alone (at init's spread): it takes every row count up to
                    * the bound's */
     g->calls = 1;
-    return kcu_gemv_fits(g->M, g->K) ? cudaSuccess : cudaErrorNotSupported;
+    return kcu_gemv_fits(g->M, g->K, sh.in_dtype) ? cudaSuccess : cudaErrorNotSupported;
   }
   int tuned = g->has_tuned && kcu_shape_same(&sh, &g->tuned);
   /* Untimed sizes: the GEMV kernel wherever it may run (a few rows), else the heuristic's first. */

@@ -33,7 +33,7 @@ typedef struct kcu_gemm {
   kiln_activation post; /* an activation no cuBLASLt epilogue computes exactly (erf GELU) */
   int has_bias;
   int residual;         /* LINEAR adding its last input: cuBLASLt's C with beta 1 */
-  int gemv_ok;          /* LINEAR of at most KCU_GEMV_MAX_ROWS rows: the GEMV kernel may run it */
+  int gemv_ok;          /* LINEAR of a few rows (kcu_gemv_fits): the GEMV kernel may run it */
   int gemv;             /* 0: cuBLASLt; else it does, at spread gemv - 1 (the fastest when
                          * timed at init, or KCU_GEMV_DEFAULT_SPREAD) */
   int w_fixed;          /* the weight is one (no kernel writes it): the GEMV launches early */

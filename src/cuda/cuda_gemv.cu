@@ -3,14 +3,18 @@
  * each column's weight row split along K into 8 / cols slices (split-K inside the block, so
  * a narrow layer still has enough warps in flight to saturate memory; how many warps a launch
  * aims at, its spread, init times per shape, see cuda_ops.h): the lanes stream their
- * slice in 16-byte loads, several issued before any is used, multiply them with every input
- * row in f32 and reduce by warp shuffles; the slices meet in shared memory, and one warp per
- * column applies bias and activation (erf GELU included, which no cuBLASLt epilogue
- * computes), then adds the residual, before the one store. SwiGLU (w = [gate; up], 2N rows)
- * pairs a gate and an up column in one block and stores silu(gate) * up. A weight no kernel
- * writes is read by a kernel launched early (cuda_early_launch.c): its first loads go out while
- * the kernel ahead of it still runs (measured in a decode step: no faster, within the runs'
- * spread, than loading after the wait). */
+ * slice in 16-byte loads, several issued before any is used, and reduce by warp shuffles; the
+ * slices meet in shared memory, and the block applies bias and activation (erf GELU included,
+ * which no cuBLASLt epilogue computes), then adds the residual, before the one store. SwiGLU
+ * (w = [gate; up], 2N rows) pairs gate and up columns in one block and stores silu(gate) * up.
+ * One input row, or f32 (up to 8), multiplies on the CUDA cores in f32. Two to sixteen rows of
+ * f16 or bf16 multiply on the tensor cores: a warp's column is a tile of 16 weight rows, each lane loading
+ * 16 bytes of two of them and the same 16 bytes of K of one input row, which are the operands of
+ * two mma.sync m16n8k16 as they stand (K taken in an order of the lanes' own, the same for
+ * weight and input), so each weight byte is loaded once and each input vector serves 16 weight
+ * rows. A weight no kernel writes is read by a kernel launched early (cuda_early_launch.c):
+ * its first loads go out while the kernel ahead of it still runs (measured in a decode step: no
+ * faster, within the runs' spread, than loading after the wait). */
 #include "cuda_device.cuh"
 
 #define KCU_GEMV_WARPS 8
@@ -31,6 +35,29 @@ static __device__ __forceinline__ void kcu_gemv_load(uint4 *wv, const uint4 *wro
 #pragma unroll
   for (int u = 0; u < KCU_GEMV_UNROLL; u++, c += 32)
     wv[u] = c < c_end ? __ldg(wrow + c) : make_uint4(0, 0, 0, 0);
+}
+
+/* The epilogue of a block: the slices' partial sums in part[warp][row][m] (row of the warp's
+ * column, `rows` of them: 1 or a tile of 16; m below ms) summed, bias, activation or SwiGLU's pairing, the
+ * residual, and the store of the block's outputs, one per thread in turn. */
+static __device__ __forceinline__ void kcu_gemv_epilogue(int dt, const float *part, int rows,
+                                                         int ms, const void *bias,
+                                                         const void *res, void *y, int M,
+                                                         int64_t N, int act, int cols) {
+  int glu = act == KILN_ACT_SWIGLU, outs = glu ? cols / 2 : cols, slices = KCU_GEMV_WARPS / cols;
+  int per_block = outs * rows, stride = rows * ms;
+  for (int i = threadIdx.x; i < per_block * M; i += blockDim.x) {
+    int m = i / per_block, o = i % per_block, col = o / rows, r = o % rows;
+    int64_t n = (int64_t)blockIdx.x * per_block + o;
+    if (n >= N) continue;
+    float v = 0.0f, up = 0.0f;
+    for (int k = 0; k < slices; k++) v += part[(k * cols + col) * stride + r * ms + m];
+    for (int k = 0; glu && k < slices; k++) up += part[(k * cols + col + outs) * stride + r * ms + m];
+    v = glu ? kcu_unop(KILN_OP_SILU, v, 0.0f) * up
+            : kcu_gemv_act(act, v + (bias ? kcu_ld(bias, dt, n) : 0.0f));
+    if (res) v += kcu_ld(res, dt, (int64_t)m * N + n);
+    kcu_st(y, dt, (int64_t)m * N + n, v);
+  }
 }
 
 /* dt and rows (the most input rows the kernel takes: 1 or KCU_GEMV_MAX_ROWS) are compile-time
@@ -89,17 +116,92 @@ static __device__ __forceinline__ void kcu_gemv_body(int dt, int rows, const voi
     if (lane == 0) part[warp][m] = v;
   }
   __syncthreads();
-  if (slice != 0 || col >= outs || n >= N) return;
-  float b = bias ? kcu_ld(bias, dt, n) : 0.0f;
-  if (lane < M) {
-    float v = 0.0f, up = 0.0f;
-    for (int k = 0; k < slices; k++) v += part[k * cols + col][lane];
-    for (int k = 0; glu && k < slices; k++) up += part[k * cols + col + outs][lane];
-    v = glu ? kcu_unop(KILN_OP_SILU, v, 0.0f) * up : kcu_gemv_act(act, v + b);
-    if (res) v += kcu_ld(res, dt, (int64_t)lane * N + n);
-    kcu_st(y, dt, (int64_t)lane * N + n, v);
+  kcu_gemv_epilogue(dt, &part[0][0], 1, KCU_GEMV_MAX_ROWS, bias, res, y, M, N, act, cols);
+}
+
+#define KCU_GEMV_TILE 16 /* weight rows of a tensor-core column */
+
+/* One trip's weight vectors of a tensor-core lane: rows g and g + 8 of its tile at vectors c0,
+ * c0 + 4, ... (zeros past c_end or past the weight's rows). */
+static __device__ __forceinline__ void kcu_gemv_mma_load(uint4 *lo, uint4 *hi, const uint4 *wlo,
+                                                         const uint4 *whi, int lo_ok, int hi_ok,
+                                                         int64_t c0, int64_t c_end) {
+#pragma unroll
+  for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
+    int64_t c = c0 + 4 * u;
+    lo[u] = lo_ok && c < c_end ? __ldg(wlo + c) : make_uint4(0, 0, 0, 0);
+    hi[u] = hi_ok && c < c_end ? __ldg(whi + c) : make_uint4(0, 0, 0, 0);
   }
 }
+
+/* Two to 8 (nt = 1) or 16 (nt = 2) rows of f16 or bf16 on the tensor cores; bf16 and nt are
+ * compile-time constants. Lane (g, t) of a column's slice loads, per 16-byte vector c of K
+ * (c = t, t + 4, ... from the slice's start), weight rows g and g + 8 of the tile and input
+ * rows g and g + 8 (zeros past M): as registers these are mma.sync's a and b fragments for two
+ * k16 steps, with K permuted the same way for both, and the f32 accumulators end as
+ * acc[j][row][m] for rows g, g + 8 and m 8j + 2t, 8j + 2t + 1. */
+static __device__ __forceinline__ void kcu_gemv_mma_body(const int bf16, const int nt,
+                                                         const void *x, const void *w,
+                                                         const void *bias, const void *res,
+                                                         void *y, int M, int64_t N, int64_t K,
+                                                         int act, int cols) {
+  __shared__ float part[KCU_GEMV_WARPS * KCU_GEMV_TILE * KCU_GEMV_MMA_MAX_ROWS];
+  const int ms = 8 * nt; /* the m of part's rows */
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  int col = warp % cols, slice = warp / cols, slices = KCU_GEMV_WARPS / cols;
+  int glu = act == KILN_ACT_SWIGLU, outs = glu ? cols / 2 : cols;
+  int64_t n0 = ((int64_t)blockIdx.x * outs + col % outs) * KCU_GEMV_TILE;
+  int64_t base = glu && col >= outs ? N : 0; /* SwiGLU's up rows lie N below the gate's */
+  const int64_t chunks = K / 8, span = (chunks + slices - 1) / slices;
+  const int64_t c_begin = slice * span, c_end = c_begin + span < chunks ? c_begin + span : chunks;
+  int lo_ok = n0 + g < N, hi_ok = n0 + g + 8 < N;
+  const uint4 *wlo = (const uint4 *)w + (base + n0 + g) * chunks;
+  const uint4 *whi = wlo + 8 * chunks;
+  const uint4 *xv = (const uint4 *)x + (int64_t)g * chunks;
+  float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+  uint4 lo[KCU_GEMV_UNROLL], hi[KCU_GEMV_UNROLL];
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  kcu_gemv_mma_load(lo, hi, wlo, whi, lo_ok, hi_ok, c_begin + t, c_end);
+  kcu_begin_early(); /* x is the kernel ahead's output: read only after the wait */
+  for (int64_t c0 = c_begin + t; c0 - t < c_end; c0 += 4 * KCU_GEMV_UNROLL) {
+    if (c0 != c_begin + t) kcu_gemv_mma_load(lo, hi, wlo, whi, lo_ok, hi_ok, c0, c_end);
+#pragma unroll
+    for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
+      int64_t c = c0 + 4 * u;
+      uint32_t a0[4] = {lo[u].x, hi[u].x, lo[u].y, hi[u].y};
+      uint32_t a1[4] = {lo[u].z, hi[u].z, lo[u].w, hi[u].w};
+#pragma unroll
+      for (int j = 0; j < nt; j++) {
+        uint4 xs = g + 8 * j < M && c < c_end ? __ldg(xv + 8 * j * chunks + c) : zero;
+        kcu_mma(acc[j], a0, xs.x, xs.y, bf16);
+        kcu_mma(acc[j], a1, xs.z, xs.w, bf16);
+      }
+    }
+  }
+  /* The mma summed over the warp's K across its lanes: each lane holds whole sums. */
+  float *mine = part + warp * KCU_GEMV_TILE * ms;
+#pragma unroll
+  for (int j = 0; j < nt; j++) {
+    mine[g * ms + 8 * j + 2 * t] = acc[j][0];
+    mine[g * ms + 8 * j + 2 * t + 1] = acc[j][1];
+    mine[(g + 8) * ms + 8 * j + 2 * t] = acc[j][2];
+    mine[(g + 8) * ms + 8 * j + 2 * t + 1] = acc[j][3];
+  }
+  __syncthreads();
+  kcu_gemv_epilogue(bf16 ? KILN_BF16 : KILN_F16, part, KCU_GEMV_TILE, ms, bias, res, y, M, N,
+                    act, cols);
+}
+
+#define KCU_GEMV_MMA_KERNEL(name, bf16, nt)                                                    \
+  __global__ void __launch_bounds__(KCU_GEMV_WARPS * 32)                                       \
+      name(const void *x, const void *w, const void *bias, const void *res, void *y, int M,    \
+           int64_t N, int64_t K, int act, int cols) {                                          \
+    kcu_gemv_mma_body(bf16, nt, x, w, bias, res, y, M, N, K, act, cols);                       \
+  }
+KCU_GEMV_MMA_KERNEL(kcu_gemv_mma8_f16, 0, 1)
+KCU_GEMV_MMA_KERNEL(kcu_gemv_mma8_bf16, 1, 1)
+KCU_GEMV_MMA_KERNEL(kcu_gemv_mma16_f16, 0, 2)
+KCU_GEMV_MMA_KERNEL(kcu_gemv_mma16_bf16, 1, 2)
 
 #define KCU_GEMV_KERNEL(name, dt, rows)                                                        \
   __global__ void __launch_bounds__(KCU_GEMV_WARPS * 32)                                       \
@@ -108,16 +210,15 @@ static __device__ __forceinline__ void kcu_gemv_body(int dt, int rows, const voi
     kcu_gemv_body(dt, rows, x, w, bias, res, y, M, N, K, act, cols);                           \
   }
 KCU_GEMV_KERNEL(kcu_gemv_f32, KILN_F32, KCU_GEMV_MAX_ROWS)
-KCU_GEMV_KERNEL(kcu_gemv_f16, KILN_F16, KCU_GEMV_MAX_ROWS)
-KCU_GEMV_KERNEL(kcu_gemv_bf16, KILN_BF16, KCU_GEMV_MAX_ROWS)
 KCU_GEMV_KERNEL(kcu_gemv_f32_row, KILN_F32, 1)
 KCU_GEMV_KERNEL(kcu_gemv_f16_row, KILN_F16, 1)
 KCU_GEMV_KERNEL(kcu_gemv_bf16_row, KILN_BF16, 1)
 
-int kcu_gemv_columns(int64_t N, int spread) {
+int kcu_gemv_columns(int64_t N, int64_t M, kiln_dtype dt, int spread) {
   int64_t target = (int64_t)KCU_GEMV_BASE_WARPS << spread;
+  int64_t units = kcu_gemv_tensor_cores(M, dt) ? (N + KCU_GEMV_TILE - 1) / KCU_GEMV_TILE : N;
   int cols = KCU_GEMV_WARPS;
-  while (cols > 1 && N * (KCU_GEMV_WARPS / cols) < target) cols /= 2;
+  while (cols > 1 && units * (KCU_GEMV_WARPS / cols) < target) cols /= 2;
   return cols;
 }
 
@@ -126,16 +227,18 @@ cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *b
                      int64_t K, kiln_activation act, int w_fixed, int spread) {
   if (N == 0) return cudaSuccess;
   if (spread < 0 || spread >= KCU_GEMV_SPREADS) return cudaErrorInvalidValue;
-  int glu = act == KILN_ACT_SWIGLU;
-  int cols = kcu_gemv_columns(glu ? 2 * N : N, spread);
+  int glu = act == KILN_ACT_SWIGLU, mma = kcu_gemv_tensor_cores(M, dt);
+  int cols = kcu_gemv_columns(glu ? 2 * N : N, M, dt, spread);
   if (glu && cols < 2) cols = 2; /* a gate and an up column per output */
-  int outs = glu ? cols / 2 : cols;
+  int64_t outs = (glu ? cols / 2 : cols) * (mma ? KCU_GEMV_TILE : 1);
   unsigned blocks = (unsigned)((N + outs - 1) / outs);
   void (*kernel)(const void *, const void *, const void *, const void *, void *, int, int64_t,
                  int64_t, int, int) =
-      M == 1 ? (dt == KILN_F32 ? kcu_gemv_f32_row : dt == KILN_F16 ? kcu_gemv_f16_row
-                                                                    : kcu_gemv_bf16_row)
-             : (dt == KILN_F32 ? kcu_gemv_f32 : dt == KILN_F16 ? kcu_gemv_f16 : kcu_gemv_bf16);
+      mma      ? (M <= 8 ? (dt == KILN_F16 ? kcu_gemv_mma8_f16 : kcu_gemv_mma8_bf16)
+                         : (dt == KILN_F16 ? kcu_gemv_mma16_f16 : kcu_gemv_mma16_bf16))
+      : M == 1 ? (dt == KILN_F32 ? kcu_gemv_f32_row : dt == KILN_F16 ? kcu_gemv_f16_row
+                                                                      : kcu_gemv_bf16_row)
+               : kcu_gemv_f32;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t c = kcu_launch_config(blocks, KCU_GEMV_WARPS * 32, 0, s, w_fixed, &attr);
   return cudaLaunchKernelEx(&c, kernel, x, w, bias, residual, y, (int)M, N, K, (int)act, cols);

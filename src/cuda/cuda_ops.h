@@ -266,9 +266,11 @@ cudaError_t kcu_batch_norm(cudaStream_t s, const kiln_op *op, const kcu_tensor *
  * up), no bias or residual: y = silu(x gate^T) * (x up^T). w_fixed: w is a weight, which no
  * kernel writes, so the GEMV launches early and starts reading it before the kernel ahead of
  * it ends. */
-#define KCU_GEMV_MAX_ROWS 8
-static inline int kcu_gemv_fits(int64_t M, int64_t K) {
-  return M >= 1 && M <= KCU_GEMV_MAX_ROWS && K > 0 && K % 8 == 0;
+#define KCU_GEMV_MAX_ROWS 8      /* f32 */
+#define KCU_GEMV_MMA_MAX_ROWS 16 /* f16 and bf16 */
+static inline int kcu_gemv_fits(int64_t M, int64_t K, kiln_dtype dt) {
+  int most = dt == KILN_F16 || dt == KILN_BF16 ? KCU_GEMV_MMA_MAX_ROWS : KCU_GEMV_MAX_ROWS;
+  return M >= 1 && M <= most && K > 0 && K % 8 == 0;
 }
 cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias,
                      const void *residual, void *y, kiln_dtype dt, int64_t M, int64_t N,
@@ -280,9 +282,14 @@ cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *b
 #define KCU_GEMV_BASE_WARPS 2048
 #define KCU_GEMV_SPREADS 4
 #define KCU_GEMV_DEFAULT_SPREAD 2
-/* The output columns one GEMV block of 8 warps takes for N columns at `spread` (8, 4, 2 or 1;
- * the warps split each column's K 8 / columns ways). */
-int kcu_gemv_columns(int64_t N, int spread);
+/* Two to sixteen rows of f16 or bf16 multiply on the tensor cores, a column of 16 weight rows
+ * a warp; one row, or f32, on the CUDA cores, a weight row a warp. */
+static inline int kcu_gemv_tensor_cores(int64_t M, kiln_dtype dt) {
+  return M > 1 && (dt == KILN_F16 || dt == KILN_BF16);
+}
+/* The columns one GEMV block of 8 warps takes for N output columns of M rows at `spread` (8,
+ * 4, 2 or 1; the warps split each column's K 8 / columns ways). */
+int kcu_gemv_columns(int64_t N, int64_t M, kiln_dtype dt, int spread);
 
 #ifdef __cplusplus
 }

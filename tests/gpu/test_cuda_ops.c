@@ -8,7 +8,8 @@
  * cases, `--only SUBSTRING` only the
  * compared cases whose name contains SUBSTRING (`--only conv` the cuDNN convolutions), and
  * `--time-sdpa` times the attention paths on
- * the benchmark's shapes, `--bench-conv` the convolution plans on ResNet-50 and MobileNetV3 shapes,
+ * the benchmark's shapes, `--time-linear [SUBSTRING]` the decode-shaped linears against their
+ * weight-read floor, `--bench-conv` the convolution plans on ResNet-50 and MobileNetV3 shapes,
  * `--bench-fused [SUBSTRING]` the FUSED kernel on the benchmarks' fused groups (those whose
  * label contains SUBSTRING). */
 #include "dynamic_groups.h"
@@ -202,12 +203,13 @@ static void test_gemm(void) {
       }
     }
     /* A residual added in the epilogue (cuBLASLt's C, beta 1, or the GEMV kernel's last add),
-     * with and without a bias: 37 rows on cuBLASLt; 1, 3 and 8 rows on each. */
-    static const int res_rows[4] = {1, 3, 8, 37};
+     * with and without a bias: 37 rows on cuBLASLt; 1, 3, 8 and 13 rows on each (13 on the
+     * GEMV in f16 and bf16 only). */
+    static const int res_rows[5] = {1, 3, 8, 13, 37};
     for (int bias = 0; bias < 2; bias++) {
-      for (int c = 0; c < 7; c++) {
-        int rows = res_rows[c % 4];
-        kcu_test_gemv_choice = c < 3 ? 1 : c < 6 ? 0 : -1;
+      for (int c = 0; c < 9; c++) {
+        int rows = res_rows[c % 5];
+        kcu_test_gemv_choice = c < 4 ? 1 : c < 8 ? 0 : -1;
         prog *p = p_new();
         uint32_t x = IN(p, dt, 3, 2, rows, 256), r = IN(p, dt, 3, 2, rows, 192);
         uint32_t w = p_weight(p, dt, 2, DIMS(192, 256), -0.1, 0.1);
@@ -216,28 +218,30 @@ static void test_gemm(void) {
         if (bias) p_op(p, KILN_OP_LINEAR, 4, OPS(x, w, b, r), y, 2, ATTR(0, 1), 0);
         else p_op(p, KILN_OP_LINEAR, 3, OPS(x, w, r), y, 2, ATTR(0, 1), 0);
         snprintf(name, sizeof name, "linear + residual %d rows %s bias %d on %s", rows,
-                 kiln_dtype_name(dt), bias, c < 3 ? "gemv" : "cublaslt");
+                 kiln_dtype_name(dt), bias, c < 4 ? "gemv" : "cublaslt");
         compare(p, name, NULL);
       }
     }
     kcu_test_gemv_choice = -1;
     /* A few rows: the GEMV kernel, with each activation and bias fused; K = 520 leaves a
      * partial last round of 16-byte loads and N = 100 a partial last block of columns. The
-     * same cases on cuBLASLt, which init may pick instead when it times faster. */
-    static const int64_t gemv_rows[3] = {1, 3, 8};
-    for (int r = 0; r < 6; r++) {
-      kcu_test_gemv_choice = r < 3;
+     * same cases on cuBLASLt, which init may pick instead when it times faster. One row and
+     * f32 run on the CUDA cores, 2 to 8 and 9 to 16 rows of f16 and bf16 on the tensor cores
+     * (13 rows of f32 on cuBLASLt). */
+    static const int64_t gemv_rows[4] = {1, 3, 8, 13};
+    for (int r = 0; r < 8; r++) {
+      kcu_test_gemv_choice = r < 4;
       for (int act = 0; act <= KILN_ACT_GELU_TANH; act++) {
         for (int bias = 0; bias < 2; bias++) {
           prog *p = p_new();
-          uint32_t x = IN(p, dt, 2, gemv_rows[r % 3], 520);
+          uint32_t x = IN(p, dt, 2, gemv_rows[r % 4], 520);
           uint32_t w = p_weight(p, dt, 2, DIMS(100, 520), -0.1, 0.1);
           uint32_t b = p_weight(p, dt, 1, DIMS(100), -1, 1);
-          uint32_t y = OUT(p, dt, 2, gemv_rows[r % 3], 100);
+          uint32_t y = OUT(p, dt, 2, gemv_rows[r % 4], 100);
           p_op(p, KILN_OP_LINEAR, bias ? 3 : 2, OPS(x, w, b), y, 1, ATTR(act), 0);
           snprintf(name, sizeof name, "linear %lld rows %s act %d bias %d on %s",
-                   (long long)gemv_rows[r % 3], kiln_dtype_name(dt), act, bias,
-                   r < 3 ? "gemv" : "cublaslt");
+                   (long long)gemv_rows[r % 4], kiln_dtype_name(dt), act, bias,
+                   r < 4 ? "gemv" : "cublaslt");
           compare(p, name, NULL);
         }
       }
@@ -250,7 +254,7 @@ static void test_gemm(void) {
     for (int spread = 0; spread < KCU_GEMV_SPREADS; spread++) {
       kcu_test_gemv_spread = spread;
       for (int c = 0; c < 4; c++) {
-        for (int r = 0; r < 3; r++) {
+        for (int r = 0; r < 4; r++) {
           prog *p = p_new();
           uint32_t x = IN(p, dt, 2, gemv_rows[r], 1032);
           uint32_t w = p_weight(p, dt, 2, DIMS(split_n[c], 1032), -0.1, 0.1);
@@ -260,7 +264,7 @@ static void test_gemm(void) {
                0);
           snprintf(name, sizeof name,
                    "linear gemv split-K spread %d N %lld (%d cols) %lld rows %s", spread,
-                   (long long)split_n[c], kcu_gemv_columns(split_n[c], spread),
+                   (long long)split_n[c], kcu_gemv_columns(split_n[c], gemv_rows[r], dt, spread),
                    (long long)gemv_rows[r], kiln_dtype_name(dt));
           compare(p, name, NULL);
         }
@@ -270,13 +274,13 @@ static void test_gemm(void) {
     /* SwiGLU (w = [gate; up]): on the GEMV (its gate and up columns paired in a block) at
      * each spread, on cuBLASLt into the engine's scratch then the combine kernel, and at 40
      * rows (cuBLASLt only); N 100 and 3000 give 2 to 8 columns per GEMV block. */
-    static const int64_t glu_rows[4] = {1, 3, 8, 40}, glu_n[2] = {100, 3000};
+    static const int64_t glu_rows[5] = {1, 3, 8, 13, 40}, glu_n[2] = {100, 3000};
     for (int choice = 0; choice <= KCU_GEMV_SPREADS; choice++) {
       kcu_test_gemv_choice = choice > 0;
       kcu_test_gemv_spread = choice - 1;
-      for (int r = 0; r < 4; r++) {
+      for (int r = 0; r < 5; r++) {
         for (int c = 0; c < 2; c++) {
-          if (r == 3 && choice > 0) continue;
+          if (r == 4 && choice > 0) continue;
           prog *p = p_new();
           uint32_t x = IN(p, dt, 2, glu_rows[r], 520);
           uint32_t w = p_weight(p, dt, 2, DIMS(2 * glu_n[c], 520), -0.1, 0.1);
@@ -2402,6 +2406,215 @@ static int time_sdpa(void) {
   return check_report("test_cuda_ops --time-sdpa");
 }
 
+/* ---------------------------------------------------------------- --time-linear */
+
+/* Decode-shaped LINEARs: M of 1 to 16 rows against weights of a 2048- and a 4096-wide
+ * Llama-family layer and the benchmark MLP's (those whose label contains `only`, NULL: all),
+ * on the GEMV kernel at each spread and on cuBLASLt at each of its candidates, against
+ * the weight-read floor: the weight's bytes over the device-to-device copy rate measured here.
+ * Each is timed as a CUDA graph of calls reading copies of the weight in turn (at least 256 MiB
+ * of them, more than the L2 cache holds), so each call reads its weight from device memory and
+ * launches early behind the call ahead, as in a decode step; microseconds per call, the fastest
+ * of 3 replays. */
+typedef struct linear_bench {
+  kcu_gemm g;
+  cublasLtHandle_t lt;
+  cudaStream_t s;
+  kcu_tensor in[2], out;
+  void **w; /* the copies */
+  int copies;
+  void *ws;
+  size_t ws_size;
+} linear_bench;
+
+static double linear_us(linear_bench *b) {
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  cudaError_t rc = cudaStreamBeginCapture(b->s, cudaStreamCaptureModeThreadLocal);
+  for (int i = 0; i < b->copies && rc == cudaSuccess; i++) {
+    b->in[1].data = b->w[i];
+    rc = kcu_gemm_run(&b->g, b->lt, b->s, b->in, 2, &b->out, b->ws, b->ws_size);
+  }
+  cudaError_t end = cudaStreamEndCapture(b->s, &graph);
+  rc = rc == cudaSuccess ? end : rc;
+  if (rc == cudaSuccess) rc = cudaGraphInstantiate(&exec, graph, 0);
+  double best = -1.0;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int r = 0; r < 4 && rc == cudaSuccess; r++) { /* the first a warm-up */
+    float ms = 0.0f;
+    cudaEventRecord(e0, b->s);
+    rc = cudaGraphLaunch(exec, b->s);
+    cudaEventRecord(e1, b->s);
+    if (rc == cudaSuccess) rc = cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&ms, e0, e1);
+    double us = 1000.0 * ms / b->copies;
+    if (r > 0 && (best < 0.0 || us < best)) best = us;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  if (rc != cudaSuccess) {
+    fprintf(stderr, "time-linear: %s\n", cudaGetErrorString(rc));
+    cudaGetLastError();
+    return -1.0;
+  }
+  return best;
+}
+
+/* The device-to-device copy rate in bytes a microsecond (read + write), the fastest of 5
+ * copies of 512 MiB. */
+static double copy_rate(cudaStream_t s) {
+  const size_t bytes = (size_t)512 << 20;
+  void *a = NULL, *c = NULL;
+  if (!cuda_ok(cudaMalloc(&a, bytes), "cudaMalloc") || !cuda_ok(cudaMalloc(&c, bytes), "cudaMalloc"))
+    die("device");
+  cudaMemset(a, 1, bytes);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  double best = 0.0;
+  for (int r = 0; r < 6; r++) {
+    float ms = 0.0f;
+    cudaEventRecord(e0, s);
+    cudaMemcpyAsync(c, a, bytes, cudaMemcpyDeviceToDevice, s);
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&ms, e0, e1);
+    double rate = 2.0 * (double)bytes / (1000.0 * ms);
+    if (r > 0 && rate > best) best = rate;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(c);
+  return best;
+}
+
+static void time_linear_shape(const char *label, int64_t M, int64_t N, int64_t K,
+                              kiln_activation act, kiln_dtype dt, double rate) {
+  int glu = act == KILN_ACT_SWIGLU;
+  int64_t rows = glu ? 2 * N : N;
+  prog *p = p_new();
+  uint32_t x = IN(p, dt, 2, M, K), w = p_weight(p, dt, 2, DIMS(rows, K), -0.1, 0.1);
+  uint32_t y = OUT(p, dt, 2, M, N);
+  p_op(p, KILN_OP_LINEAR, 2, OPS(x, w), y, 1, ATTR(act), 0);
+  kiln_plan pl;
+  p_plan(p, &pl);
+  linear_bench b;
+  memset(&b, 0, sizeof b);
+  size_t es = kiln_dtype_size(dt), w_bytes = (size_t)(rows * K) * es;
+  b.copies = (int)(((size_t)256 << 20) / w_bytes) + 1;
+  if (b.copies < 4) b.copies = 4;
+  if (b.copies > 64) b.copies = 64;
+  if (!(b.w = calloc((size_t)b.copies, sizeof *b.w))) die("out of memory");
+  void *host = malloc(w_bytes > (size_t)(M * K) * es ? w_bytes : (size_t)(M * K) * es);
+  if (!host) die("out of memory");
+  fill(host, dt, (uint64_t)(rows * K), -0.1, 0.1);
+  for (int i = 0; i < b.copies; i++) {
+    if (!cuda_ok(cudaMalloc(&b.w[i], w_bytes), "cudaMalloc")) die("device");
+    cudaMemcpy(b.w[i], host, w_bytes, cudaMemcpyHostToDevice);
+  }
+  const int64_t dims[3][2] = {{M, K}, {rows, K}, {M, N}};
+  kcu_tensor *ts[3] = {&b.in[0], &b.in[1], &b.out};
+  for (int i = 0; i < 3; i++) {
+    ts[i]->dtype = dt;
+    ts[i]->rank = 2;
+    ts[i]->dims[0] = dims[i][0], ts[i]->dims[1] = dims[i][1];
+    ts[i]->numel = dims[i][0] * dims[i][1];
+  }
+  void *y_ref = NULL;
+  if (!cuda_ok(cudaMalloc(&b.in[0].data, (size_t)(M * K) * es), "cudaMalloc") ||
+      !cuda_ok(cudaMalloc(&b.out.data, (size_t)(M * N) * es), "cudaMalloc") ||
+      !cuda_ok(cudaMalloc(&y_ref, (size_t)(M * N) * es), "cudaMalloc"))
+    die("device");
+  fill(host, dt, (uint64_t)(M * K), -1, 1);
+  cudaMemcpy(b.in[0].data, host, (size_t)(M * K) * es, cudaMemcpyHostToDevice);
+  free(host);
+  cudaStreamCreateWithFlags(&b.s, cudaStreamNonBlocking);
+  b.ws_size = (size_t)32 << 20;
+  kiln_error err;
+  if (cublasLtCreate(&b.lt) != CUBLAS_STATUS_SUCCESS || !cuda_ok(cudaMalloc(&b.ws, b.ws_size), "cudaMalloc") ||
+      kcu_gemm_init(&b.g, b.lt, &pl, 0, 0, b.ws_size, &err) != KILN_OK)
+    die("time-linear: init");
+  if (b.g.scratch_bytes && !cuda_ok(cudaMalloc(&b.g.scratch, b.g.scratch_bytes), "cudaMalloc"))
+    die("device");
+  /* cuBLASLt at each candidate (its output the reference), then the GEMV at each spread */
+  double lt = -1.0;
+  int lt_best = -1;
+  b.g.gemv = 0;
+  cublasLtMatmulAlgo_t kept = b.g.algo;
+  for (int c = 0; c < b.g.n_candidates; c++) {
+    b.g.algo = b.g.candidates[c];
+    double us = linear_us(&b);
+    if (us > 0.0 && (lt < 0.0 || us < lt)) lt = us, lt_best = c, kept = b.g.algo;
+  }
+  b.g.algo = kept;
+  if (lt > 0.0) {
+    b.in[1].data = b.w[0];
+    kcu_gemm_run(&b.g, b.lt, b.s, b.in, 2, &b.out, b.ws, b.ws_size);
+    cudaMemcpyAsync(y_ref, b.out.data, (size_t)(M * N) * es, cudaMemcpyDeviceToDevice, b.s);
+    cudaStreamSynchronize(b.s);
+  }
+  double gemv = -1.0, e = 0.0;
+  int gemv_best = -1;
+  for (int spread = 0; spread < KCU_GEMV_SPREADS; spread++) {
+    b.g.gemv = 1 + spread;
+    double us = linear_us(&b);
+    if (us > 0.0 && (gemv < 0.0 || us < gemv)) gemv = us, gemv_best = spread;
+    if (lt > 0.0 && spread == 0) {
+      cudaStreamSynchronize(b.s);
+      e = device_rel_error(b.out.data, y_ref, dt, (uint64_t)(M * N));
+    }
+  }
+  double floor_us = (double)w_bytes / rate;
+  printf("time-linear %-11s M %2lld N %5lld K %5lld %-4s floor %6.2f us  cublasLt %7.2f (%.2fx, #%d)  "
+         "gemv %s %7.2f (%.2fx, spread %d)  agree %.1e\n",
+         label, (long long)M, (long long)N, (long long)K, kiln_dtype_name(dt), floor_us, lt,
+         lt / floor_us, lt_best, kcu_gemv_tensor_cores(M, dt) ? "tensor cores" : "cuda cores  ",
+         gemv, gemv / floor_us, gemv_best, e);
+  CHECK(lt > 0.0 && gemv > 0.0 && e <= dtype_tolerance(dt));
+  kcu_gemm_release(&b.g);
+  cudaFree(b.g.scratch);
+  cublasLtDestroy(b.lt);
+  cudaFree(b.ws);
+  for (int i = 0; i < b.copies; i++) cudaFree(b.w[i]);
+  free(b.w);
+  cudaFree(b.in[0].data);
+  cudaFree(b.out.data);
+  cudaFree(y_ref);
+  cudaStreamDestroy(b.s);
+  p_free(p);
+}
+
+static int time_linear(const char *only) {
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  double rate = copy_rate(s);
+  cudaStreamDestroy(s);
+  printf("time-linear copy rate %.0f GB/s (read + write)\n", rate / 1000.0);
+  static const struct {
+    const char *label;
+    int64_t N, K;
+    kiln_activation act;
+  } shapes[] = {
+      {"qkv-2048", 3072, 2048, KILN_ACT_NONE},  {"o-2048", 2048, 2048, KILN_ACT_NONE},
+      {"swiglu-2048", 8192, 2048, KILN_ACT_SWIGLU}, {"down-2048", 2048, 8192, KILN_ACT_NONE},
+      {"qkv-4096", 6144, 4096, KILN_ACT_NONE},  {"o-4096", 4096, 4096, KILN_ACT_NONE},
+      {"swiglu-4096", 14336, 4096, KILN_ACT_SWIGLU}, {"down-4096", 4096, 14336, KILN_ACT_NONE},
+      {"mlp-gelu", 4096, 4096, KILN_ACT_GELU_ERF},
+  };
+  static const int64_t ms[5] = {1, 2, 4, 8, 16};
+  for (int t = 1; t < 3; t++)
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+      for (int m = 0; m < 5 && (!only || strstr(shapes[i].label, only)); m++)
+        time_linear_shape(shapes[i].label, ms[m], shapes[i].N, shapes[i].K, shapes[i].act,
+                          float_types[t], rate);
+  return check_report("test_cuda_ops --time-linear");
+}
+
 /* A small program used by the residency and failure tests: out = relu(x @ w^T + b) + x. */
 static prog *small_prog(void) {
   prog *p = p_new();
@@ -3507,6 +3720,7 @@ int main(int argc, char **argv) {
   }
   if (argc > 1 && strcmp(argv[1], "--fault") == 0) return fault_check();
   if (argc > 1 && strcmp(argv[1], "--time-sdpa") == 0) return time_sdpa();
+  if (argc > 1 && strcmp(argv[1], "--time-linear") == 0) return time_linear(argc > 2 ? argv[2] : NULL);
   if (argc > 1 && strcmp(argv[1], "--bench-conv") == 0) return bench_conv();
   if (argc > 1 && strcmp(argv[1], "--bench-fused") == 0) {
     bench_fused_only = argc > 2 ? argv[2] : NULL;
