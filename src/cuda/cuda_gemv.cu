@@ -7,12 +7,13 @@
  * slices meet in shared memory, and the block applies bias and activation (erf GELU included,
  * which no cuBLASLt epilogue computes), then adds the residual, before the one store. SwiGLU
  * (w = [gate; up], 2N rows) pairs gate and up columns in one block and stores silu(gate) * up.
- * One input row, or f32 (up to 8), multiplies on the CUDA cores in f32. Two to sixteen rows of
- * f16 or bf16 multiply on the tensor cores: a warp's column is a tile of 16 weight rows, each lane loading
- * 16 bytes of two of them and the same 16 bytes of K of one input row, which are the operands of
- * two mma.sync m16n8k16 as they stand (K taken in an order of the lanes' own, the same for
- * weight and input), so each weight byte is loaded once and each input vector serves 16 weight
- * rows. A weight no kernel writes is read by a kernel launched early (cuda_early_launch.c):
+ * One input row, or f32 (up to 8), multiplies on the CUDA cores in f32. Two to sixteen rows
+ * of f16 or bf16 multiply on the tensor cores: a warp's column is a tile of 16 weight rows,
+ * each lane loading 16 bytes of two of them and the same 16 bytes of K of one input row, which
+ * are the operands of two mma.sync m16n8k16 as they stand (K taken in an order of the lanes'
+ * own, the same for weight and input), so each weight byte is loaded once and each input vector
+ * serves 16 weight rows; up to 8 rows, a lane's loads run a trip ahead of its multiplies. A
+ * weight no kernel writes is read by a kernel launched early (cuda_early_launch.c):
  * its first loads go out while the kernel ahead of it still runs (measured in a decode step: no
  * faster, within the runs' spread, than loading after the wait). */
 #include "cuda_device.cuh"
@@ -38,8 +39,8 @@ static __device__ __forceinline__ void kcu_gemv_load(uint4 *wv, const uint4 *wro
 }
 
 /* The epilogue of a block: the slices' partial sums in part[warp][row][m] (row of the warp's
- * column, `rows` of them: 1 or a tile of 16; m below ms) summed, bias, activation or SwiGLU's pairing, the
- * residual, and the store of the block's outputs, one per thread in turn. */
+ * column, `rows` of them: 1 or a tile of 16; m below ms) summed, bias, activation or SwiGLU's
+ * pairing, the residual, and the store of the block's outputs, one per thread in turn. */
 static __device__ __forceinline__ void kcu_gemv_epilogue(int dt, const float *part, int rows,
                                                          int ms, const void *bias,
                                                          const void *res, void *y, int M,
@@ -52,7 +53,8 @@ static __device__ __forceinline__ void kcu_gemv_epilogue(int dt, const float *pa
     if (n >= N) continue;
     float v = 0.0f, up = 0.0f;
     for (int k = 0; k < slices; k++) v += part[(k * cols + col) * stride + r * ms + m];
-    for (int k = 0; glu && k < slices; k++) up += part[(k * cols + col + outs) * stride + r * ms + m];
+    for (int k = 0; glu && k < slices; k++)
+      up += part[(k * cols + col + outs) * stride + r * ms + m];
     v = glu ? kcu_unop(KILN_OP_SILU, v, 0.0f) * up
             : kcu_gemv_act(act, v + (bias ? kcu_ld(bias, dt, n) : 0.0f));
     if (res) v += kcu_ld(res, dt, (int64_t)m * N + n);
@@ -134,6 +136,17 @@ static __device__ __forceinline__ void kcu_gemv_mma_load(uint4 *lo, uint4 *hi, c
   }
 }
 
+/* One trip's input vectors of a tensor-core lane: row g of x at vectors c0, c0 + 4, ... (zeros
+ * past c_end or past M). */
+static __device__ __forceinline__ void kcu_gemv_mma_load_x(uint4 *xs, const uint4 *xv, int g,
+                                                           int M, int64_t c0, int64_t c_end) {
+#pragma unroll
+  for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
+    int64_t c = c0 + 4 * u;
+    xs[u] = g < M && c < c_end ? __ldg(xv + c) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 /* Two to 8 (nt = 1) or 16 (nt = 2) rows of f16 or bf16 on the tensor cores; bf16 and nt are
  * compile-time constants. Lane (g, t) of a column's slice loads, per 16-byte vector c of K
  * (c = t, t + 4, ... from the slice's start), weight rows g and g + 8 of the tile and input
@@ -160,21 +173,43 @@ static __device__ __forceinline__ void kcu_gemv_mma_body(const int bf16, const i
   const uint4 *xv = (const uint4 *)x + (int64_t)g * chunks;
   float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
   uint4 lo[KCU_GEMV_UNROLL], hi[KCU_GEMV_UNROLL];
-  const uint4 zero = make_uint4(0, 0, 0, 0);
   kcu_gemv_mma_load(lo, hi, wlo, whi, lo_ok, hi_ok, c_begin + t, c_end);
   kcu_begin_early(); /* x is the kernel ahead's output: read only after the wait */
-  for (int64_t c0 = c_begin + t; c0 - t < c_end; c0 += 4 * KCU_GEMV_UNROLL) {
-    if (c0 != c_begin + t) kcu_gemv_mma_load(lo, hi, wlo, whi, lo_ok, hi_ok, c0, c_end);
+  if (nt == 1) {
+    /* Up to 8 rows, the next trip's weight and input loads go out before this trip's
+     * multiplies, so no load of a trip waits on the trip itself. For 16 rows that took 164
+     * registers, one block a multiprocessor, and ran slower than the loop below. */
+    uint4 xs[KCU_GEMV_UNROLL];
+    kcu_gemv_mma_load_x(xs, xv, g, M, c_begin + t, c_end);
+    for (int64_t c0 = c_begin + t; c0 - t < c_end; c0 += 4 * KCU_GEMV_UNROLL) {
+      uint4 next_lo[KCU_GEMV_UNROLL], next_hi[KCU_GEMV_UNROLL], next_xs[KCU_GEMV_UNROLL];
+      int64_t c1 = c0 + 4 * KCU_GEMV_UNROLL;
+      kcu_gemv_mma_load(next_lo, next_hi, wlo, whi, lo_ok, hi_ok, c1, c_end);
+      kcu_gemv_mma_load_x(next_xs, xv, g, M, c1, c_end);
 #pragma unroll
-    for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
-      int64_t c = c0 + 4 * u;
-      uint32_t a0[4] = {lo[u].x, hi[u].x, lo[u].y, hi[u].y};
-      uint32_t a1[4] = {lo[u].z, hi[u].z, lo[u].w, hi[u].w};
+      for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
+        uint32_t a0[4] = {lo[u].x, hi[u].x, lo[u].y, hi[u].y};
+        uint32_t a1[4] = {lo[u].z, hi[u].z, lo[u].w, hi[u].w};
+        kcu_mma(acc[0], a0, xs[u].x, xs[u].y, bf16);
+        kcu_mma(acc[0], a1, xs[u].z, xs[u].w, bf16);
+        xs[u] = next_xs[u], lo[u] = next_lo[u], hi[u] = next_hi[u];
+      }
+    }
+  } else {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int64_t c0 = c_begin + t; c0 - t < c_end; c0 += 4 * KCU_GEMV_UNROLL) {
+      if (c0 != c_begin + t) kcu_gemv_mma_load(lo, hi, wlo, whi, lo_ok, hi_ok, c0, c_end);
 #pragma unroll
-      for (int j = 0; j < nt; j++) {
-        uint4 xs = g + 8 * j < M && c < c_end ? __ldg(xv + 8 * j * chunks + c) : zero;
-        kcu_mma(acc[j], a0, xs.x, xs.y, bf16);
-        kcu_mma(acc[j], a1, xs.z, xs.w, bf16);
+      for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
+        int64_t c = c0 + 4 * u;
+        uint32_t a0[4] = {lo[u].x, hi[u].x, lo[u].y, hi[u].y};
+        uint32_t a1[4] = {lo[u].z, hi[u].z, lo[u].w, hi[u].w};
+#pragma unroll
+        for (int j = 0; j < nt; j++) {
+          uint4 xs = g + 8 * j < M && c < c_end ? __ldg(xv + 8 * j * chunks + c) : zero;
+          kcu_mma(acc[j], a0, xs.x, xs.y, bf16);
+          kcu_mma(acc[j], a1, xs.z, xs.w, bf16);
+        }
       }
     }
   }
