@@ -1536,12 +1536,18 @@ def test_a_scatter_whose_index_is_narrower_than_self_outside_its_dim_is_refused(
                                       "shape outside dim")
 
 
+def _composed_refusal(check, args):
+    """check's refusal of a node whose arguments are args, shapes standing for values (sizes no
+    real tensor could take)."""
+    with mock.patch.object(lowering_composed, "node_args", lambda node: args), \
+            mock.patch.object(lowering_composed, "node_value", lambda value: value):
+        return check(None)
+
+
 def test_a_scatter_refusal_stays_within_a_message_for_the_largest_shapes():
     shape = [2 ** 40] * 8
     args = {"self": SimpleNamespace(shape=shape), "index": SimpleNamespace(shape=[1] + shape[1:]), "dim": 1}
-    with mock.patch.object(lowering_composed, "node_args", lambda node: args), \
-            mock.patch.object(lowering_composed, "node_value", lambda value: value):
-        reason = lowering_composed.check_scatter_value(None)
+    reason = _composed_refusal(lowering_composed.check_scatter_value, args)
     assert reason.startswith("scatter with an index of shape [1, ")
     assert len(reason.encode()) <= 255 and reason.endswith("expand the index to self's shape outside dim")
 
@@ -1549,9 +1555,7 @@ def test_a_scatter_refusal_stays_within_a_message_for_the_largest_shapes():
 def test_a_col2im_whose_table_would_bloat_the_blob_is_refused():
     args = {"self": SimpleNamespace(shape=[1, 9, 4096 * 4096], dim=lambda: 3), "output_size": [4096, 4096],
             "kernel_size": [3, 3]}
-    with mock.patch.object(lowering_composed, "node_args", lambda node: args), \
-            mock.patch.object(lowering_composed, "node_value", lambda value: value):
-        reason = lowering_composed.check_col2im(None)
+    reason = _composed_refusal(lowering_composed.check_col2im, args)
     assert reason == ("col2im to 4096x4096 with a 3x3 kernel: its gather table could take 1152 MiB of the blob "
                       "(Kiln's limit 64 MiB); fold a smaller output or in tiles")
 
@@ -1607,16 +1611,12 @@ def test_halo_attention_with_unfolded_windows_runs_whole():
 
 def test_an_unfold_of_a_bloated_table_or_a_0d_input_is_refused():
     args = {"self": SimpleNamespace(shape=[4, 2 ** 20]), "dimension": -1, "size": 16, "step": 1}
-    with mock.patch.object(lowering_composed, "node_args", lambda node: args), \
-            mock.patch.object(lowering_composed, "node_value", lambda value: value):
-        reason = lowering_composed.check_unfold(None)
+    reason = _composed_refusal(lowering_composed.check_unfold, args)
     assert reason == ("unfold of 1048561 windows of 16: its gather table would take 127 MiB of the blob (Kiln's "
                       "limit 64 MiB); unfold a shorter dim or in pieces")
     args = {"self": SimpleNamespace(shape=[]), "dimension": 0, "size": 1, "step": 1}
-    with mock.patch.object(lowering_composed, "node_args", lambda node: args), \
-            mock.patch.object(lowering_composed, "node_value", lambda value: value):
-        assert lowering_composed.check_unfold(None) == ("unfold of a 0-d tensor (Kiln unfolds along a dim); "
-                                                        "reshape it to [1] first")
+    assert _composed_refusal(lowering_composed.check_unfold, args) == ("unfold of a 0-d tensor (Kiln unfolds along "
+                                                                       "a dim); reshape it to [1] first")
 
 
 class Frames(nn.Module):
@@ -1627,8 +1627,9 @@ class Frames(nn.Module):
 def test_an_unfold_along_a_dynamic_dim_stays_on_executorch_with_its_reason():
     length = torch.export.Dim("length", min=6, max=64)
     program = kiln.to_executorch(Frames().eval(), (torch.randn(2, 16),), dynamic_shapes=({1: length},))
+    left_out = [(out.op, out.reason) for out in program.kiln_report.left_out]
     assert ("aten.unfold_copy.default", "unfold along dim 1, whose size is dynamic (Kiln gathers the windows by "
-            "a constant table); export that dim static") in [(out.op, out.reason) for out in program.kiln_report.left_out]
+            "a constant table); export that dim static") in left_out
 
 
 def test_a_scatter_into_a_0d_tensor_is_refused():
