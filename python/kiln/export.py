@@ -18,37 +18,10 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .backend import KilnBackend
+from .dynamic_dims import dynamic_input_dims, finite, specialized_refusal, splits_as_views, unbounded_refusal
 from .folding import DEFAULT_FOLD_LIMIT_BYTES, FoldConstants, drop_unused_constants, fold_constants
 from .partitioner import KilnPartitioner
 from .report import NotWholeError, delegation_report
-
-
-def _finite(value):
-    """value as an int, or None for an infinite or symbolic bound."""
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError, AttributeError):
-        return None
-
-
-def _unbounded_refusal(program):
-    """The first dynamic dimension of a user input without finite bounds, as a message; None when
-    every one is bounded (Kiln plans memory for the upper bound)."""
-    user_inputs = set(program.graph_signature.user_inputs)
-    for node in program.graph.find_nodes(op="placeholder"):
-        value = node.meta.get("val")
-        if node.name not in user_inputs or not isinstance(value, torch.Tensor):
-            continue
-        for dim, size in enumerate(value.shape):
-            if isinstance(size, int):
-                continue
-            bounds = program.range_constraints.get(size.node.expr)
-            if bounds is not None and _finite(bounds.upper) is not None and _finite(bounds.lower) is not None:
-                continue
-            within = f" in [{bounds.lower}, {bounds.upper}]" if bounds is not None else ""
-            return (f"kiln: input {node.name!r} dimension {dim} is dynamic ({size}{within}) without an upper "
-                    "bound; Kiln plans memory for the bound: export it with torch.export.Dim(name, max=N)")
-    return None
 
 
 def _exported(model, example_inputs, kwargs, dynamic_shapes, strict):
@@ -160,16 +133,19 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
           allow_tf32=False, fold_limit_bytes=DEFAULT_FOLD_LIMIT_BYTES):
     """Exports (unless model is an ExportedProgram), folds constants and lowers to Kiln.
 
-    Returns (EdgeProgramManager, DelegationReport).
+    Returns (EdgeProgramManager, DelegationReport). An ExportedProgram given has its splits over
+    dynamic shapes rewritten in place into views (see dynamic_dims.splits_as_views).
     """
     if isinstance(fold_limit_bytes, bool) or not isinstance(fold_limit_bytes, int) or fold_limit_bytes < 0:
         raise ValueError(f"kiln: fold_limit_bytes={fold_limit_bytes!r} is not a byte count; pass an int >= 0")
     exported = _exported(model, example_inputs, kwargs, dynamic_shapes, strict)
-    refusal = _unbounded_refusal(exported)
+    refusal = unbounded_refusal(exported)
     if refusal is not None:
         raise ValueError(refusal)
-    bounds = {str(symbol): (_finite(r.lower), _finite(r.upper)) for symbol, r in exported.range_constraints.items()
-              if _finite(r.lower) is not None and _finite(r.upper) is not None}
+    splits_as_views(exported)
+    dynamic = dynamic_input_dims(exported)
+    bounds = {str(symbol): (finite(r.lower), finite(r.upper)) for symbol, r in exported.range_constraints.items()
+              if finite(r.lower) is not None and finite(r.upper) is not None}
     partitioner = KilnPartitioner(device_id=device_id, allow_tf32=allow_tf32, fuse=fuse, bounds=bounds)
 
     def lowered(program):
@@ -197,6 +173,9 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
             if message is None or _outside_core_aten(functional, again) is None:
                 raise
             raise ValueError(message) from error
+    refusal = specialized_refusal(dynamic, edge.exported_program())
+    if refusal is not None:
+        raise ValueError(refusal)
     # Constants whose readers all went into blobs may be left unread; see drop_unused_constants.
     drop_unused_constants(edge.exported_program())
     return edge, delegation_report(edge, partitioner.refusals)

@@ -1038,14 +1038,15 @@ def _static_scalars(*names):
 
 
 def _filled(value_of):
-    """A creation op that fills the node's static shape: a builder constant."""
+    """A creation op: a builder constant of the node's shape, or over a dynamic shape, a constant
+    of one element expanded to it."""
 
     def lower(ctx, node):
         val = node_value(node)
-        if not all(isinstance(d, int) for d in val.shape):
-            raise KilnError(_lib.ERR_UNSUPPORTED, f"{op_name(node)} of dynamic shape {tuple(val.shape)}: a "
-                            "Kiln constant has a static shape")
-        return ctx.builder.add_constant(torch.full(tuple(val.shape), value_of(node), dtype=val.dtype))
+        if all(isinstance(d, int) for d in val.shape):
+            return ctx.builder.add_constant(torch.full(tuple(val.shape), value_of(node), dtype=val.dtype))
+        one = ctx.builder.add_constant(torch.full((1,) * val.dim(), value_of(node), dtype=val.dtype))
+        return ctx.op("expand", [one], list(val.shape))
 
     return lower
 

@@ -10,6 +10,7 @@ ops to them is lowering's."""
 import math
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import _lib
 from .fx_nodes import dims_mask, node_args, node_value, op_name, only_first_output_used, pair, per_dim, static_dims
@@ -407,15 +408,16 @@ def lower_select_scatter(ctx, node):
 def check_scatter_value(node):
     args = node_args(node)
     shape, index = node_value(args["self"]).shape, node_value(args["index"]).shape
-    if not all(isinstance(d, int) for d in list(shape) + list(index)):
-        return "scatter of a value over a dynamic shape (Kiln plans it static)"
     if not shape:
         return "scatter into a 0-d tensor"
     dim = args["dim"] % len(shape)
-    if len(index) != len(shape) or any(index[k] != shape[k] for k in range(len(shape)) if k != dim):
+    if len(index) != len(shape) or any(not statically_known_true(index[k] == shape[k])
+                                       for k in range(len(shape)) if k != dim):
         shapes = f"scatter with an index of shape {list(index)} into {list(shape)}"[:120]
         return (f"{shapes}: Kiln scatters with an index as large as self in every dim but dim; expand the "
                 "index to self's shape outside dim")
+    if not isinstance(shape[dim], int) or not isinstance(index[dim], int):
+        return "scatter of a value along a dynamic dim (Kiln numbers the slots along dim statically)"
     return None
 
 

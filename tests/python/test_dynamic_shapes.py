@@ -8,6 +8,7 @@ import io
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import kiln_runtime  # noqa: F401  (registers KilnBackend)
 import models
 import zoo_models
 from executorch.runtime import Runtime
+from test_architectures import ARCHITECTURES
 
 from kiln._lib import KilnError
 
@@ -179,3 +181,74 @@ def test_a_count_of_bools_over_a_dynamic_sequence_runs_whole(tmp_path):
     assert len(pool.blobs) == 1 and pool.report.whole, pool.report
     for length in (2, 17, 40, 5):
         pool.check(pool_inputs(length))
+
+
+class SplitHeads(torch.nn.Module):
+    """A fused projection split three ways (chunk), one third split by sizes (split_with_sizes)
+    and another in equal parts (split), the input's halves unbound (unbind): ops returning a list
+    of tensors over a dynamic batch. ExecuTorch's verifier sizes such a result by the length of its
+    first piece, which would fix the batch at the example's; kiln.export reads each piece as a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        a, b = v.split([3, 5], dim=-1)
+        c, d = k.split(4, dim=-1)
+        first, second = x.view(-1, 2, 4).unbind(1)
+        return q * torch.cat([b, a], -1).sigmoid() + torch.cat([c * first, d + second], -1)
+
+
+def batch_of(size, width=8):
+    return (torch.randn(size, width, generator=torch.Generator().manual_seed(size)),)
+
+
+def test_splits_over_a_dynamic_batch_keep_it_dynamic(tmp_path):
+    batch = torch.export.Dim("batch", min=1, max=5)
+    split = Exported(SplitHeads().eval(), batch_of(2), ({0: batch},), tmp_path / "split.pte")
+    assert len(split.blobs) == 1 and split.report.whole, split.report
+    for size in (1, 5, 3, 2):
+        split.check(batch_of(size))
+
+
+def test_a_dim_lowering_fixed_is_refused_not_written_static(tmp_path, monkeypatch):
+    # Without the rewrite of splits into views, ExecuTorch's lowering fixes the batch at 2.
+    monkeypatch.setattr(sys.modules["kiln.export"], "splits_as_views", lambda program: program)
+    batch = torch.export.Dim("batch", min=1, max=5)
+    with pytest.raises(ValueError, match=r"kiln: input 'x' dim 0 was exported dynamic \(s\w+\) but "
+                                         r"lowering fixed it at 2 \(an op guards on its size\); export it static "
+                                         r"or change that op \(TORCH_LOGS=\+dynamic names it\)"):
+        kiln.export(SplitHeads().eval(), batch_of(2), str(tmp_path / "fixed.pte"), dynamic_shapes=({0: batch},))
+    assert not (tmp_path / "fixed.pte").exists()
+
+
+class TopTwoRouting(torch.nn.Module):
+    """A mixture-of-experts router's mask as PhiMoE writes it: a tensor of -inf the shape of the
+    logits (full_like over the dynamic batch), the two chosen experts set to 0 (a scatter of a
+    value), added before the softmax."""
+
+    def forward(self, logits):
+        chosen = logits.topk(2, dim=-1).indices
+        mask = torch.full_like(logits, float("-inf")).scatter(-1, chosen, 0.0)
+        return torch.softmax(logits + mask, dim=-1) + torch.zeros(logits.shape[0], 1)
+
+
+def test_a_fill_and_a_scatter_over_a_dynamic_batch_run_whole(tmp_path):
+    batch = torch.export.Dim("batch", min=1, max=6)
+    router = Exported(TopTwoRouting().eval(), batch_of(3), ({0: batch},), tmp_path / "router.pte")
+    assert len(router.blobs) == 1 and not router.report.left_out, router.report
+    for size in (1, 6, 4):
+        router.check(batch_of(size))
+
+
+def test_a_real_decoder_with_fused_projections_runs_a_dynamic_batch(tmp_path):
+    """Phi-3 splits its fused q/k/v and gate/up projections with chunk."""
+    make, inputs = ARCHITECTURES["phi3"]
+    batch = torch.export.Dim("batch", min=1, max=4)
+    phi3 = Exported(make(), inputs(1), ({0: batch},), tmp_path / "phi3.pte")
+    assert len(phi3.blobs) == 1 and phi3.report.whole, phi3.report
+    (ids,) = inputs(2)
+    for size in (1, 4, 3):
+        phi3.check((ids.repeat(2, 1)[:size],))
