@@ -9,9 +9,10 @@ up to the cache length: the whole prompt in one call (prefill), then one token p
 
 import torch
 import transformers
-from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+from transformers.integrations.executorch import (Seq2SeqLMDecoderExportableModuleWithStaticCache,
+                                                  Seq2SeqLMEncoderExportableModule, TorchExportableModuleWithStaticCache)
 
-from zoo_models import _decoder_sizes
+from zoo_models import FEED_FORWARD, HEADS, LAYERS, VOCAB, WIDTH, _decoder_sizes
 
 CACHE = 80  # slots of the static cache: a prompt of up to 17 tokens leaves room for 64 new ones
 
@@ -211,3 +212,58 @@ def divergence_problems(tokens, want_tokens, want_logits, equal_steps, tolerance
         return [f"token {first} differs ({tokens[first]} against eager's {want_tokens[first]}) where eager's "
                 f"top-2 margin is no near tie"]
     return []
+
+
+# ---------------------------------------------------------------- an encoder-decoder (BART)
+
+SOURCE = 12  # tokens of the encoder's input
+TARGET_CACHE = 32  # slots of the decoder's self-attention cache
+
+
+class Seq2SeqGreedyStep(torch.nn.Module):
+    """One decode step of an encoder-decoder with a static self-attention cache: the id of the most
+    likely next token given the encoder's states."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, decoder_input_ids, encoder_hidden_states, cache_position):
+        logits = self.decoder(decoder_input_ids, encoder_hidden_states, cache_position)
+        return torch.argmax(logits[:, -1, :], dim=-1)
+
+
+def bart(seed=0):
+    """A two-layer BART with seeded random weights; its head is untied from the embedding (tied,
+    random weights pick one token at every step), and its weights are drawn 5x wider than BART's
+    init, or the next token would depend on the last token alone, not on the cache or the source."""
+    torch.manual_seed(seed)
+    config = transformers.BartConfig(vocab_size=VOCAB, d_model=WIDTH, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                                     encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+                                     encoder_ffn_dim=FEED_FORWARD, decoder_ffn_dim=FEED_FORWARD,
+                                     max_position_embeddings=64, tie_word_embeddings=False, init_std=0.1)
+    model = transformers.BartForConditionalGeneration(config).eval()
+    model.generation_config.cache_implementation = "static"
+    return model
+
+
+def seq2seq_programs(model):
+    """transformers' export recipe for an encoder-decoder: (the encoder, a fresh greedy decoder step)."""
+    encoder = Seq2SeqLMEncoderExportableModule(model.get_encoder()).eval()
+    decoder = Seq2SeqLMDecoderExportableModuleWithStaticCache(model, max_static_cache_length=TARGET_CACHE,
+                                                              batch_size=1)
+    return encoder, Seq2SeqGreedyStep(decoder).eval()
+
+
+def source_of(seed=2):
+    return torch.randint(2, VOCAB, (1, SOURCE), generator=torch.Generator().manual_seed(seed))
+
+
+def seq2seq_generate(encode, step, source, new_tokens, start=2):
+    """Greedy generation: the source encoded once, then each token fed back to step from `start`."""
+    states = encode(source)
+    token, out = start, []
+    for position in range(new_tokens):
+        token = int(step(torch.tensor([[token]]), states, torch.tensor([position]))[0])
+        out.append(token)
+    return out

@@ -293,6 +293,41 @@ def test_other_decoder_families_prefill_and_decode_equal_to_eager(name, tmp_path
     assert decoders.prefill_generate(_step(method), prompt, 16) == expected
 
 
+def test_an_encoder_decoder_generates_with_its_decoder_cache_in_the_blob(tmp_path, monkeypatch):
+    """BART through transformers' seq2seq recipe: the encoder one program, the decoder step another
+    whose self-attention cache is its blob's state (the encoder's states an input); each one whole
+    blob, and greedy tokens through both equal eager's."""
+    import kiln_runtime  # noqa: F401  (registers KilnBackend)
+    from executorch.runtime import Runtime
+
+    model = decoders.bart()
+    encoder, step = decoders.seq2seq_programs(model)
+    source = decoders.source_of()
+    with torch.no_grad():
+        states = encoder(source)
+    paths = [str(tmp_path / "encoder.pte"), str(tmp_path / "decoder.pte")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        programs = [kiln.export(encoder, (source,), paths[0], strict=True, require_whole=True),
+                    kiln.export(step, (torch.tensor([[2]]), states, torch.tensor([0])), paths[1], strict=True,
+                                require_whole=True)]
+    assert [len(kiln.blobs(program)) for program in programs] == [1, 1]
+    assert not programs[1].exported_program().graph_signature.buffers_to_mutate
+    monkeypatch.setenv("KILN_DEVICE", "cpu")
+    loaded = [Runtime.get().load_program(path) for path in paths]  # a Method does not keep them alive
+    encode, decode = (program.load_method("forward") for program in loaded)
+    with torch.no_grad():
+        expected = decoders.seq2seq_generate(encoder, decoders.seq2seq_programs(model)[1], source, 24)
+    assert len(set(expected)) > 4, expected  # the weights are not degenerate: the text moves
+    with torch.no_grad():  # and it follows the source
+        assert decoders.seq2seq_generate(encoder, decoders.seq2seq_programs(model)[1], decoders.source_of(5),
+                                         24) != expected
+    got = decoders.seq2seq_generate(lambda ids: encode.execute([ids])[0],
+                                    lambda ids, states, position: decode.execute([ids, states, position])[0],
+                                    source, 24)
+    assert got == expected
+
+
 # ---------------------------------------------------------------- logits against eager's
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
