@@ -22,8 +22,8 @@ from torch._export.utils import (
     is_lifted_tensor_constant,
     is_param,
 )
-
 from torch.export.graph_signature import OutputKind
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import _lib
 from . import lowering_composed as composed
@@ -631,14 +631,18 @@ def _check_as_strided(node):
     """as_strided is taken only where it reads the input's elements in order (a reshape): what
     a flatten of a permuted tensor with unit dims becomes in the edge dialect."""
     args = node_args(node)
-    size, stride = list(args["size"]), list(args["stride"])
+    # A dynamic size or stride is a node computing it; its value is a SymInt, compared without guards.
+    size, stride = ([value.meta["val"] if isinstance(value, torch.fx.Node) else value for value in args[name]]
+                    for name in ("size", "stride"))
     expected, running = [], 1
     for extent in reversed(size):
         expected.append(running)
         running *= extent
     expected.reverse()
-    in_order = all(extent == 1 or s == e for extent, s, e in zip(size, stride, expected))
-    if args["storage_offset"] not in (None, 0) or not in_order or running != node_value(args["self"]).numel():
+    in_order = all(statically_known_true(extent == 1) or statically_known_true(s == e)
+                   for extent, s, e in zip(size, stride, expected))
+    whole = statically_known_true(running == node_value(args["self"]).numel())
+    if args["storage_offset"] not in (None, 0) or not in_order or not whole:
         return f"as_strided to size {size} stride {stride} offset {args['storage_offset']} (only in-order views)"
     return None
 

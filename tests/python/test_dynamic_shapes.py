@@ -252,3 +252,30 @@ def test_a_real_decoder_with_fused_projections_runs_a_dynamic_batch(tmp_path):
     (ids,) = inputs(2)
     for size in (1, 4, 3):
         phi3.check((ids.repeat(2, 1)[:size],))
+
+
+class PooledChannelNorm(torch.nn.Module):
+    """ConvNeXt's last block and head: a linear over channels last added to its input, an adaptive
+    average pool to 1x1, a LayerNorm over channels last, a flatten. The pool's result keeps its
+    input's permuted strides, which the edge dialect restores with an as_strided whose size
+    follows the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(6, 6)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.norm = torch.nn.LayerNorm(6)
+
+    def forward(self, x):
+        x = self.proj(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2) + x
+        x = self.pool(x).permute(0, 2, 3, 1)
+        return torch.flatten(self.norm(x).permute(0, 3, 1, 2), 1)
+
+
+def test_a_flatten_of_a_permuted_tensor_over_a_dynamic_batch_runs_whole(tmp_path):
+    batch = torch.export.Dim("batch", min=1, max=4)
+    images = lambda size: (torch.randn(size, 6, 3, 3, generator=torch.Generator().manual_seed(size)),)  # noqa: E731
+    flatten = Exported(PooledChannelNorm().eval(), images(2), ({0: batch},), tmp_path / "flatten.pte")
+    assert len(flatten.blobs) == 1 and not flatten.report.left_out, flatten.report
+    for size in (1, 4, 3):
+        flatten.check(images(size))
