@@ -61,19 +61,36 @@ def _exported(model, example_inputs, kwargs, dynamic_shapes, strict):
     return program
 
 
+def _parameter_write_refusal(program):
+    """A message when forward writes a parameter in place, which ExecuTorch cannot lower; None
+    when it writes none."""
+    written = _written_inputs(program, InputKind.PARAMETER) + [
+        spec.target for spec in program.graph_signature.output_specs if spec.kind == OutputKind.PARAMETER_MUTATION]
+    if not written:
+        return None
+    return (f"kiln: forward writes its parameter {ascii(written[0])[:48]} in place, which ExecuTorch cannot "
+            "lower; make that write before exporting (a one-time rescale: call the model once in eval mode), "
+            "or hold the value in a buffer")
+
+
 def _mutates_constants(program):
     """Whether an in-place op writes a lifted constant of program (a buffer export did not see)."""
-    constants = {spec.arg.name for spec in program.graph_signature.input_specs
-                 if spec.kind == InputKind.CONSTANT_TENSOR}
+    return bool(_written_inputs(program, InputKind.CONSTANT_TENSOR))
+
+
+def _written_inputs(program, kind):
+    """The targets of program's inputs of kind (an InputKind) that an in-place op writes."""
+    targets = {spec.arg.name: spec.target for spec in program.graph_signature.input_specs if spec.kind == kind}
+    written = []
     for node in program.graph.nodes:
         schema = getattr(node.target, "_schema", None)
         if node.op != "call_function" or schema is None or not schema.is_mutable:
             continue
         for argument, value in zip(schema.arguments, node.args):
-            written = argument.alias_info is not None and argument.alias_info.is_write
-            if written and isinstance(value, torch.fx.Node) and value.name in constants:
-                return True
-    return False
+            writes = argument.alias_info is not None and argument.alias_info.is_write
+            if writes and isinstance(value, torch.fx.Node) and value.name in targets:
+                written.append(targets[value.name])
+    return written
 
 
 _OUTSIDE_CORE_ATEN = re.compile(r"Operator (?:torch\._ops\.)?(\S+?) is not in Core ATen opset")
@@ -139,7 +156,7 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
     if isinstance(fold_limit_bytes, bool) or not isinstance(fold_limit_bytes, int) or fold_limit_bytes < 0:
         raise ValueError(f"kiln: fold_limit_bytes={fold_limit_bytes!r} is not a byte count; pass an int >= 0")
     exported = _exported(model, example_inputs, kwargs, dynamic_shapes, strict)
-    refusal = unbounded_refusal(exported)
+    refusal = _parameter_write_refusal(exported) or unbounded_refusal(exported)
     if refusal is not None:
         raise ValueError(refusal)
     splits_as_views(exported)

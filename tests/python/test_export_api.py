@@ -77,6 +77,24 @@ def test_unbounded_dynamic_dimension_is_refused_naming_it():
     assert len(kiln.blobs(kiln.to_executorch(model, inputs, dynamic_shapes={"x": {0: bounded}}))) == 1
 
 
+def test_a_parameter_written_in_forward_is_refused_naming_it():
+    """RWKV rescales its weights in place at its first call in eval mode, which ExecuTorch cannot
+    lower (its verifier's error names a node of its own); called once, it exports."""
+    from test_architectures import ARCHITECTURES
+
+    make, inputs = ARCHITECTURES["rwkv"]
+    model = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match=r"kiln: forward writes its parameter 'model\.rwkv\.blocks\.0\.attention"
+                                             r"\.output\.weight' in place, which ExecuTorch cannot lower; make that "
+                                             r"write before exporting"):
+            kiln.to_executorch(model, inputs(1))
+        with torch.no_grad():
+            model(*inputs(1))
+        assert len(kiln.blobs(kiln.to_executorch(model, inputs(1)))) == 1
+
+
 @pytest.mark.parametrize("model, example_inputs, options, message", [
     ("not a module", (torch.randn(1),), {}, "cannot export a str; pass a torch.nn.Module or"),
     ("mlp", 3, {}, "example_inputs is a int; pass a tuple"),
