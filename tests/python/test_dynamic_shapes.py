@@ -272,10 +272,13 @@ class PooledChannelNorm(torch.nn.Module):
         return torch.flatten(self.norm(x).permute(0, 3, 1, 2), 1)
 
 
+def images_of(size):
+    return (torch.randn(size, 6, 3, 3, generator=torch.Generator().manual_seed(size)),)
+
+
 def test_a_flatten_of_a_permuted_tensor_over_a_dynamic_batch_runs_whole(tmp_path):
     batch = torch.export.Dim("batch", min=1, max=4)
-    images = lambda size: (torch.randn(size, 6, 3, 3, generator=torch.Generator().manual_seed(size)),)  # noqa: E731
-    flatten = Exported(PooledChannelNorm().eval(), images(2), ({0: batch},), tmp_path / "flatten.pte")
+    flatten = Exported(PooledChannelNorm().eval(), images_of(2), ({0: batch},), tmp_path / "flatten.pte")
     assert len(flatten.blobs) == 1 and not flatten.report.left_out, flatten.report
     for size in (1, 4, 3):
-        flatten.check(images(size))
+        flatten.check(images_of(size))
