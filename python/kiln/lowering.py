@@ -485,12 +485,16 @@ def _lower_expand(ctx, node):
     return ctx.op("expand", [ctx.tensor(node.args[0])], list(node_value(node).shape))
 
 
+def _tiles(count):
+    """Whether a repeat count tiles its dim: any but a static 1 (a dynamic count, the node computing
+    it, tiles by its size at run time)."""
+    return not isinstance(count, int) or count != 1
+
+
 def _check_repeat(node):
     args = node_args(node)
     x, repeats = node_value(args["self"]), list(args["repeats"])
-    if any(not isinstance(r, int) for r in repeats):
-        return f"repeat by {len(repeats)} counts, some dynamic (Kiln plans hold static repeat counts)"
-    tiled = sum(r != 1 for r in repeats)
+    tiled = sum(_tiles(r) for r in repeats)
     if len(repeats) + tiled > _lib.MAX_RANK:
         return (f"repeat of a rank-{x.dim()} tensor by {len(repeats)} counts, {tiled} of them tiling "
                 f"(Kiln's views take {_lib.MAX_RANK} dims, one more for each tiled dim)")
@@ -506,7 +510,7 @@ def _lower_repeat(ctx, node):
     shape = [1] * (len(repeats) - len(shape)) + shape
     viewed, expanded = [], []
     for size, count in zip(shape, repeats):
-        if count != 1:
+        if _tiles(count):
             viewed.append(1)
             expanded.append(count)
         viewed.append(size)

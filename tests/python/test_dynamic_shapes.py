@@ -282,3 +282,36 @@ def test_a_flatten_of_a_permuted_tensor_over_a_dynamic_batch_runs_whole(tmp_path
     assert len(flatten.blobs) == 1 and not flatten.report.left_out, flatten.report
     for size in (1, 4, 3):
         flatten.check(images_of(size))
+
+
+class TiledPositions(torch.nn.Module):
+    """XCiT's positional encoding: a table repeated over the batch by a count read off the input's
+    shape (a repeat by a dynamic count)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(1, 6, 1, 3))
+
+    def forward(self, x):
+        return x * self.table.repeat(x.shape[0], 1, 3, 1)
+
+
+class RepeatByASize(torch.nn.Module):
+    """Rows of x (not a unit dim) tiled by another input's dynamic size: an output of 2*s rows."""
+
+    def forward(self, x, z):
+        return x.repeat(z.shape[0], 1) * 2.0
+
+
+def test_a_repeat_by_a_dynamic_count_runs_whole(tmp_path):
+    batch = torch.export.Dim("batch", min=1, max=4)
+    tiled = Exported(TiledPositions().eval(), images_of(2), ({0: batch},), tmp_path / "tiled.pte")
+    assert len(tiled.blobs) == 1 and not tiled.report.left_out, tiled.report
+    for size in (1, 4, 3):
+        tiled.check(images_of(size))
+    rows = torch.export.Dim("rows", min=2, max=8)
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    tiled = Exported(RepeatByASize().eval(), (x, torch.randn(4, 3)), (None, {0: rows}), tmp_path / "rows.pte")
+    assert len(tiled.blobs) == 1 and not tiled.report.left_out, tiled.report
+    for size in (2, 8, 5):
+        tiled.check((x, torch.randn(size, 3)))

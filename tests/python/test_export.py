@@ -689,20 +689,6 @@ def test_repeat_kiln_cannot_view_is_refused_with_its_reason():
     assert lowering.refusal(fits) is None
 
 
-class RepeatByASize(nn.Module):
-    def forward(self, x, z):
-        return x.repeat(z.shape[0], 1) * 2.0
-
-
-def test_repeat_by_a_dynamic_count_stays_on_executorch_with_its_reason(tmp_path):
-    batch = torch.export.Dim("batch", min=2, max=8)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = kiln.export(RepeatByASize().eval(), (torch.randn(2, 3), torch.randn(4, 3)),
-                              str(tmp_path / "m.pte"), dynamic_shapes={"x": None, "z": {0: batch}})
-    assert "repeat by 2 counts, some dynamic" in str(program.kiln_report)
-
-
 def test_slice_scatter_with_a_step_is_refused():
     graph = torch.fx.Graph()
     x, src = torch.randn(2, 8), torch.randn(2, 4)
