@@ -7,6 +7,8 @@ import operator
 import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
+from .fx_nodes import node_args
+
 _aten = torch.ops.aten
 
 
@@ -46,11 +48,10 @@ def unbounded_refusal(program):
 def _pieces(node):
     """How each output of a list-returning split is read from its input, as (op, args) per output
     for a view op, or None where a piece's extent along the split dim is not static."""
-    target, args = node.target, node.args
+    target = node.target
     if target in (_aten.split_with_sizes.default, _aten.split.Tensor, _aten.chunk.default):
-        source = args[0]
-        dim = args[2] if len(args) > 2 else node.kwargs.get("dim", 0)
-        dim = dim + source.meta["val"].dim() if dim < 0 else dim
+        args = node_args(node)
+        source, dim = args["self"], args["dim"] % args["self"].meta["val"].dim()
         views, start = [], 0
         for piece in node.meta["val"]:
             size = piece.shape[dim]
@@ -60,9 +61,8 @@ def _pieces(node):
             start += size
         return views
     if target is _aten.unbind.int:
-        source = args[0]
-        dim = args[1] if len(args) > 1 else node.kwargs.get("dim", 0)
-        return [(_aten.select.int, (source, dim, index)) for index in range(len(node.meta["val"]))]
+        args = node_args(node)
+        return [(_aten.select.int, (args["self"], args["dim"], index)) for index in range(len(node.meta["val"]))]
     return None
 
 

@@ -417,7 +417,8 @@ def check_scatter_value(node):
         return (f"{shapes}: Kiln scatters with an index as large as self in every dim but dim; expand the "
                 "index to self's shape outside dim")
     if not isinstance(shape[dim], int) or not isinstance(index[dim], int):
-        return "scatter of a value along a dynamic dim (Kiln numbers the slots along dim statically)"
+        return ("scatter of a value along a dynamic dim (Kiln numbers the slots along dim statically); export "
+                "that dim static")
     return None
 
 

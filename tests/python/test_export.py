@@ -1618,6 +1618,22 @@ def test_an_unfold_along_a_dynamic_dim_stays_on_executorch_with_its_reason():
             "a constant table); export that dim static") in left_out
 
 
+class ScatterAlongTime(nn.Module):
+    def forward(self, x, index):
+        return x.scatter(1, index, 0.0) * 2.0
+
+
+def test_a_scatter_along_a_dynamic_dim_stays_on_executorch_with_its_reason():
+    time = torch.export.Dim("time", min=4, max=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = kiln.to_executorch(ScatterAlongTime().eval(), (torch.randn(2, 8), torch.tensor([[1], [3]])),
+                                     dynamic_shapes=({1: time}, None))
+    left_out = [(out.op, out.reason) for out in program.kiln_report.left_out]
+    assert ("aten.scatter.value", "scatter of a value along a dynamic dim (Kiln numbers the slots along dim "
+            "statically); export that dim static") in left_out
+
+
 def test_a_scatter_into_a_0d_tensor_is_refused():
     graph, node, _, _ = _graph_of(aten.scatter.value, (torch.tensor(0.5), 0, torch.tensor(0), 1.0), {})
     assert lowering.refusal(node) == "scatter into a 0-d tensor"
