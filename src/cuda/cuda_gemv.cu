@@ -90,8 +90,25 @@ static __device__ __forceinline__ void kcu_gemv_body(int dt, int rows, const voi
    * ends; x is its output, read only after the wait. */
   if (n < N) kcu_gemv_load(wv, wrow, c_begin + lane, c_end);
   kcu_begin_early();
-  if (n < N) {
-    const uint4 *xv = (const uint4 *)x;
+  const uint4 *xv = (const uint4 *)x;
+  if (rows == 1 && n < N) {
+    uint4 xs[KCU_GEMV_UNROLL];
+    kcu_gemv_load(xs, xv, c_begin + lane, c_end);
+    for (int64_t c0 = c_begin + lane; c0 < c_end; c0 += 32 * KCU_GEMV_UNROLL) {
+      uint4 next_w[KCU_GEMV_UNROLL], next_x[KCU_GEMV_UNROLL];
+      kcu_gemv_load(next_w, wrow, c0 + 32 * KCU_GEMV_UNROLL, c_end);
+      kcu_gemv_load(next_x, xv, c0 + 32 * KCU_GEMV_UNROLL, c_end);
+#pragma unroll
+      for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
+        float wf[8], xf[8];
+        kcu_unpack16(wv[u], dt, wf);
+        kcu_unpack16(xs[u], dt, xf);
+#pragma unroll
+        for (int t = 0; t < per; t++) acc[0] += wf[t] * xf[t];
+        wv[u] = next_w[u], xs[u] = next_x[u];
+      }
+    }
+  } else if (n < N) {
     for (int64_t c0 = c_begin + lane; c0 < c_end; c0 += 32 * KCU_GEMV_UNROLL) {
       if (c0 != c_begin + lane) kcu_gemv_load(wv, wrow, c0, c_end);
 #pragma unroll
