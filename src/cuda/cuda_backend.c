@@ -110,6 +110,8 @@ typedef struct kcu_state {
   kcu_attn_gemm *attn; /* one per op; used by SDPA */
   cudnnHandle_t dnn;   /* made only for a plan with a convolution */
   kcu_conv *conv;      /* one per op; used by CONV and CONV_TRANSPOSE */
+  kcu_conv *conv_pieces; /* a dynamic batch's pieces, conv_piece_stride an op */
+  int conv_piece_stride;
   void *conv_ws;       /* one workspace for every convolution, sized for the chosen algorithms */
   size_t conv_ws_size;
   kcu_fx_jit *fx_jit;  /* the FUSED kernels compiled at load (static plans) */
@@ -226,8 +228,7 @@ static int kcu_in_place_view(const kcu_state *s, const kiln_plan *p, uint32_t j,
 static int kcu_residual_just_written(const kcu_state *s, const kiln_plan *p, uint32_t i,
                                      const kcu_tensor *r, void *const *in_addr,
                                      void *const *out_addr) {
-  const kcu_conv *c = &s->conv[i];
-  if (c->transposed || !c->residual || !c->graph.fused) return 0;
+  if (!kcu_conv_fused_residual(&s->conv[i])) return 0;
   const char *r0 = (const char *)r->data, *r1 = r0 + (size_t)r->numel * kiln_dtype_size(r->dtype);
   for (uint32_t j = i; j-- > 0;) {
     kcu_tensor w = kcu_resolve(s, p, p->ops[j].output, in_addr, out_addr);
@@ -584,6 +585,7 @@ static void kcu_destroy(kiln_engine *e) {
   free(s->gemm);
   free(s->attn);
   free(s->conv);
+  free(s->conv_pieces);
   free(s->in);
   free(s->out);
   free(s->dev_in);
@@ -755,20 +757,18 @@ static int kcu_attn_gemm_planned(const kcu_state *s, const kiln_plan *p, uint32_
          !kcu_sdpa_scoreless(p, i);
 }
 
-/* What a dynamic plan may not hold on this engine: a convolution whose tensors follow a
- * symbol (cuDNN's plans and workspace are chosen at init for one shape). Views placed on their
- * input's bytes need no check here: the plan reader proved their offset equal at both bounds,
- * and as every size is a nondecreasing a*s+b, an offset equal there is equal between. */
+/* What a dynamic plan may not hold on this engine: a convolution whose channels or spatial
+ * sizes follow a symbol (cuDNN's plans and workspace are chosen at init; a dynamic batch runs
+ * by pieces planned then). Views placed on their input's bytes need no check here: the plan
+ * reader proved their offset equal at both bounds, and as every size is a nondecreasing a*s+b,
+ * an offset equal there is equal between. */
 static kiln_status kcu_check_dynamic_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
   const kiln_op *op = &p->ops[i];
-  if (!kiln_is_conv_op(op->kind)) return KILN_OK;
-  int dynamic = kiln_tensor_is_dynamic(&p->tensors[op->output]);
-  for (uint32_t k = 0; k < op->n_inputs; k++) dynamic |= kiln_tensor_is_dynamic(&p->tensors[op->inputs[k]]);
-  if (!dynamic) return KILN_OK;
+  if (!kiln_is_conv_op(op->kind) || kcu_conv_piece_count(p, i) >= 0) return KILN_OK;
   return kiln_fail(err, KILN_ERR_UNSUPPORTED,
-                   "op %u (%.14s): the CUDA engine plans a convolution for one shape, and this "
-                   "one's follow a dynamic size; export it with static shapes or load the "
-                   "program with device cpu",
+                   "op %u (%.14s): the CUDA engine plans a convolution's channels and spatial "
+                   "sizes at load, and this one's follow a dynamic size; export them static (a "
+                   "dynamic batch runs) or load the program with device cpu",
                    i, kiln_op_name(op->kind));
 }
 
@@ -856,9 +856,28 @@ static kiln_status kcu_setup_ops(kcu_state *s, const kiln_engine *e, kiln_error 
     if (st != KILN_OK) return st;
   }
   for (uint32_t i = 0; i < p->n_ops; i++) {
+    int pieces = kiln_is_conv_op(p->ops[i].kind) ? kcu_conv_piece_count(p, i) : 0;
+    if (pieces > s->conv_piece_stride) s->conv_piece_stride = pieces;
+  }
+  if (s->conv_piece_stride &&
+      !(s->conv_pieces = (kcu_conv *)kcu_calloc(s, (size_t)p->n_ops * s->conv_piece_stride,
+                                                sizeof(kcu_conv))))
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of host memory for the convolution pieces of a dynamic batch; free "
+                     "memory and load again");
+  for (uint32_t i = 0; i < p->n_ops; i++) {
     if (!kiln_is_conv_op(p->ops[i].kind)) continue;
-    kiln_status st = kcu_conv_init(&s->conv[i], p, i, e->metadata.allow_tf32, err);
+    const int64_t batch = p->tensors[p->ops[i].inputs[0]].dims[0];
+    kcu_conv *c = &s->conv[i];
+    kiln_status st = kcu_conv_init(c, p, i, batch, e->metadata.allow_tf32, err);
     if (st != KILN_OK) return st;
+    int pieces = kcu_conv_piece_count(p, i);
+    if (pieces > 0) c->pieces = &s->conv_pieces[(size_t)i * s->conv_piece_stride];
+    for (int j = 0; j < pieces; j++) {
+      st = kcu_conv_init(&c->pieces[j], p, i, (int64_t)1 << j, e->metadata.allow_tf32, err);
+      c->n_pieces = j + 1; /* released with the op from here on */
+      if (st != KILN_OK) return st;
+    }
   }
   for (uint32_t i = 0; i < p->n_ops; i++) {
     kiln_op_kind k = p->ops[i].kind;
@@ -955,6 +974,17 @@ static kiln_status kcu_choose_convs(kcu_state *s, const kiln_plan *p, kiln_error
       else s->stats.choices_measured++;
     }
     if (s->conv[i].workspace > need) need = s->conv[i].workspace;
+    for (int j = 0; j < s->conv[i].n_pieces; j++) {
+      kcu_conv *piece = &s->conv[i].pieces[j];
+      st = kcu_conv_choose(piece, s->dnn, s->stream, p, i, in, &out, s->conv_ws, trial, NULL, 0,
+                           &compile_left, err);
+      if (st != KILN_OK) return st;
+      if (!piece->transposed) {
+        if (piece->graph.reused) s->stats.choices_reused++;
+        else s->stats.choices_measured++;
+      }
+      if (piece->workspace > need) need = piece->workspace;
+    }
   }
   cudaFree(s->conv_ws);
   s->conv_ws = NULL;

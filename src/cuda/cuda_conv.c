@@ -165,13 +165,15 @@ static kiln_status kcu_conv_shape_init(kcu_conv *c, const kiln_op *op, uint32_t 
   return KILN_OK;
 }
 
-kiln_status kcu_conv_init(kcu_conv *c, const kiln_plan *p, uint32_t op_index, int allow_tf32,
-                          kiln_error *err) {
+kiln_status kcu_conv_init(kcu_conv *c, const kiln_plan *p, uint32_t op_index, int64_t batch,
+                          int allow_tf32, kiln_error *err) {
   const kiln_op *op = &p->ops[op_index];
   kcu_conv_geo g;
   memset(c, 0, sizeof *c);
   c->active = 1;
   kcu_conv_geo_of(p, op, &g);
+  g.n = (int)batch;
+  c->batch = batch;
   c->transposed = op->kind == KILN_OP_CONV_TRANSPOSE;
   c->channels_last = g.win.channels_last;
   c->has_bias = g.win.bias;
@@ -183,6 +185,46 @@ kiln_status kcu_conv_init(kcu_conv *c, const kiln_plan *p, uint32_t op_index, in
   c->inner = c->channels_last ? 1 : (int64_t)g.oh * g.ow;
   return c->transposed ? kcu_conv_legacy_init(c, op, op_index, &g, err)
                        : kcu_conv_shape_init(c, op, op_index, &g, err);
+}
+
+int kcu_conv_piece_count(const kiln_plan *p, uint32_t i) {
+  const kiln_op *op = &p->ops[i];
+  kcu_conv_geo g;
+  int dynamic = 0, n = 0;
+  kcu_conv_geo_of(p, op, &g);
+  for (uint32_t k = 0; k <= op->n_inputs; k++) {
+    const kiln_tensor_desc *t = &p->tensors[k < op->n_inputs ? op->inputs[k] : op->output];
+    /* x, the output and a residual have batch rows; the weight and bias do not */
+    int rows = k == 0 || k == op->n_inputs || (g.win.residual && k == op->n_inputs - 1);
+    for (int32_t d = 0; d < t->rank; d++) {
+      if (!t->sym[d].symbol) continue;
+      if (d != 0 || !rows) return -1;
+      dynamic = 1;
+    }
+  }
+  if (!dynamic) return 0;
+  while (n < KCU_CONV_MAX_PIECES && ((int64_t)1 << n) < p->tensors[op->inputs[0]].dims[0]) n++;
+  return n;
+}
+
+/* t narrowed to `rows` batch rows from row `first`. */
+static void kcu_rows_of(kcu_tensor *t, int64_t first, int64_t rows) {
+  int64_t row = t->dims[0] ? t->numel / t->dims[0] : 0;
+  t->data = (char *)t->data + first * row * (int64_t)kiln_dtype_size(t->dtype);
+  t->dims[0] = rows;
+  t->numel = row * rows;
+}
+
+/* The op's tensors at `rows` batch rows from row `first`: x, the output and a residual move;
+ * the weight and bias do not. */
+static void kcu_conv_rows(const kcu_conv *c, const kcu_tensor *in, uint32_t n_in,
+                          const kcu_tensor *out, int64_t first, int64_t rows, kcu_tensor *pin,
+                          kcu_tensor *pout) {
+  for (uint32_t k = 0; k < n_in; k++) pin[k] = in[k];
+  *pout = *out;
+  kcu_rows_of(&pin[0], first, rows);
+  kcu_rows_of(pout, first, rows);
+  if (c->residual) kcu_rows_of(&pin[n_in - 1], first, rows);
 }
 
 /* One measured or suggested backward-data algorithm. */
@@ -264,6 +306,13 @@ kiln_status kcu_conv_choose(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const 
                             void *ws, size_t ws_size, const kcu_conv *earlier,
                             uint32_t n_earlier, double *compile_left, kiln_error *err) {
   const kiln_op *op = &p->ops[op_index];
+  kcu_tensor pin[KILN_MAX_OP_INPUTS], pout;
+  if (c->batch < in[0].dims[0]) {
+    /* a piece: timed on rows from the second, whose addresses are the least aligned any call
+     * gives it (a row's multiple past a base aligned to 16 bytes) */
+    kcu_conv_rows(c, in, op->n_inputs, out, 1, c->batch, pin, &pout);
+    in = pin, out = &pout;
+  }
   if (!c->transposed) {
     kcu_conv_io io = kcu_io_of(c, in, op->n_inputs, out);
     int shared = 0;
@@ -303,8 +352,10 @@ kiln_status kcu_conv_choose(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const 
   return KILN_OK;
 }
 
-cudaError_t kcu_conv_run(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kcu_tensor *in,
-                         uint32_t n_in, const kcu_tensor *out, void *ws, size_t ws_size) {
+/* The op at c's own batch. */
+static cudaError_t kcu_conv_run_one(kcu_conv *c, cudnnHandle_t h, cudaStream_t s,
+                                    const kcu_tensor *in, uint32_t n_in, const kcu_tensor *out,
+                                    void *ws, size_t ws_size) {
   kcu_conv_io io = kcu_io_of(c, in, n_in, out);
   cudnnStatus_t st;
   if (!c->transposed) {
@@ -319,8 +370,32 @@ cudaError_t kcu_conv_run(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kcu
   return kcu_conv_epilogue(s, out, io.bias, io.residual, c->channels, c->inner, c->relu);
 }
 
+int kcu_conv_fused_residual(const kcu_conv *c) {
+  int fused = !c->transposed && c->residual && c->graph.fused;
+  for (int j = 0; j < c->n_pieces; j++) fused |= kcu_conv_fused_residual(&c->pieces[j]);
+  return fused;
+}
+
+cudaError_t kcu_conv_run(kcu_conv *c, cudnnHandle_t h, cudaStream_t s, const kcu_tensor *in,
+                         uint32_t n_in, const kcu_tensor *out, void *ws, size_t ws_size) {
+  int64_t n = in[0].dims[0], first = 0;
+  kcu_tensor pin[KILN_MAX_OP_INPUTS], pout;
+  if (n == c->batch || !c->n_pieces) return kcu_conv_run_one(c, h, s, in, n_in, out, ws, ws_size);
+  if (n > c->batch) return cudaErrorInvalidValue; /* the bounds were checked: never */
+  for (int j = c->n_pieces; j-- > 0;) {
+    int64_t rows = (int64_t)1 << j;
+    if (!(n & rows)) continue;
+    kcu_conv_rows(c, in, n_in, out, first, rows, pin, &pout);
+    cudaError_t rc = kcu_conv_run_one(&c->pieces[j], h, s, pin, n_in, &pout, ws, ws_size);
+    if (rc != cudaSuccess) return rc;
+    first += rows;
+  }
+  return cudaSuccess;
+}
+
 void kcu_conv_release(kcu_conv *c) {
   if (!c->active) return;
+  for (int j = 0; j < c->n_pieces; j++) kcu_conv_release(&c->pieces[j]);
   kcu_conv_graph_release(&c->graph);
   if (c->x) cudnnDestroyTensorDescriptor(c->x);
   if (c->y) cudnnDestroyTensorDescriptor(c->y);
