@@ -153,15 +153,33 @@ static __device__ __forceinline__ void kcu_gemv_mma_load(uint4 *lo, uint4 *hi, c
   }
 }
 
-/* One trip's input vectors of a tensor-core lane: row g of x at vectors c0, c0 + 4, ... (zeros
- * past c_end or past M). */
-static __device__ __forceinline__ void kcu_gemv_mma_load_x(uint4 *xs, const uint4 *xv, int g,
-                                                           int M, int64_t c0, int64_t c_end) {
+/* Vector c of the input row at xrow: zeros past c_end, or for a row past M (ok 0). */
+static __device__ __forceinline__ uint4 kcu_gemv_mma_x(const uint4 *xrow, int ok, int64_t c,
+                                                      int64_t c_end) {
+  return ok && c < c_end ? __ldg(xrow + c) : make_uint4(0, 0, 0, 0);
+}
+
+/* One trip's input vectors of a tensor-core lane: its row of x (at xrow, ok 0 past M) at
+ * vectors c0, c0 + 4, ... */
+static __device__ __forceinline__ void kcu_gemv_mma_load_x(uint4 *xs, const uint4 *xrow, int ok,
+                                                           int64_t c0, int64_t c_end) {
 #pragma unroll
-  for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
-    int64_t c = c0 + 4 * u;
-    xs[u] = g < M && c < c_end ? __ldg(xv + c) : make_uint4(0, 0, 0, 0);
-  }
+  for (int u = 0; u < KCU_GEMV_UNROLL; u++) xs[u] = kcu_gemv_mma_x(xrow, ok, c0 + 4 * u, c_end);
+}
+
+/* The A fragments of one weight vector: rows g and g + 8 (lo, hi), in the mma's two k halves. */
+static __device__ __forceinline__ void kcu_gemv_mma_frags(uint4 lo, uint4 hi, uint32_t *a0,
+                                                          uint32_t *a1) {
+  a0[0] = lo.x, a0[1] = hi.x, a0[2] = lo.y, a0[3] = hi.y;
+  a1[0] = lo.z, a1[1] = hi.z, a1[2] = lo.w, a1[3] = hi.w;
+}
+
+/* One weight vector's fragments against an input vector, summed into acc. */
+static __device__ __forceinline__ void kcu_gemv_mma_step(float *acc, const uint32_t *a0,
+                                                         const uint32_t *a1, uint4 x,
+                                                         const int bf16) {
+  kcu_mma(acc, a0, x.x, x.y, bf16);
+  kcu_mma(acc, a1, x.z, x.w, bf16);
 }
 
 /* Two to 8 (nt = 1) or 16 (nt = 2) rows of f16 or bf16 on the tensor cores; bf16 and nt are
@@ -197,36 +215,32 @@ static __device__ __forceinline__ void kcu_gemv_mma_body(const int bf16, const i
      * multiplies, so no load of a trip waits on the trip itself. For 16 rows that took 164
      * registers, one block a multiprocessor, and ran slower than the loop below. */
     uint4 xs[KCU_GEMV_UNROLL];
-    kcu_gemv_mma_load_x(xs, xv, g, M, c_begin + t, c_end);
+    kcu_gemv_mma_load_x(xs, xv, g < M, c_begin + t, c_end);
     for (int64_t c0 = c_begin + t; c0 - t < c_end; c0 += 4 * KCU_GEMV_UNROLL) {
       uint4 next_lo[KCU_GEMV_UNROLL], next_hi[KCU_GEMV_UNROLL], next_xs[KCU_GEMV_UNROLL];
       int64_t c1 = c0 + 4 * KCU_GEMV_UNROLL;
       kcu_gemv_mma_load(next_lo, next_hi, wlo, whi, lo_ok, hi_ok, c1, c_end);
-      kcu_gemv_mma_load_x(next_xs, xv, g, M, c1, c_end);
+      kcu_gemv_mma_load_x(next_xs, xv, g < M, c1, c_end);
 #pragma unroll
       for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
-        uint32_t a0[4] = {lo[u].x, hi[u].x, lo[u].y, hi[u].y};
-        uint32_t a1[4] = {lo[u].z, hi[u].z, lo[u].w, hi[u].w};
-        kcu_mma(acc[0], a0, xs[u].x, xs[u].y, bf16);
-        kcu_mma(acc[0], a1, xs[u].z, xs[u].w, bf16);
+        uint32_t a0[4], a1[4];
+        kcu_gemv_mma_frags(lo[u], hi[u], a0, a1);
+        kcu_gemv_mma_step(acc[0], a0, a1, xs[u], bf16);
         xs[u] = next_xs[u], lo[u] = next_lo[u], hi[u] = next_hi[u];
       }
     }
   } else {
-    const uint4 zero = make_uint4(0, 0, 0, 0);
     for (int64_t c0 = c_begin + t; c0 - t < c_end; c0 += 4 * KCU_GEMV_UNROLL) {
       if (c0 != c_begin + t) kcu_gemv_mma_load(lo, hi, wlo, whi, lo_ok, hi_ok, c0, c_end);
 #pragma unroll
       for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
-        int64_t c = c0 + 4 * u;
-        uint32_t a0[4] = {lo[u].x, hi[u].x, lo[u].y, hi[u].y};
-        uint32_t a1[4] = {lo[u].z, hi[u].z, lo[u].w, hi[u].w};
+        uint32_t a0[4], a1[4];
+        kcu_gemv_mma_frags(lo[u], hi[u], a0, a1);
 #pragma unroll
-        for (int j = 0; j < nt; j++) {
-          uint4 xs = g + 8 * j < M && c < c_end ? __ldg(xv + 8 * j * chunks + c) : zero;
-          kcu_mma(acc[j], a0, xs.x, xs.y, bf16);
-          kcu_mma(acc[j], a1, xs.z, xs.w, bf16);
-        }
+        for (int j = 0; j < nt; j++)
+          kcu_gemv_mma_step(acc[j], a0, a1,
+                            kcu_gemv_mma_x(xv + 8 * j * chunks, g + 8 * j < M, c0 + 4 * u, c_end),
+                            bf16);
       }
     }
   }
