@@ -95,25 +95,38 @@ def _written_inputs(program, kind):
 
 _OUTSIDE_CORE_ATEN = re.compile(r"Operator (?:torch\._ops\.)?(\S+?) is not in Core ATen opset")
 
+# Model code outside Core ATen that has an exportable option to name: the end of the file's path
+# and the function of the op's innermost recorded frame -> the remedy. transformers' MoE experts
+# dispatch from one forward in that file; its default grouped experts count the tokens per
+# expert with histc and size their matmul groups by the counts, while its batched experts run
+# every expert on every token, weighted by the router (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE,
+# GraniteMoE, GPT-OSS), and export.
+_MODEL_OPTIONS = {
+    ("transformers/integrations/moe.py", "forward"): 'load the model with experts_implementation="batched_mm"',
+}
+
 
 def _outside_core_aten(exported, error):
     """ExecuTorch's refusal of an op outside the Core ATen set (its verifier's message suggests
-    options of its own API) as what a kiln.export caller can act on: the op and the model line it
-    came from, or None for any other error."""
+    options of its own API) as what a kiln.export caller can act on: the op, the model line it
+    came from and, where _MODEL_OPTIONS knows that code, the option that avoids it; or None for
+    any other error."""
     found = _OUTSIDE_CORE_ATEN.search(str(error))
     if found is None:
         return None
-    op, where = found.group(1), ""
+    op, where, remedy = found.group(1), "", "change that code or pick a model option that avoids it"
     for node in exported.graph.nodes:
         if node.op == "call_function" and str(node.target) == op:
             frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', node.meta.get("stack_trace") or "")
             if frames:
                 path, line, function = frames[-1]
                 where = f" (in {_cut(function, 24)}, {_cut(os.path.basename(path), 32)}:{line[:7]})"
+                for (suffix, name), option in _MODEL_OPTIONS.items():
+                    if function == name and path.replace(os.sep, "/").endswith(suffix):
+                        remedy = option
             break
     # at most 255 bytes: the op's name and the frame are cut to fit
-    return (f"kiln: {_cut(op, 56)}{where} is not in ExecuTorch's Core ATen op set; change that "
-            f"code or pick a model option that avoids it")
+    return f"kiln: {_cut(op, 56)}{where} is not in ExecuTorch's Core ATen op set; {remedy}"
 
 
 def _cut(text, size):

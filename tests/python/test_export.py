@@ -477,6 +477,23 @@ def test_an_op_outside_core_aten_is_refused_naming_it_and_its_line(tmp_path):
     assert message.startswith("kiln: aten.histc.default (in forward, test_export.py:")
     assert "not in ExecuTorch's Core ATen op set" in message and "EdgeCompileConfig" not in message
     assert not (tmp_path / "m.pte").exists()
+    assert message.endswith("change that code or pick a model option that avoids it")
+
+
+def test_transformers_grouped_experts_are_refused_naming_the_option_that_exports(tmp_path):
+    """transformers' default MoE experts count their tokens with histc; the refusal names the
+    experts option that exports (the architecture tests run Mixtral, Qwen2-MoE and PhiMoE with
+    it), so a caller need not read transformers to find it."""
+    import transformers as hf
+    from zoo_models import LogitsOf, _decoder_sizes
+
+    torch.manual_seed(0)
+    model = LogitsOf(hf.OlmoeForCausalLM(hf.OlmoeConfig(**_decoder_sizes(), num_experts=4, num_experts_per_tok=2)))
+    with pytest.raises(ValueError) as refused:
+        kiln.export(model.eval(), (torch.randint(0, 64, (1, 8)),), str(tmp_path / "m.pte"))
+    message = str(refused.value)
+    assert message.startswith("kiln: aten.histc.default (in forward, moe.py:") and len(message.encode()) <= 255
+    assert message.endswith('; load the model with experts_implementation="batched_mm"')
 
 
 class BucketizedPositions(nn.Module):
