@@ -101,6 +101,39 @@ def splits_as_views(program):
     return program
 
 
+# Uninitialized allocations and the zero fills that may stand for them, with the same arguments
+# (empty's memory_format aside, which zeros does not take).
+_ZEROS_FOR = {
+    _aten.new_empty.default: _aten.new_zeros.default,
+    _aten.empty.memory_format: _aten.zeros.default,
+    _aten.empty_like.default: _aten.zeros_like.default,
+}
+
+
+def empties_as_zeros(program):
+    """Rewrites, in place, each empty over a dynamic shape into zeros of that shape (an empty's
+    contents are unspecified, so zeros are one of its values). ExecuTorch lowers an empty into an
+    allocation op whose sizes are plain ints, which fixes a dynamic dim (a batch) at its example
+    size; a zero fill keeps it, and Kiln plans it as a broadcast constant. DeepSeek-V3's latent
+    attention writes its keys into such an empty."""
+    graph = program.graph_module.graph
+    changed = False
+    for node in list(graph.nodes):
+        zeros = _ZEROS_FOR.get(node.target) if node.op == "call_function" else None
+        value = node.meta.get("val")
+        if zeros is None or not isinstance(value, torch.Tensor) or all(is_concrete_int(s) for s in value.shape):
+            continue
+        kwargs = dict(node.kwargs)
+        if zeros is _aten.zeros.default:
+            kwargs.pop("memory_format", None)
+        node.target, node.kwargs = zeros, kwargs
+        changed = True
+    if changed:
+        graph.lint()
+        program.graph_module.recompile()
+    return program
+
+
 def dynamic_input_dims(program):
     """{(input name, dim): its symbol} for each dynamic dim of program's user inputs, to compare with
     the lowered program (lowering that fixes a dim fixes it in program's own values too)."""

@@ -18,7 +18,8 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .backend import KilnBackend
-from .dynamic_dims import dynamic_input_dims, finite, specialized_refusal, splits_as_views, unbounded_refusal
+from .dynamic_dims import (dynamic_input_dims, empties_as_zeros, finite, specialized_refusal, splits_as_views,
+                           unbounded_refusal)
 from .folding import DEFAULT_FOLD_LIMIT_BYTES, FoldConstants, drop_unused_constants, fold_constants
 from .partitioner import KilnPartitioner
 from .report import NotWholeError, delegation_report
@@ -163,8 +164,8 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
           allow_tf32=False, fold_limit_bytes=DEFAULT_FOLD_LIMIT_BYTES):
     """Exports (unless model is an ExportedProgram), folds constants and lowers to Kiln.
 
-    Returns (EdgeProgramManager, DelegationReport). An ExportedProgram given has its splits over
-    dynamic shapes rewritten in place into views (see dynamic_dims.splits_as_views).
+    Returns (EdgeProgramManager, DelegationReport). An ExportedProgram given has its splits and
+    empties over dynamic shapes rewritten in place into views and zeros (see dynamic_dims).
     """
     if isinstance(fold_limit_bytes, bool) or not isinstance(fold_limit_bytes, int) or fold_limit_bytes < 0:
         raise ValueError(f"kiln: fold_limit_bytes={fold_limit_bytes!r} is not a byte count; pass an int >= 0")
@@ -172,7 +173,7 @@ def lower(model, example_inputs=None, *, kwargs=None, dynamic_shapes=None, stric
     refusal = _parameter_write_refusal(exported) or unbounded_refusal(exported)
     if refusal is not None:
         raise ValueError(refusal)
-    splits_as_views(exported)
+    empties_as_zeros(splits_as_views(exported))
     dynamic = dynamic_input_dims(exported)
     bounds = {str(symbol): (finite(r.lower), finite(r.upper)) for symbol, r in exported.range_constraints.items()
               if finite(r.lower) is not None and finite(r.upper) is not None}

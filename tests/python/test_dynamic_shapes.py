@@ -231,6 +231,28 @@ def test_a_dim_lowering_fixed_is_refused_not_written_static(tmp_path, monkeypatc
     assert not (tmp_path / "fixed.pte").exists()
 
 
+class KeysIntoEmpty(torch.nn.Module):
+    """Keys written into an empty of their whole shape a part at a time, as DeepSeek-V3's latent
+    attention builds them: new_empty over the dynamic batch, then a slice write of each part."""
+
+    def forward(self, nope, rope):
+        keys = nope.new_empty(nope.shape[0], 4, 8)
+        keys[..., :6] = nope
+        keys[..., 6:] = rope
+        return keys * 2.0
+
+
+def key_parts_of(size):
+    generator = torch.Generator().manual_seed(size)
+    return torch.randn(size, 4, 6, generator=generator), torch.randn(size, 4, 2, generator=generator)
+
+
+def test_an_empty_over_a_dynamic_batch_keeps_it_dynamic(tmp_path):
+    # ExecuTorch lowers an empty into an allocation sized by plain ints (the batch fixed at 2);
+    # kiln.export makes it a zero fill first.
+    whole_over_a_dynamic_batch(KeysIntoEmpty(), key_parts_of, (1, 5, 3), tmp_path / "keys.pte")
+
+
 class TopTwoRouting(torch.nn.Module):
     """A mixture-of-experts router's mask as PhiMoE writes it: a tensor of -inf the shape of the
     logits (full_like over the dynamic batch), the two chosen experts set to 0 (a scatter of a
