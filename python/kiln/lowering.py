@@ -1004,7 +1004,8 @@ def _lower_split(ctx, node):
     return tuple(pieces)
 
 
-_SIZE_TARGETS = (torch.ops.aten.sym_size.int, operator.add, operator.sub, operator.mul, operator.neg)
+_SIZE_TARGETS = (torch.ops.aten.sym_size.int, operator.add, operator.sub, operator.mul, operator.neg,
+                 operator.floordiv)
 
 
 def _lower_size(ctx, node):

@@ -253,6 +253,22 @@ def test_an_empty_over_a_dynamic_batch_keeps_it_dynamic(tmp_path):
     whole_over_a_dynamic_batch(KeysIntoEmpty(), key_parts_of, (1, 5, 3), tmp_path / "keys.pte")
 
 
+class PairedRows(torch.nn.Module):
+    """Rows joined in pairs by a reshape to [rows // 2, 16], as ConvBERT's span convolution
+    reshapes by a count it divides: the rows' dynamic size divided exactly by a constant."""
+
+    def forward(self, x):
+        return torch.softmax(x.reshape(x.shape[0] // 2, 16), dim=-1) * 3.0
+
+
+def test_a_size_divided_exactly_runs_whole(tmp_path):
+    pairs = torch.export.Dim("pairs", min=2, max=4)
+    exported = Exported(PairedRows().eval(), batch_of(4), ({0: 2 * pairs},), tmp_path / "pairs.pte")
+    assert len(exported.blobs) == 1 and not exported.report.left_out, exported.report
+    for rows in (4, 8, 6):
+        exported.check(batch_of(rows))
+
+
 class TopTwoRouting(torch.nn.Module):
     """A mixture-of-experts router's mask as PhiMoE writes it: a tensor of -inf the shape of the
     logits (full_like over the dynamic batch), the two chosen experts set to 0 (a scatter of a
