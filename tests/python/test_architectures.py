@@ -167,6 +167,15 @@ def _torchvision_video(name):
 _SIZES = dict(num_hidden_layers=LAYERS, hidden_size=WIDTH, intermediate_size=FEED_FORWARD,
               num_attention_heads=HEADS)
 
+
+def _batched_experts(model_class, config_class, **extra):
+    """A transformers MoE decoder with its batched experts (every expert on every token, weighted
+    by the router): its default grouped experts export histc, outside Core ATen."""
+    sizes = _decoder_sizes()
+    sizes.update({key: extra.pop(key) for key in list(extra) if key in sizes})
+    return (_hf(lambda config: model_class._from_config(config, experts_implementation="batched_mm"),
+                config_class(**sizes, **extra), LogitsOf), ids_only)
+
 ARCHITECTURES = {
     # decoders: rotary variants (partial, interleaved), parallel attention and MLP, ALiBi,
     # learned positions, soft-capped and normalized queries and keys
@@ -228,6 +237,39 @@ ARCHITECTURES = {
     "mamba": (_hf(hf.MambaForCausalLM, hf.MambaConfig(num_hidden_layers=LAYERS, hidden_size=WIDTH, vocab_size=VOCAB,
                                                        state_size=8, intermediate_size=FEED_FORWARD), LogitsOf),
               ids_only),
+    # multi-head latent attention (low-rank queries and keys and values, a rotary part of each
+    # head apart) with routing limited to the best expert groups; attention sinks and sliding
+    # windows with biased, clamped SwiGLU experts; more routed experts
+    "deepseek_v3": _batched_experts(hf.DeepseekV3ForCausalLM, hf.DeepseekV3Config, num_key_value_heads=HEADS,
+                                    n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                    first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+                                    qk_nope_head_dim=8, v_head_dim=16, n_group=2, topk_group=1),
+    "gpt_oss": _batched_experts(hf.GptOssForCausalLM, hf.GptOssConfig, num_local_experts=4,
+                                num_experts_per_tok=2, head_dim=16, sliding_window=8),
+    "qwen3_moe": _batched_experts(hf.Qwen3MoeForCausalLM, hf.Qwen3MoeConfig, num_experts=4, num_experts_per_tok=2,
+                                  moe_intermediate_size=32),
+    "olmoe": _batched_experts(hf.OlmoeForCausalLM, hf.OlmoeConfig, num_experts=4, num_experts_per_tok=2),
+    "granitemoe": _batched_experts(hf.GraniteMoeForCausalLM, hf.GraniteMoeConfig, num_local_experts=4,
+                                   num_experts_per_tok=2),
+    # scaled embeddings, residuals and logits; norms after attention and MLP with normalized
+    # queries and keys; interleaved partial rotary with extra norms; sliding layers beside global
+    # ones without positions; activations quantized to 8 bits and weights to three levels
+    "granite": _decoder(hf.GraniteForCausalLM, hf.GraniteConfig),
+    "olmo2": _decoder(hf.Olmo2ForCausalLM, hf.Olmo2Config),
+    "glm4": _decoder(hf.Glm4ForCausalLM, hf.Glm4Config),
+    "exaone4": _decoder(hf.Exaone4ForCausalLM, hf.Exaone4Config, sliding_window=8),
+    "cohere2": _decoder(hf.Cohere2ForCausalLM, hf.Cohere2Config, sliding_window=8),
+    "bitnet": _decoder(hf.BitNetForCausalLM, hf.BitNetConfig),
+    # a state-space model with normed states; rotary on interleaved pairs over part of the head;
+    # sinusoidal and learned positions with scaled embeddings
+    "falcon_mamba": (_hf(hf.FalconMambaForCausalLM, hf.FalconMambaConfig(num_hidden_layers=LAYERS, hidden_size=WIDTH,
+                                                                          vocab_size=VOCAB, state_size=8), LogitsOf),
+                     ids_only),
+    "codegen": (_hf(hf.CodeGenForCausalLM, hf.CodeGenConfig(n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS,
+                                                            vocab_size=VOCAB, rotary_dim=8), LogitsOf), ids_only),
+    "xglm": (_hf(hf.XGLMForCausalLM, hf.XGLMConfig(num_layers=LAYERS, d_model=WIDTH, attention_heads=HEADS,
+                                                   ffn_dim=FEED_FORWARD, vocab_size=VOCAB), LogitsOf), ids_only),
+    "biogpt": (_hf(hf.BioGptForCausalLM, hf.BioGptConfig(**_SIZES, vocab_size=VOCAB), LogitsOf), ids_only),
     # encoder-decoders: cross attention, T5's relative position buckets (integer neg)
     "bart": (_hf(hf.BartForConditionalGeneration,
                  hf.BartConfig(encoder_layers=LAYERS, decoder_layers=LAYERS, d_model=WIDTH, encoder_attention_heads=HEADS,
@@ -250,6 +292,16 @@ ARCHITECTURES = {
                                                                   relative_attention=True,
                                                                   pos_att_type=["p2c", "c2p"])),
     "roberta": _encoder(hf.RobertaModel, hf.RobertaConfig(**_SIZES, vocab_size=VOCAB)),
+    # a discriminator's embeddings; relative position buckets shared by every layer; rotary
+    # positions in an encoder; span-based dynamic convolutions beside attention; grouped 1-d
+    # convolutions for every projection; layout boxes embedded beside the tokens
+    "electra": _encoder(hf.ElectraModel, hf.ElectraConfig(**_SIZES, vocab_size=VOCAB, embedding_size=WIDTH)),
+    "mpnet": _encoder(hf.MPNetModel, hf.MPNetConfig(**_SIZES, vocab_size=VOCAB)),
+    "roformer": _encoder(hf.RoFormerModel, hf.RoFormerConfig(**_SIZES, vocab_size=VOCAB)),
+    "convbert": _encoder(hf.ConvBertModel, hf.ConvBertConfig(**_SIZES, vocab_size=VOCAB)),
+    "squeezebert": _encoder(hf.SqueezeBertModel,
+                            hf.SqueezeBertConfig(**_SIZES, vocab_size=VOCAB, embedding_size=WIDTH)),
+    "layoutlm": _encoder(hf.LayoutLMModel, hf.LayoutLMConfig(**_SIZES, vocab_size=VOCAB)),
     "albert": _encoder(hf.AlbertModel, hf.AlbertConfig(**_SIZES, vocab_size=VOCAB, embedding_size=32)),
     "mobilebert": _encoder(hf.MobileBertModel, hf.MobileBertConfig(**_SIZES, vocab_size=VOCAB, embedding_size=32,
                                                                     intra_bottleneck_size=32, true_hidden_size=32)),
@@ -316,6 +368,20 @@ ARCHITECTURES = {
     "efficientnet_b0": _torchvision("efficientnet_b0"),
     "shufflenet_v2": _torchvision("shufflenet_v2_x0_5"),
     "squeezenet": _torchvision("squeezenet1_0"),
+    # layer scale with interpolated positions; average pooling as the token mixer; a
+    # transformer's tokens reassembled into a feature pyramid by transposed convolutions; grouped
+    # convolutions with squeeze-and-excitation
+    "dinov2": (_hf(hf.Dinov2Model, hf.Dinov2Config(num_hidden_layers=LAYERS, hidden_size=WIDTH,
+                                                   num_attention_heads=HEADS, image_size=32, patch_size=8),
+                   ImageFeaturesOf), _seeded(1, 3, 32, 32)),
+    "poolformer": (_hf(hf.PoolFormerModel, hf.PoolFormerConfig(hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1]),
+                       ImageFeaturesOf), _seeded(1, 3, 64, 64)),
+    "dpt": (_hf(hf.DPTModel, hf.DPTConfig(num_hidden_layers=4, hidden_size=WIDTH, num_attention_heads=HEADS,
+                                          intermediate_size=FEED_FORWARD, image_size=32, patch_size=8,
+                                          backbone_out_indices=[0, 1, 2, 3]), ImageFeaturesOf),
+            _seeded(1, 3, 32, 32)),
+    "regnet": (_hf(hf.RegNetModel, hf.RegNetConfig(hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1], groups_width=8),
+                   ImageFeaturesOf), _seeded(1, 3, 64, 64)),
     # a hierarchical vision transformer pooling its queries by a max over each window (max.dim)
     "hiera": (_hf(hf.HieraModel, hf.HieraConfig(embed_dim=16, image_size=[64, 64], patch_size=[7, 7],
                                                 patch_stride=[4, 4], patch_padding=[3, 3], depths=[1, 1],
