@@ -5,6 +5,7 @@
 #ifndef KILN_CUDA_CONV_GRAPH_H
 #define KILN_CUDA_CONV_GRAPH_H
 
+#include "cuda_dnn.h"
 #include "cuda_ops.h"
 
 #include <cudnn.h>
@@ -13,14 +14,13 @@
 #define KCU_GRAPH_FUSED 1 /* convolution, bias, residual and ReLU in one graph */
 #define KCU_GRAPH_PLAIN 2 /* the convolution alone, the epilogue kernel after it */
 
-/* Candidate plans timed per graph, and descriptors one graph holds. */
+/* Candidate plans timed per graph. */
 #define KCU_GRAPH_MAX_PLANS 8
 /* Of those, plans compiled at runtime (NVRTC, 100s of ms each) per graph. */
 #define KCU_GRAPH_MAX_COMPILED 1
 /* Runtime compilation one engine may spend choosing all its convolutions, ms: a bound on load
  * time; past it, precompiled engines only. */
 #define KCU_GRAPH_COMPILE_BUDGET_MS 4000.0
-#define KCU_GRAPH_MAX_DESCS 24
 /* Variant pack slots: x, w, y, bias, residual. */
 #define KCU_GRAPH_MAX_IO 5
 
@@ -45,12 +45,6 @@ typedef struct kcu_conv_choice {
   int32_t graph, from_fallback, rank, compiled;
   float time_us;
 } kcu_conv_choice;
-
-/* Descriptors that live as long as a plan built from them. */
-typedef struct kcu_dnn_set {
-  cudnnBackendDescriptor_t d[KCU_GRAPH_MAX_DESCS];
-  int n;
-} kcu_dnn_set;
 
 typedef struct kcu_conv_graph {
   kcu_dnn_set kept;                  /* the chosen graph's tensors, nodes, config and plan */
