@@ -20,6 +20,7 @@
 
 #include "runtime/engine_internal.h"
 #include "cuda_attention_gemm.h"
+#include "cuda_attention_graph.h"
 #include "runtime/symbolic.h"
 #include "runtime/view.h"
 #include "runtime/vision_shape.h"
@@ -108,7 +109,9 @@ typedef struct kcu_state {
   kcu_io *in, *out;
   kcu_gemm *gemm; /* one per op; used by LINEAR and MATMUL */
   kcu_attn_gemm *attn; /* one per op; used by SDPA */
-  cudnnHandle_t dnn;   /* made only for a plan with a convolution */
+  kcu_sdpa_graph *sdpa; /* one per op; an SDPA init gave to cuDNN's fused attention has a plan */
+  void *sdpa_ws;       /* one workspace for every such SDPA, sized for the chosen plans */
+  cudnnHandle_t dnn;   /* made for a plan with a convolution or an SDPA cuDNN may take */
   kcu_conv *conv;      /* one per op; used by CONV and CONV_TRANSPOSE */
   kcu_conv *conv_pieces; /* a dynamic batch's pieces, conv_piece_stride an op */
   int conv_piece_stride;
@@ -297,6 +300,11 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
      * it can fail only on an address not 16-byte aligned; such an op has no score buffer and
      * runs on the fused kernel, as the strided heads the matmuls cannot take (packed heads,
      * heads last) do. */
+    if (s->sdpa && s->sdpa[i].plan)
+      return kcu_sdpa_graph_run(&s->sdpa[i], s->dnn, q.data, k.data, v.data, o.data, s->sdpa_ws) ==
+                     CUDNN_STATUS_SUCCESS
+                 ? cudaSuccess
+                 : cudaErrorUnknown;
     if (kcu_flash_fits(&q, &k, &v, mask, &o))
       return kcu_flash_attention(st, &q, &k, &v, mask, &o, causal, scale, strided ? &geo : NULL);
     if (s->attn[i].active)
@@ -562,8 +570,10 @@ static void kcu_destroy(kiln_engine *e) {
   for (uint32_t i = 0; s->gemm && i < e->plan.n_ops; i++) kcu_gemm_release(&s->gemm[i]);
   for (uint32_t i = 0; s->attn && i < e->plan.n_ops; i++) kcu_attn_gemm_release(&s->attn[i]);
   for (uint32_t i = 0; s->conv && i < e->plan.n_ops; i++) kcu_conv_release(&s->conv[i]);
+  for (uint32_t i = 0; s->sdpa && i < e->plan.n_ops; i++) kcu_sdpa_graph_release(&s->sdpa[i]);
   if (s->dnn) cudnnDestroy(s->dnn);
   cudaFree(s->conv_ws);
+  cudaFree(s->sdpa_ws);
   kcu_fx_jit_free(s->fx_jit);
   free(s->fx);
   for (uint32_t i = 0; s->in && i < s->n_in; i++) cudaFree(s->in[i].dev);
@@ -584,6 +594,7 @@ static void kcu_destroy(kiln_engine *e) {
   if (s->stream) cudaStreamDestroy(s->stream);
   free(s->gemm);
   free(s->attn);
+  free(s->sdpa);
   free(s->conv);
   free(s->conv_pieces);
   free(s->in);
@@ -992,6 +1003,87 @@ static kiln_status kcu_choose_convs(kcu_state *s, const kiln_plan *p, kiln_error
   return kcu_dev_alloc(s, &s->conv_ws, need, "convolution workspace", err);
 }
 
+/* Which SDPA path init takes (kiln_cuda_attention_choice); 0: the faster. */
+static int kcu_sdpa_forced;
+
+void kiln_cuda_attention_choice(int path) { kcu_sdpa_forced = path; }
+
+/* cuDNN's attention replaces an op's own kernel only when faster by this factor: within timing
+ * noise the op keeps the kernel it was tested with. */
+#define KCU_SDPA_MARGIN 0.97f
+/* Workspace cuDNN's attention plans may take while init chooses, at most. */
+#define KCU_SDPA_TRIAL_WORKSPACE ((size_t)16 << 20)
+
+typedef struct kcu_op_call {
+  kcu_state *s;
+  const kiln_plan *p;
+  uint32_t i;
+} kcu_op_call;
+
+static cudaError_t kcu_op_call_run(void *ctx, cudaStream_t stream) {
+  const kcu_op_call *c = (const kcu_op_call *)ctx;
+  (void)stream; /* kcu_run_op enqueues on the engine's stream */
+  return kcu_run_op(c->s, c->p, c->i, c->s->dev_in, c->s->dev_out);
+}
+
+/* Each static SDPA op cuDNN's fused attention may take (kcu_sdpa_graph_shape) gets the faster
+ * of its own kernel and cuDNN's plans, both timed as the engine replays them on its buffers.
+ * cuDNN failing to build or run any plan leaves the op on its own kernel. */
+static kiln_status kcu_choose_attention(kcu_state *s, const kiln_plan *p, kiln_error *err) {
+  size_t free_b = 0, total_b = 0, trial = KCU_SDPA_TRIAL_WORKSPACE, need = 0;
+  int candidates = 0;
+  kiln_status st;
+  if (s->dynamic || kcu_sdpa_forced == KILN_CUDA_ATTENTION_OWN) return KILN_OK;
+  for (uint32_t i = 0; i < p->n_ops; i++) candidates |= p->ops[i].kind == KILN_OP_SDPA;
+  if (!candidates) return KILN_OK;
+  if (!(s->sdpa = (kcu_sdpa_graph *)kcu_calloc(s, p->n_ops, sizeof(kcu_sdpa_graph))))
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of host memory for the attention plan table of %u ops; free memory "
+                     "and load again", p->n_ops);
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && free_b / 4 < trial) trial = free_b / 4;
+  cudaGetLastError();
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    const kiln_op *op = &p->ops[i];
+    kcu_tensor in[KILN_MAX_OP_INPUTS], q, k, v, o;
+    const kcu_tensor *mask;
+    kcu_attn_geometry geo;
+    kcu_sdpa_shape sh;
+    if (op->kind != KILN_OP_SDPA) continue;
+    for (uint32_t j = 0; j < op->n_inputs; j++) in[j] = kcu_resolve(s, p, op->inputs[j], s->dev_in, s->dev_out);
+    kcu_tensor out = kcu_resolve(s, p, op->output, s->dev_in, s->dev_out);
+    if (!kcu_sdpa_operands(op, in, &out, &q, &k, &v, &mask, &o, &geo))
+      kcu_attn_geometry_init(&geo, &q, &k, &v, mask, &o, k.dims[k.rank - 2]);
+    float scale = (float)op->fattr[0];
+    if (scale == 0.0f) scale = 1.0f / sqrtf((float)q.dims[q.rank - 1]);
+    int causal = op->n_iattr > 0 && op->iattr[0] != 0;
+    if (!kcu_sdpa_graph_shape(&sh, &q, &k, &v, mask, &o, &geo, causal)) continue;
+    if (!s->dnn) {
+      if (kcu_injected()) return kcu_oom(s, 0, "cuDNN handle", err);
+      if ((st = kcu_conv_handle(&s->dnn, s->stream, s->device, err)) != KILN_OK) return st;
+    }
+    if (!s->sdpa_ws && (st = kcu_dev_alloc(s, &s->sdpa_ws, trial, "attention workspace", err)) != KILN_OK)
+      return st;
+    kcu_op_call call = {s, p, i};
+    float own = kcu_sdpa_forced == KILN_CUDA_ATTENTION_CUDNN ? -1.0f
+                                                             : kcu_time_recorded(s->stream, kcu_op_call_run, &call);
+    if (kcu_sdpa_graph_choose(&s->sdpa[i], s->dnn, s->stream, &sh, scale, q.data, k.data, v.data,
+                              o.data, s->sdpa_ws, trial) != CUDNN_STATUS_SUCCESS)
+      continue;
+    s->stats.choices_measured++;
+    if (kcu_sdpa_forced != KILN_CUDA_ATTENTION_CUDNN && own >= 0.0f &&
+        s->sdpa[i].time_us >= own * KCU_SDPA_MARGIN) {
+      kcu_sdpa_graph_release(&s->sdpa[i]);
+      continue;
+    }
+    s->stats.attention_cudnn++;
+    if (s->sdpa[i].workspace > need) need = s->sdpa[i].workspace;
+  }
+  if (!s->sdpa_ws) return KILN_OK;
+  cudaFree(s->sdpa_ws);
+  s->sdpa_ws = NULL;
+  return need ? kcu_dev_alloc(s, &s->sdpa_ws, need, "attention workspace", err) : KILN_OK;
+}
+
 /* The start-of-run record of state k: its size and where its initial value lies. */
 static const kiln_tensor_desc *kcu_state_record(const kiln_plan *p, uint32_t k) {
   for (uint32_t t = 0; t < p->n_tensors; t++)
@@ -1092,6 +1184,7 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
     if (!attn) kcu_gemm_keep_tuned(&s->gemm[i]);
   }
   if ((st = kcu_choose_convs(s, &e->plan, err)) != KILN_OK) return st;
+  if ((st = kcu_choose_attention(s, &e->plan, err)) != KILN_OK) return st;
   cudaError_t rc;
   if (s->dynamic) {
     /* Graph slots are filled by calls; their address tables exist now. One eager run at the

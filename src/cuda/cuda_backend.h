@@ -27,6 +27,7 @@ typedef struct kiln_cuda_stats {
   uint64_t fused_compiled;    /* FUSED ops running a kernel compiled for them at load */
   uint64_t fused_interpreted; /* FUSED ops the interpreting kernel runs (a dynamic plan's, or
                                  every one where NVRTC is not installed) */
+  uint64_t attention_cudnn;   /* SDPA ops init gave to cuDNN's fused attention */
 } kiln_cuda_stats;
 
 /* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend.
@@ -36,6 +37,14 @@ KILN_API kiln_status kiln_cuda_engine_stats(const kiln_engine *e, kiln_cuda_stat
 /* Test hook: after `n` more successful allocations every allocation the CUDA engine makes
  * fails; n < 0 turns failures off. Process-wide, for single-threaded tests only. */
 void kiln_cuda_fail_allocations_after(long n);
+
+/* Test hook: which path init gives an SDPA op cuDNN's fused attention could take. The default
+ * times both and keeps the faster; the others force one, to test each against the CPU engine.
+ * Process-wide, read at init. */
+#define KILN_CUDA_ATTENTION_TIMED 0
+#define KILN_CUDA_ATTENTION_OWN 1   /* Kiln's own kernels only */
+#define KILN_CUDA_ATTENTION_CUDNN 2 /* cuDNN wherever a plan builds and runs */
+KILN_API void kiln_cuda_attention_choice(int path);
 
 /* Times each op of the plan alone: one untimed launch, then `reps` timed ones, on the engine's
  * own device buffers (inputs hold whatever they last held). ms[i] (one entry per op) gets op

@@ -19,6 +19,7 @@
 #include "runtime/pointwise_steps.h"
 #include "runtime/vision_shape.h"
 #include "cuda/cuda_attention_gemm.h"
+#include "cuda/cuda_attention_graph.h"
 #include "cuda/cuda_conv.h"
 #include "cuda/cuda_ops.h"
 #include "cuda/cuda_staging.h"
@@ -45,6 +46,10 @@ static int selected(const char *name) { return !only_filter || strstr(name, only
 typedef struct io_range {
   double lo, hi;
 } io_range;
+
+/* -1: compare() leaves unchecked which path the CUDA engine's init gave SDPA ops; else how many
+ * of them it must have given cuDNN's fused attention. */
+static int expect_attention_cudnn = -1;
 
 /* Runs p on both engines and compares every output; ranges[i] bounds input i's values. */
 static void compare(prog *p, const char *name, const io_range *ranges) {
@@ -81,6 +86,10 @@ static void compare(prog *p, const char *name, const io_range *ranges) {
       fused += p->ops[i].kind == KILN_OP_FUSED && p_count(&p->tensors[p->ops[i].output]) > 0;
     CHECK(kiln_cuda_engine_stats(gpu, &fs, &err) == KILN_OK);
     CHECK(fs.fused_compiled == fused && fs.fused_interpreted == 0);
+    if (expect_attention_cudnn >= 0 && fs.attention_cudnn != (uint64_t)expect_attention_cudnn)
+      printf("%s: %llu SDPA ops on cuDNN, want %d: FAIL\n", name,
+             (unsigned long long)fs.attention_cudnn, expect_attention_cudnn);
+    CHECK(expect_attention_cudnn < 0 || fs.attention_cudnn == (uint64_t)expect_attention_cudnn);
   }
   if (cpu && gpu) {
     kiln_status st = p_execute(cpu, p, in, cpu_out, &err);
@@ -1927,6 +1936,99 @@ static void test_packed_attention(void) {
   }
 }
 
+/* SDPA on cuDNN's fused attention (init forced to it where a plan builds), against the CPU
+ * engine: causal or not, L and S apart both ways, grouped heads, packed heads and heads last,
+ * head dims 64, 128 and 80 (which the flash kernel does not take); the shapes it must refuse
+ * (a mask tensor, f32, a few query rows) stay on Kiln's kernels. Then the timed choice. */
+static void test_cudnn_attention(void) {
+  static const struct {
+    int64_t B, H, Hkv, L, S, E;
+    int causal, layout, mask, f32, want;
+  } cases[] = {
+      {2, 4, 4, 128, 128, 64, 0, 0, 0, 0, 1},  {1, 2, 2, 512, 512, 128, 1, 0, 0, 0, 1},
+      {2, 3, 3, 77, 45, 64, 1, 0, 0, 0, 1},    {2, 3, 3, 45, 77, 64, 0, 0, 0, 0, 1},
+      {2, 8, 2, 40, 40, 64, 1, 0, 0, 0, 1},    {2, 4, 1, 33, 50, 128, 1, 0, 0, 0, 1},
+      {1, 4, 4, 96, 96, 80, 1, 0, 0, 0, 1},    {2, 3, 3, 77, 77, 64, 1, 1, 0, 0, 1},
+      {2, 8, 2, 128, 128, 128, 1, 2, 0, 0, 1}, {2, 4, 4, 64, 64, 64, 0, 0, 1, 0, 0},
+      {2, 4, 4, 64, 64, 64, 1, 0, 0, 1, 0},    {2, 4, 4, 4, 64, 64, 0, 0, 0, 0, 0},
+  };
+  char name[128];
+  kiln_cuda_attention_choice(KILN_CUDA_ATTENTION_CUDNN);
+  for (int t = 1; t < 3; t++) {
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+      kiln_dtype dt = cases[c].f32 ? KILN_F32 : float_types[t];
+      int64_t B = cases[c].B, H = cases[c].H, Hkv = cases[c].Hkv, L = cases[c].L, S = cases[c].S,
+              E = cases[c].E;
+      prog *p = p_new();
+      uint32_t q, k, v, m = 0, n_in = 3;
+      if (cases[c].layout == 1) { /* packed heads: qkv [B, L, 3, H, E], out [B, L, H, E] */
+        q = IN(p, dt, 5, B, L, 3, H, E);
+        p_op(p, KILN_OP_SDPA, 1, OPS(q), OUT(p, dt, 4, B, L, H, E), 3, ATTR(cases[c].causal, 0, 1), 0);
+      } else {
+        q = IN(p, dt, 4, B, H, L, E);
+        k = IN(p, dt, 4, B, Hkv, S, E);
+        v = IN(p, dt, 4, B, Hkv, S, E);
+        if (cases[c].mask) m = IN(p, KILN_BOOL, 2, L, S), n_in = 4;
+        uint32_t o = cases[c].layout == 2 ? OUT(p, dt, 4, B, L, H, E) : OUT(p, dt, 4, B, H, L, E);
+        p_op(p, KILN_OP_SDPA, n_in, OPS(q, k, v, m), o, 3,
+             ATTR(cases[c].causal, cases[c].mask, cases[c].layout), 0);
+      }
+      snprintf(name, sizeof name, "sdpa cudnn B%lld H%lld/%lld L%lld S%lld E%lld causal %d layout %d mask %d %s",
+               (long long)B, (long long)H, (long long)Hkv, (long long)L, (long long)S, (long long)E,
+               cases[c].causal, cases[c].layout, cases[c].mask, kiln_dtype_name(dt));
+      expect_attention_cudnn = cases[c].want;
+      compare(p, name, NULL);
+    }
+  }
+  /* every allocation of a load that gives cuDNN an SDPA, made to fail in turn: an out-of-memory
+   * error each time, nothing leaked */
+  if (selected("sdpa cudnn allocation failures")) {
+    kiln_error err;
+    prog *p = p_new();
+    uint32_t q = IN(p, KILN_F16, 4, 1, 2, 64, 64), k = IN(p, KILN_F16, 4, 1, 2, 64, 64),
+             v = IN(p, KILN_F16, 4, 1, 2, 64, 64);
+    p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, KILN_F16, 4, 1, 2, 64, 64), 2, ATTR(1, 0), 0);
+    kiln_engine *e = p_load(p, &kiln_cuda_backend, 0, &err);
+    kiln_cuda_stats st;
+    memset(&st, 0, sizeof st);
+    if (e) kiln_cuda_engine_stats(e, &st, &err);
+    p_unload(e);
+    size_t free0 = 0, free1 = 0, total = 0;
+    cudaMemGetInfo(&free0, &total);
+    int refused = 0, loaded = 0, other = 0;
+    /* past init_allocs: the handles and graphs, which fail the same way but are not counted */
+    for (long n = 0; n <= (long)st.init_allocs + 8; n++) {
+      kiln_cuda_fail_allocations_after(n);
+      e = p_load(p, &kiln_cuda_backend, 0, &err);
+      kiln_cuda_fail_allocations_after(-1);
+      if (e) loaded++;
+      else if (err.status == KILN_ERR_OUT_OF_MEMORY) refused++;
+      else other++;
+      p_unload(e);
+    }
+    cudaMemGetInfo(&free1, &total);
+    printf("sdpa cudnn allocation failures: %llu on cuDNN, %d refused with out of memory, %d "
+           "loaded, %d other errors; device free memory %s\n",
+           (unsigned long long)st.attention_cudnn, refused, loaded, other,
+           free0 == free1 ? "unchanged" : "CHANGED");
+    CHECK(st.attention_cudnn == 1 && refused > 3 && loaded > 0 && other == 0 && free0 == free1);
+    p_free(p);
+  }
+  /* the timed choice: either path, the same answer */
+  kiln_cuda_attention_choice(KILN_CUDA_ATTENTION_TIMED);
+  expect_attention_cudnn = -1;
+  for (int t = 1; t < 3; t++) {
+    prog *p = p_new();
+    kiln_dtype dt = float_types[t];
+    uint32_t q = IN(p, dt, 4, 4, 8, 256, 64), k = IN(p, dt, 4, 4, 8, 256, 64),
+             v = IN(p, dt, 4, 4, 8, 256, 64);
+    p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), OUT(p, dt, 4, 4, 8, 256, 64), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "sdpa cudnn timed choice causal 4x8x256x64 %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+  }
+  kiln_cuda_attention_choice(KILN_CUDA_ATTENTION_OWN);
+}
+
 /* SDPA on the tensor-core flash kernel, f16 and bf16, head dims 64 and 128: whole tiles, the
  * GPT block's causal 512, L and S off the 64-row tiles both ways, bool and additive masks
  * with fully masked rows, and k and v broadcast over several batch dims. */
@@ -2165,12 +2267,14 @@ static int time_fused(void) {
 /* ---------------------------------------------------------------- --time-sdpa */
 
 typedef struct sdpa_bench {
-  kcu_tensor in[3], out[3]; /* outputs of flash, the cuBLASLt path and the fused kernel */
+  kcu_tensor in[3], out[4]; /* outputs of flash, the cuBLASLt path, the fused kernel, cuDNN */
   cudaStream_t s;
   int causal;
   float scale;
   cublasLtHandle_t lt;
   kcu_attn_gemm ag;
+  cudnnHandle_t dnn;
+  kcu_sdpa_graph dg; /* cuDNN's fused attention, its plan chosen as the engine's init does */
   void *ws, *scratch;
   size_t ws_size;
 } sdpa_bench;
@@ -2181,6 +2285,11 @@ static cudaError_t bench_call(sdpa_bench *b, int path) {
   if (path == 1)
     return kcu_attn_gemm_run(&b->ag, b->lt, b->s, b->in, NULL, &b->out[1], b->causal, b->scale,
                              b->scratch, b->ws, b->ws_size);
+  if (path == 3)
+    return kcu_sdpa_graph_run(&b->dg, b->dnn, b->in[0].data, b->in[1].data, b->in[2].data,
+                              b->out[3].data, b->ws) == CUDNN_STATUS_SUCCESS
+               ? cudaSuccess
+               : cudaErrorUnknown;
   return kcu_attention(b->s, &b->in[0], &b->in[1], &b->in[2], NULL, &b->out[2], b->causal, b->scale, NULL,
                        NULL);
 }
@@ -2246,7 +2355,7 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
   uint64_t n = (uint64_t)(batch * heads * L * E);
   void *host = malloc(n * 2);
   if (!host) die("out of memory");
-  for (int t = 0; t < 6; t++) {
+  for (int t = 0; t < 7; t++) {
     kcu_tensor *kt = t < 3 ? &b.in[t] : &b.out[t - 3];
     kt->dtype = dt;
     kt->rank = 4;
@@ -2274,24 +2383,34 @@ static void time_sdpa_shape(const char *label, int64_t batch, int64_t heads, int
              cudaMalloc(&b.scratch, b.ag.scratch_bytes) == cudaSuccess;
   if (gemm)
     kcu_attn_gemm_tune(&b.ag, b.lt, b.s, b.in, &b.out[1], b.scratch, b.ws, b.ws_size, NULL);
+  kcu_attn_geometry geo;
+  kcu_sdpa_shape sh;
+  kcu_attn_geometry_init(&geo, &b.in[0], &b.in[1], &b.in[2], NULL, &b.out[3], L);
+  int dnn = kcu_sdpa_graph_shape(&sh, &b.in[0], &b.in[1], &b.in[2], NULL, &b.out[3], &geo, causal) &&
+            cudnnCreate(&b.dnn) == CUDNN_STATUS_SUCCESS && cudnnSetStream(b.dnn, b.s) == CUDNN_STATUS_SUCCESS &&
+            kcu_sdpa_graph_choose(&b.dg, b.dnn, b.s, &sh, b.scale, b.in[0].data, b.in[1].data, b.in[2].data,
+                                  b.out[3].data, b.ws, b.ws_size) == CUDNN_STATUS_SUCCESS;
   cudaGetLastError();
   double flash = bench_us(&b, 0), lt = gemm ? bench_us(&b, 1) : -1.0, fma = bench_us(&b, 2);
+  double cudnn = dnn ? bench_us(&b, 3) : -1.0;
   double flops = 4.0 * (double)batch * heads * L * L * E * (causal ? 0.5 : 1.0);
   double e_lt = gemm ? device_rel_error(b.out[0].data, b.out[1].data, dt, n) : -1.0;
   double e_fma = device_rel_error(b.out[0].data, b.out[2].data, dt, n);
+  double e_dnn = dnn ? device_rel_error(b.out[3].data, b.out[2].data, dt, n) : -1.0;
   printf("time-sdpa %-10s b%-3lld kv%-3lld %-4s flash %8.1f us (%5.1f TFLOP/s)  cublasLt %8.1f us  fma %8.1f us"
-         "  flash vs cublasLt %.1e, vs fma %.1e\n",
-         label, (long long)batch, (long long)kv_heads, kiln_dtype_name(dt), flash, flops / (flash * 1e6), lt, fma, e_lt,
-         e_fma);
+         "  cudnn %8.1f us (engine %lld)  flash vs cublasLt %.1e, vs fma %.1e, cudnn vs fma %.1e\n",
+         label, (long long)batch, (long long)kv_heads, kiln_dtype_name(dt), flash, flops / (flash * 1e6), lt, fma,
+         cudnn, dnn ? (long long)b.dg.engine : -1LL, e_lt, e_fma, e_dnn);
   CHECK(flash > 0.0 && e_fma <= dtype_tolerance(dt) && (!gemm || e_lt <= dtype_tolerance(dt)));
+  CHECK(!dnn || (cudnn > 0.0 && e_dnn <= dtype_tolerance(dt)));
+  kcu_sdpa_graph_release(&b.dg);
+  if (b.dnn) cudnnDestroy(b.dnn);
   kcu_attn_gemm_release(&b.ag);
   if (b.lt) cublasLtDestroy(b.lt);
   cudaFree(b.ws);
   cudaFree(b.scratch);
-  for (int t = 0; t < 3; t++) {
-    cudaFree(b.in[t].data);
-    cudaFree(b.out[t].data);
-  }
+  for (int t = 0; t < 3; t++) cudaFree(b.in[t].data);
+  for (int t = 0; t < 4; t++) cudaFree(b.out[t].data);
   cudaStreamDestroy(b.s);
   p_free(p);
 }
@@ -3761,6 +3880,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "test_cuda_ops: no CUDA device; run it on a GPU machine\n");
     return 2;
   }
+  /* The op tests test Kiln's own attention kernels; test_cudnn_attention the cuDNN path. */
+  kiln_cuda_attention_choice(KILN_CUDA_ATTENTION_OWN);
   if (argc > 1 && strcmp(argv[1], "--fault") == 0) return fault_check();
   if (argc > 1 && strcmp(argv[1], "--time-sdpa") == 0) return time_sdpa();
   if (argc > 1 && strcmp(argv[1], "--time-linear") == 0) return time_linear(argc > 2 ? argv[2] : NULL);
@@ -3784,6 +3905,7 @@ int main(int argc, char **argv) {
     test_flash_attention();
     test_packed_attention();
     test_grouped_attention();
+    test_cudnn_attention();
     return check_report("test_cuda_ops --matmul-attention");
   }
   if (argc > 1 && strcmp(argv[1], "--dynamic") == 0) {
@@ -3809,6 +3931,7 @@ int main(int argc, char **argv) {
   test_flash_attention();
   test_packed_attention();
   test_grouped_attention();
+  test_cudnn_attention();
   test_conv();
   test_conv_graph();
   test_state_write();
