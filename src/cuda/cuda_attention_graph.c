@@ -227,11 +227,28 @@ cudnnStatus_t kcu_sdpa_graph_choose(kcu_sdpa_graph *g, cudnnHandle_t h, cudaStre
   if (st == CUDNN_STATUS_SUCCESS && best >= 0 && g->kept.n < KCU_DNN_MAX_DESCS) {
     g->kept.d[g->kept.n++] = best_plan; /* released with the graph's descriptors */
     g->plan = best_plan;
+    g->shape = *sh;
+    for (int j = 0; j < 4; j++) g->align[j] = kcu_dnn_alignment(io[j]);
     return CUDNN_STATUS_SUCCESS;
   }
   if (best_plan) cudnnBackendDestroyDescriptor(best_plan);
   kcu_sdpa_graph_release(g);
   return st == CUDNN_STATUS_SUCCESS ? CUDNN_STATUS_NOT_SUPPORTED : st;
+}
+
+int kcu_sdpa_graph_share(kcu_sdpa_graph *g, const kcu_sdpa_graph *from, const kcu_sdpa_shape *sh,
+                         float scale, void *q, void *k, void *v, void *o) {
+  void *io[4] = {q, k, v, o};
+  if (!from->plan || from->scale != scale || memcmp(&from->shape, sh, sizeof *sh) != 0) return 0;
+  for (int j = 0; j < 4; j++)
+    if (kcu_dnn_alignment(io[j]) < from->align[j]) return 0;
+  *g = *from;
+  g->kept.n = 0; /* the owner releases the plan and its descriptors */
+  g->pack = NULL;
+  g->pack_ws = NULL;
+  memset(g->pack_ptr, 0, sizeof g->pack_ptr);
+  g->shared = 1;
+  return 1;
 }
 
 cudnnStatus_t kcu_sdpa_graph_run(kcu_sdpa_graph *g, cudnnHandle_t h, void *q, void *k, void *v,

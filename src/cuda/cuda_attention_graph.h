@@ -25,6 +25,11 @@ typedef struct kcu_sdpa_shape {
 } kcu_sdpa_shape;
 
 typedef struct kcu_sdpa_graph {
+  kcu_sdpa_shape shape;          /* what the plan computes */
+  int64_t align[4];              /* the byte alignment the plan assumes of q, k, v and o */
+  int shared;                    /* the plan is another op's of the same shape, which owns it */
+  int declined;                  /* no plan: timed slower than the op's own kernel (shape and
+                                    scale kept, so ops of the same shape skip the timing) */
   kcu_dnn_set kept;              /* the graph's descriptors, its configuration and plan */
   cudnnBackendDescriptor_t plan; /* NULL: the op runs on Kiln's own kernels */
   cudnnBackendDescriptor_t pack; /* variant pack built for pack_ptr and pack_ws */
@@ -49,6 +54,11 @@ int kcu_sdpa_graph_shape(kcu_sdpa_shape *sh, const kcu_tensor *q, const kcu_tens
 cudnnStatus_t kcu_sdpa_graph_choose(kcu_sdpa_graph *g, cudnnHandle_t h, cudaStream_t s,
                                     const kcu_sdpa_shape *sh, float scale, void *q, void *k,
                                     void *v, void *o, void *ws, size_t ws_size);
+/* Takes the plan `from` chose for an SDPA of the same shape and scale when q, k, v and o are as
+ * aligned as it assumes (a model's layers: one plan built and timed for all); 0 when not. The
+ * owner must outlive g. */
+int kcu_sdpa_graph_share(kcu_sdpa_graph *g, const kcu_sdpa_graph *from, const kcu_sdpa_shape *sh,
+                         float scale, void *q, void *k, void *v, void *o);
 /* Enqueues the chosen plan; builds a variant pack only when the addresses changed, which
  * happens while a run is recorded (at init or when caller buffers are rebound). */
 cudnnStatus_t kcu_sdpa_graph_run(kcu_sdpa_graph *g, cudnnHandle_t h, void *q, void *k, void *v,

@@ -1061,6 +1061,16 @@ static kiln_status kcu_choose_attention(kcu_state *s, const kiln_plan *p, kiln_e
       if (kcu_injected()) return kcu_oom(s, 0, "cuDNN handle", err);
       if ((st = kcu_conv_handle(&s->dnn, s->stream, s->device, err)) != KILN_OK) return st;
     }
+    /* an earlier op of this shape decided: the same plan, or its own kernel, untimed */
+    int shared = 0, declined = 0;
+    for (uint32_t j = 0; j < i && !shared && !declined; j++) {
+      shared = kcu_sdpa_graph_share(&s->sdpa[i], &s->sdpa[j], &sh, scale, q.data, k.data, v.data,
+                                    o.data);
+      declined = s->sdpa[j].declined && s->sdpa[j].scale == scale &&
+                 memcmp(&s->sdpa[j].shape, &sh, sizeof sh) == 0;
+    }
+    if (shared) s->stats.attention_cudnn++;
+    if (shared || declined) continue;
     if (!s->sdpa_ws && (st = kcu_dev_alloc(s, &s->sdpa_ws, trial, "attention workspace", err)) != KILN_OK)
       return st;
     kcu_op_call call = {s, p, i};
@@ -1073,6 +1083,7 @@ static kiln_status kcu_choose_attention(kcu_state *s, const kiln_plan *p, kiln_e
     if (kcu_sdpa_forced != KILN_CUDA_ATTENTION_CUDNN && own >= 0.0f &&
         s->sdpa[i].time_us >= own * KCU_SDPA_MARGIN) {
       kcu_sdpa_graph_release(&s->sdpa[i]);
+      s->sdpa[i].declined = 1;
       continue;
     }
     s->stats.attention_cudnn++;

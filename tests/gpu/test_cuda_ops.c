@@ -1980,6 +1980,30 @@ static void test_cudnn_attention(void) {
       compare(p, name, NULL);
     }
   }
+  /* two SDPAs of one shape (a model's layers): one plan, shared, both on cuDNN */
+  for (int t = 1; t < 3; t++) {
+    kiln_dtype dt = float_types[t];
+    prog *p = p_new();
+    uint32_t q = IN(p, dt, 4, 2, 4, 96, 64), k = IN(p, dt, 4, 2, 4, 96, 64),
+             v = IN(p, dt, 4, 2, 4, 96, 64), mid = MID(p, dt, 4, 2, 4, 96, 64);
+    p_op(p, KILN_OP_SDPA, 3, OPS(q, k, v), mid, 2, ATTR(1, 0), 0);
+    p_op(p, KILN_OP_SDPA, 3, OPS(mid, k, v), OUT(p, dt, 4, 2, 4, 96, 64), 2, ATTR(1, 0), 0);
+    snprintf(name, sizeof name, "sdpa cudnn two of one shape share a plan %s", kiln_dtype_name(dt));
+    if (selected(name)) { /* one choice timed, not two */
+      kiln_error err;
+      kiln_cuda_stats st;
+      memset(&st, 0, sizeof st);
+      kiln_engine *e = p_load(p, &kiln_cuda_backend, 0, &err);
+      if (e) kiln_cuda_engine_stats(e, &st, &err);
+      p_unload(e);
+      printf("%s: %llu choices timed, %llu on cuDNN\n", name, (unsigned long long)st.choices_measured,
+             (unsigned long long)st.attention_cudnn);
+      CHECK(e && st.choices_measured == 1 && st.attention_cudnn == 2);
+    }
+    expect_attention_cudnn = 2;
+    compare(p, name, NULL);
+  }
+  expect_attention_cudnn = -1;
   /* every allocation of a load that gives cuDNN an SDPA, made to fail in turn: an out-of-memory
    * error each time, nothing leaked */
   if (selected("sdpa cudnn allocation failures")) {
