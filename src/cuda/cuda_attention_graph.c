@@ -244,9 +244,7 @@ int kcu_sdpa_graph_share(kcu_sdpa_graph *g, const kcu_sdpa_graph *from, const kc
     if (kcu_dnn_alignment(io[j]) < from->align[j]) return 0;
   *g = *from;
   g->kept.n = 0; /* the owner releases the plan and its descriptors */
-  g->pack = NULL;
-  g->pack_ws = NULL;
-  memset(g->pack_ptr, 0, sizeof g->pack_ptr);
+  memset(&g->bound, 0, sizeof g->bound);
   g->shared = 1;
   return 1;
 }
@@ -256,22 +254,11 @@ cudnnStatus_t kcu_sdpa_graph_run(kcu_sdpa_graph *g, cudnnHandle_t h, void *q, vo
   int64_t uid[KCU_SDPA_IO];
   void *ptr[KCU_SDPA_IO];
   int n_io = kcu_sdpa_slots(g, q, k, v, o, uid, ptr);
-  int same = g->pack && g->pack_ws == ws;
-  for (int j = 0; same && j < n_io; j++) same = g->pack_ptr[j] == ptr[j];
-  if (!same) {
-    /* new addresses: only while a run is being recorded, never on a graph replay */
-    if (g->pack) cudnnBackendDestroyDescriptor(g->pack);
-    g->pack = NULL;
-    KCU_DNN_TRY(kcu_dnn_pack(&g->pack, uid, n_io, ptr, ws));
-    memcpy(g->pack_ptr, ptr, sizeof ptr);
-    g->pack_ws = ws;
-  }
-  return cudnnBackendExecute(h, g->plan, g->pack);
+  return kcu_dnn_execute(h, g->plan, &g->bound, uid, n_io, ptr, ws);
 }
 
 void kcu_sdpa_graph_release(kcu_sdpa_graph *g) {
-  if (g->pack) cudnnBackendDestroyDescriptor(g->pack);
-  g->pack = NULL;
+  kcu_dnn_unbind(&g->bound);
   kcu_dnn_release(&g->kept);
   g->plan = NULL;
 }

@@ -32,8 +32,7 @@ typedef struct kcu_sdpa_graph {
                                     scale kept, so ops of the same shape skip the timing) */
   kcu_dnn_set kept;              /* the graph's descriptors, its configuration and plan */
   cudnnBackendDescriptor_t plan; /* NULL: the op runs on Kiln's own kernels */
-  cudnnBackendDescriptor_t pack; /* variant pack built for pack_ptr and pack_ws */
-  void *pack_ptr[KCU_SDPA_IO], *pack_ws;
+  kcu_dnn_bound bound;           /* the plan's variant pack for the last addresses */
   float scale, mask_value;       /* the by-value scalars the pack points at */
   int causal;                    /* the graph masks causally and binds the mask value */
   size_t workspace;              /* bytes the plan needs */

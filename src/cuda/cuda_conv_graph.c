@@ -424,9 +424,7 @@ int kcu_conv_graph_share(kcu_conv_graph *g, const kcu_conv_graph *from, const kc
     if (kcu_dnn_alignment(ptr[k]) < from->align[k]) return 0;
   *g = *from;
   g->kept.n = 0; /* the owner releases the plan and its descriptors */
-  g->pack = NULL;
-  g->pack_ws = NULL;
-  memset(g->pack_ptr, 0, sizeof g->pack_ptr);
+  memset(&g->bound, 0, sizeof g->bound);
   g->shared = 1;
   g->timed = 0;
   return 1;
@@ -436,22 +434,11 @@ cudnnStatus_t kcu_conv_graph_run(kcu_conv_graph *g, cudnnHandle_t h, const kcu_c
                                  void *ws) {
   void *ptr[KCU_GRAPH_MAX_IO] = {0};
   kcu_io_ptrs(io, g->uid, g->n_io, ptr);
-  int same = g->pack && g->pack_ws == ws;
-  for (int k = 0; same && k < g->n_io; k++) same = g->pack_ptr[k] == ptr[k];
-  if (!same) {
-    /* new addresses: only while a run is being recorded, never on a graph replay */
-    if (g->pack) cudnnBackendDestroyDescriptor(g->pack);
-    g->pack = NULL;
-    KCU_DNN_TRY(kcu_dnn_pack(&g->pack, g->uid, g->n_io, ptr, ws));
-    memcpy(g->pack_ptr, ptr, sizeof ptr);
-    g->pack_ws = ws;
-  }
-  return cudnnBackendExecute(h, g->plan, g->pack);
+  return kcu_dnn_execute(h, g->plan, &g->bound, g->uid, g->n_io, ptr, ws);
 }
 
 void kcu_conv_graph_release(kcu_conv_graph *g) {
-  if (g->pack) cudnnBackendDestroyDescriptor(g->pack);
-  g->pack = NULL;
+  kcu_dnn_unbind(&g->bound);
   kcu_dnn_release(&g->kept);
   g->plan = NULL;
 }

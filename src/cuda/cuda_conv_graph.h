@@ -49,8 +49,7 @@ typedef struct kcu_conv_choice {
 typedef struct kcu_conv_graph {
   kcu_dnn_set kept;                  /* the chosen graph's tensors, nodes, config and plan */
   cudnnBackendDescriptor_t plan;     /* NULL until chosen */
-  cudnnBackendDescriptor_t pack;     /* variant pack built for pack_ptr and pack_ws */
-  void *pack_ptr[KCU_GRAPH_MAX_IO], *pack_ws;
+  kcu_dnn_bound bound;               /* the plan's variant pack for the last addresses */
   int64_t uid[KCU_GRAPH_MAX_IO];
   int64_t align[KCU_GRAPH_MAX_IO]; /* the byte alignment the plan assumes of each */
   int n_io;

@@ -2,6 +2,7 @@
 #include "cuda_dnn.h"
 
 #include <stdbool.h>
+#include <string.h>
 
 cudnnStatus_t kcu_dnn_make(kcu_dnn_set *set, cudnnBackendDescriptorType_t type,
                            cudnnBackendDescriptor_t *d) {
@@ -96,6 +97,25 @@ cudnnStatus_t kcu_dnn_pack(cudnnBackendDescriptor_t *pack, const int64_t *uid, i
     *pack = NULL;
   }
   return st;
+}
+
+cudnnStatus_t kcu_dnn_execute(cudnnHandle_t h, cudnnBackendDescriptor_t plan, kcu_dnn_bound *b,
+                              const int64_t *uid, int n, void *const *ptr, void *ws) {
+  int same = b->pack && b->ws == ws && n <= KCU_DNN_MAX_IO;
+  for (int k = 0; same && k < n; k++) same = b->ptr[k] == ptr[k];
+  if (!same) {
+    if (n > KCU_DNN_MAX_IO) return CUDNN_STATUS_BAD_PARAM;
+    kcu_dnn_unbind(b);
+    KCU_DNN_TRY(kcu_dnn_pack(&b->pack, uid, n, ptr, ws));
+    for (int k = 0; k < n; k++) b->ptr[k] = ptr[k];
+    b->ws = ws;
+  }
+  return cudnnBackendExecute(h, plan, b->pack);
+}
+
+void kcu_dnn_unbind(kcu_dnn_bound *b) {
+  if (b->pack) cudnnBackendDestroyDescriptor(b->pack);
+  memset(b, 0, sizeof *b);
 }
 
 cudnnStatus_t kcu_dnn_engine_of(cudnnBackendDescriptor_t cfg, int64_t *index, unsigned *notes,

@@ -50,6 +50,19 @@ cudnnStatus_t kcu_dnn_graph(kcu_dnn_set *set, cudnnBackendDescriptor_t *graph, c
 /* A finalized variant pack binding uid[k] to ptr[k]; the caller destroys it. */
 cudnnStatus_t kcu_dnn_pack(cudnnBackendDescriptor_t *pack, const int64_t *uid, int n,
                            void *const *ptr, void *ws);
+/* Variant pack slots a graph binds, at most. */
+#define KCU_DNN_MAX_IO 8
+/* A plan's variant pack, kept for the addresses it binds. */
+typedef struct kcu_dnn_bound {
+  cudnnBackendDescriptor_t pack; /* NULL until the first run */
+  void *ptr[KCU_DNN_MAX_IO], *ws;
+} kcu_dnn_bound;
+/* Enqueues plan on the addresses ptr (n of them, uid[k] naming ptr[k]) and workspace ws,
+ * building b's pack again only when they changed, which happens while a run is recorded (at
+ * init or when caller buffers are rebound), never on a graph replay. */
+cudnnStatus_t kcu_dnn_execute(cudnnHandle_t h, cudnnBackendDescriptor_t plan, kcu_dnn_bound *b,
+                              const int64_t *uid, int n, void *const *ptr, void *ws);
+void kcu_dnn_unbind(kcu_dnn_bound *b);
 /* The engine of cfg: its global index, numerical and behaviour notes as bits. */
 cudnnStatus_t kcu_dnn_engine_of(cudnnBackendDescriptor_t cfg, int64_t *index, unsigned *notes,
                                 unsigned *behavior);
