@@ -296,15 +296,16 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
     float scale = (float)op->fattr[0];
     if (scale == 0.0f) scale = 1.0f / sqrtf((float)q.dims[q.rank - 1]);
     int causal = op->n_iattr > 0 && op->iattr[0] != 0;
-    /* The flash kernel wherever it takes the shape. Init chose it from plan offsets, so here
-     * it can fail only on an address not 16-byte aligned; such an op has no score buffer and
-     * runs on the fused kernel, as the strided heads the matmuls cannot take (packed heads,
-     * heads last) do. */
+    /* cuDNN's fused attention where init measured it faster (kcu_choose_attention). */
     if (s->sdpa && s->sdpa[i].plan)
       return kcu_sdpa_graph_run(&s->sdpa[i], s->dnn, q.data, k.data, v.data, o.data, s->sdpa_ws) ==
                      CUDNN_STATUS_SUCCESS
                  ? cudaSuccess
                  : cudaErrorUnknown;
+    /* The flash kernel wherever it takes the shape. Init chose it from plan offsets, so here
+     * it can fail only on an address not 16-byte aligned; such an op has no score buffer and
+     * runs on the fused kernel, as the strided heads the matmuls cannot take (packed heads,
+     * heads last) do. */
     if (kcu_flash_fits(&q, &k, &v, mask, &o))
       return kcu_flash_attention(st, &q, &k, &v, mask, &o, causal, scale, strided ? &geo : NULL);
     if (s->attn[i].active)

@@ -22,7 +22,8 @@ typedef struct kiln_cuda_stats {
   uint64_t host_out_bytes; /* output bytes execute copied from the device to host memory */
   uint64_t shape_captures;  /* dynamic plans: graphs captured for a call shape seen before */
   uint64_t shape_evictions; /* of those, how many took the slot of another shape */
-  uint64_t choices_measured; /* GEMM algorithm and convolution plan choices init timed here */
+  uint64_t choices_measured; /* GEMM algorithm, convolution and attention plan choices init
+                                timed here */
   uint64_t choices_reused;   /* ones it took from an earlier load in the process instead */
   uint64_t fused_compiled;    /* FUSED ops running a kernel compiled for them at load */
   uint64_t fused_interpreted; /* FUSED ops the interpreting kernel runs (a dynamic plan's, or
@@ -44,7 +45,7 @@ void kiln_cuda_fail_allocations_after(long n);
 #define KILN_CUDA_ATTENTION_TIMED 0
 #define KILN_CUDA_ATTENTION_OWN 1   /* Kiln's own kernels only */
 #define KILN_CUDA_ATTENTION_CUDNN 2 /* cuDNN wherever a plan builds and runs */
-KILN_API void kiln_cuda_attention_choice(int path);
+void kiln_cuda_attention_choice(int path);
 
 /* Times each op of the plan alone: one untimed launch, then `reps` timed ones, on the engine's
  * own device buffers (inputs hold whatever they last held). ms[i] (one entry per op) gets op
