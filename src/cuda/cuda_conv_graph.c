@@ -4,7 +4,6 @@
 
 #include "cuda_choice_cache.h"
 
-#include <stdbool.h>
 #include <string.h>
 #include <time.h>
 
