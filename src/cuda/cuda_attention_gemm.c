@@ -97,13 +97,14 @@ cudaError_t kcu_attn_gemm_run(const kcu_attn_gemm *a, cublasLtHandle_t lt, cudaS
   scores.data = scratch;
   scores.dtype = KILN_F32;
   kcu_tensor qk[2] = {in[0], in[1]};
-  cudaError_t rc = kcu_gemm_run(&a->scores, lt, s, qk, 2, &scores, workspace, workspace_size);
+  cudaError_t rc =
+      kcu_gemm_run(&a->scores, lt, s, qk, 2, &scores, workspace, workspace_size, NULL);
   if (rc == cudaSuccess)
     rc = kcu_attention_softmax(s, (float *)scratch, a->p_dtype, mask, out, a->S, causal, scale);
   scores.dtype = a->p_dtype;
   kcu_tensor pv[2] = {scores, in[2]};
   if (rc == cudaSuccess)
-    rc = kcu_gemm_run(&a->values, lt, s, pv, 2, out, workspace, workspace_size);
+    rc = kcu_gemm_run(&a->values, lt, s, pv, 2, out, workspace, workspace_size, NULL);
   return rc;
 }
 

@@ -119,6 +119,9 @@ typedef struct kcu_state {
   size_t conv_ws_size;
   kcu_fx_jit *fx_jit;  /* the FUSED kernels compiled at load (static plans) */
   kcu_fx_kernel *fx;   /* one per op; used by FUSED: its compiled kernel, or none */
+  int32_t *norm_link;  /* one per op (static plans): a LINEAR whose one-row GEMV computes the norm
+                        * ahead of it holds 1 + that norm's index; the norm, -1 (it launches
+                        * nothing); others 0. See kcu_fold_norms. */
   void *attn_scratch;  /* scores of the SDPA op (or SwiGLU's gate and up) being run */
   size_t attn_scratch_bytes;
   kcu_dec_scratch dec; /* the decoding kernel's: attn_scratch and its arrival counts */
@@ -252,8 +255,20 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
   switch (op->kind) {
   case KILN_OP_LINEAR:
   case KILN_OP_MATMUL:
+    if (s->norm_link && s->norm_link[i] > 0) { /* x is the norm's input; the GEMV normalizes it */
+      const kiln_op *norm = &p->ops[s->norm_link[i] - 1];
+      kcu_tensor nin[3];
+      for (uint32_t k = 0; k < norm->n_inputs && k < 3; k++)
+        nin[k] = kcu_resolve(s, p, norm->inputs[k], in_addr, out_addr);
+      kcu_gemv_norm nrm = {(norm->iattr[1] & 1) ? nin[1].data : NULL,
+                           (norm->iattr[1] & 2) ? nin[norm->n_inputs - 1].data : NULL,
+                           (float)norm->fattr[0], norm->kind == KILN_OP_RMS_NORM};
+      in[0] = nin[0];
+      return kcu_gemm_run(&s->gemm[i], s->lt, st, in, op->n_inputs, &out, s->workspace,
+                          s->workspace_size, &nrm);
+    }
     return kcu_gemm_run(&s->gemm[i], s->lt, st, in, op->n_inputs, &out, s->workspace,
-                        s->workspace_size);
+                        s->workspace_size, NULL);
   case KILN_OP_CONV: case KILN_OP_CONV_TRANSPOSE: {
     cudaError_t rc = cudaSuccess;
     if (kcu_residual_just_written(s, p, i, &in[op->n_inputs - 1], in_addr, out_addr))
@@ -279,6 +294,7 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
   case KILN_OP_SOFTMAX: case KILN_OP_LOG_SOFTMAX:
     return kcu_softmax(st, &in[0], &out, (int32_t)op->iattr[0], op->kind == KILN_OP_LOG_SOFTMAX);
   case KILN_OP_LAYER_NORM: case KILN_OP_RMS_NORM:
+    if (s->norm_link && s->norm_link[i] < 0) return cudaSuccess; /* its GEMVs compute it */
     return kcu_norm(st, op, in, &out);
   case KILN_OP_SUM: case KILN_OP_MEAN: case KILN_OP_AMAX:
     return kcu_reduce(st, op->kind, &in[0], &out, (uint32_t)op->iattr[0]);
@@ -577,6 +593,7 @@ static void kcu_destroy(kiln_engine *e) {
   cudaFree(s->sdpa_ws);
   kcu_fx_jit_free(s->fx_jit);
   free(s->fx);
+  free(s->norm_link);
   for (uint32_t i = 0; s->in && i < s->n_in; i++) cudaFree(s->in[i].dev);
   for (uint32_t i = 0; s->out && i < s->n_out; i++) cudaFree(s->out[i].dev);
   kcu_staging_release(&s->staging);
@@ -1133,6 +1150,94 @@ static kiln_status kcu_reset_state(kiln_engine *e, kiln_error *err) {
   return KILN_OK;
 }
 
+/* Byte ranges of tensors a and b (as init resolves them) overlap. */
+static int kcu_overlap(const kcu_state *s, const kiln_plan *p, uint32_t a, uint32_t b) {
+  const char *a0 = (const char *)kcu_tensor_addr(s, &p->tensors[a], s->dev_in, s->dev_out);
+  const char *b0 = (const char *)kcu_tensor_addr(s, &p->tensors[b], s->dev_in, s->dev_out);
+  return a0 < b0 + p->tensors[b].nbytes && b0 < a0 + p->tensors[a].nbytes;
+}
+
+/* Whether every reader of tensor t (written by op j: the norm's output, n elements of dtype
+ * dt, or a view of it) is a GEMV taking it as its one input row, directly or through views the
+ * memory plan placed on its bytes (reshapes, copies); *last: the last of them. With link, each
+ * such GEMV's entry is set to it. depth bounds the views followed. */
+static int kcu_norm_readers_fold(const kcu_state *s, const kiln_plan *p, uint32_t j, uint32_t t,
+                                 int64_t n, kiln_dtype dt, int depth, uint32_t *last,
+                                 int32_t *link, int32_t value) {
+  int readers = 0;
+  for (uint32_t c = j + 1; c < p->n_ops; c++) {
+    const kiln_op *op = &p->ops[c];
+    int reads = 0, other = 0;
+    for (uint32_t k = 0; k < op->n_inputs; k++) {
+      reads |= op->inputs[k] == t;
+      other |= op->inputs[k] == t && k > 0;
+    }
+    if (!reads) continue;
+    if (other) return 0;
+    const kcu_gemm *g = &s->gemm[c];
+    if (op->kind == KILN_OP_LINEAR && g->gemv && g->M == 1 && g->K == n &&
+        p->tensors[op->output].dtype == dt &&
+        kcu_gemv_norm_one_wave(g->N, g->K, dt, g->act, g->gemv - 1)) {
+      readers++;
+      if (c > *last) *last = c;
+      if (link) link[c] = value;
+    } else if (depth > 0 && op->n_inputs == 1 &&
+               p->tensors[op->output].nbytes == p->tensors[t].nbytes &&
+               p->tensors[op->output].storage == KILN_STORE_ARENA &&
+               kcu_tensor_addr(s, &p->tensors[op->output], s->dev_in, s->dev_out) ==
+                   kcu_tensor_addr(s, &p->tensors[t], s->dev_in, s->dev_out) &&
+               kcu_in_place_view(s, p, c, s->dev_in, s->dev_out)) {
+      if (!kcu_norm_readers_fold(s, p, c, op->output, n, dt, depth - 1, last, link, value))
+        return 0;
+      readers++;
+    } else {
+      return 0;
+    }
+  }
+  return readers > 0;
+}
+
+/* A LAYER_NORM or RMS_NORM (f16 or bf16, no steps fused into it, its weight and bias weights)
+ * whose output only one-row GEMVs read is computed by those GEMVs (cuda_gemv.cu): it launches
+ * nothing, and each reads the norm's input. A decode step's norms ran as kernels of their own
+ * between GEMVs, about 3 us each on its critical path. Static plans only (a dynamic one's row
+ * count changes which kernel runs). */
+static kiln_status kcu_fold_norms(kcu_state *s, const kiln_plan *p, kiln_error *err) {
+  if (s->dynamic || !s->gemm) return KILN_OK;
+  for (uint32_t j = 0; j < p->n_ops; j++) {
+    const kiln_op *op = &p->ops[j];
+    if (op->kind != KILN_OP_LAYER_NORM && op->kind != KILN_OP_RMS_NORM) continue;
+    const kiln_tensor_desc *x = &p->tensors[op->inputs[0]], *y = &p->tensors[op->output];
+    int64_t flags = op->iattr[1], n = 1;
+    uint32_t want = 1 + (uint32_t)(flags & 1) + (uint32_t)((flags >> 1) & 1), last = j;
+    for (int d = x->rank - (int)op->iattr[0]; d < x->rank; d++) n *= x->dims[d];
+    if (!kcu_gemv_norm_fits(1, n, x->dtype) || y->dtype != x->dtype ||
+        y->storage != KILN_STORE_ARENA || op->n_inputs != want || op->n_iattr > 2)
+      continue; /* (more attributes: pointwise steps fused into the norm) */
+    int ok = (uintptr_t)kcu_tensor_addr(s, x, s->dev_in, s->dev_out) % 16 == 0;
+    for (uint32_t k = 1; k < want; k++) {
+      const kiln_tensor_desc *w = &p->tensors[op->inputs[k]];
+      ok &= w->storage == KILN_STORE_WEIGHT && w->dtype == x->dtype && w->offset % 16 == 0;
+    }
+    if (!ok || (uint64_t)n * kiln_dtype_size(x->dtype) != y->nbytes ||
+        !kcu_norm_readers_fold(s, p, j, op->output, n, x->dtype, 4, &last, NULL, 0))
+      continue;
+    /* the norm's input keeps its bytes until its last GEMV has read them (its own output
+     * included: a block may store while another still reads the row) */
+    for (uint32_t c = j + 1; ok && c <= last; c++)
+      ok = !kcu_overlap(s, p, p->ops[c].output, op->inputs[0]);
+    if (!ok) continue;
+    if (!s->norm_link && !(s->norm_link = (int32_t *)kcu_calloc(s, p->n_ops, sizeof(int32_t))))
+      return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                       "out of host memory for the norm table of %u ops; free memory and load "
+                       "again", p->n_ops);
+    kcu_norm_readers_fold(s, p, j, op->output, n, x->dtype, 4, &last, s->norm_link, (int32_t)j + 1);
+    s->norm_link[j] = -1;
+    s->stats.norms_in_gemv++;
+  }
+  return KILN_OK;
+}
+
 static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err) {
   kiln_status st = kcu_check_device(s, e, err);
   if (st != KILN_OK) return st;
@@ -1195,6 +1300,7 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
       }
     if (!attn) kcu_gemm_keep_tuned(&s->gemm[i]);
   }
+  if ((st = kcu_fold_norms(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_choose_convs(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_choose_attention(s, &e->plan, err)) != KILN_OK) return st;
   cudaError_t rc;

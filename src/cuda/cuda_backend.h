@@ -29,6 +29,7 @@ typedef struct kiln_cuda_stats {
   uint64_t fused_interpreted; /* FUSED ops the interpreting kernel runs (a dynamic plan's, or
                                  every one where NVRTC is not installed) */
   uint64_t attention_cudnn;   /* SDPA ops init gave to cuDNN's fused attention */
+  uint64_t norms_in_gemv;     /* norms whose one-row GEMVs compute them (no kernel of their own) */
 } kiln_cuda_stats;
 
 /* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend.

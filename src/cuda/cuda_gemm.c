@@ -351,11 +351,12 @@ static cudaError_t kcu_gemm_run_matmul(const kcu_gemm *g, cublasLtHandle_t lt, c
 
 cudaError_t kcu_gemm_run(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
                          const kcu_tensor *in, uint32_t n_in, const kcu_tensor *out,
-                         void *workspace, size_t workspace_size) {
+                         void *workspace, size_t workspace_size, const kcu_gemv_norm *norm) {
   if (g->gemv)
     return kcu_gemv(s, in[0].data, in[1].data, g->has_bias ? in[2].data : NULL,
                     g->residual ? in[n_in - 1].data : NULL, out->data, out->dtype, g->M, g->N,
-                    g->K, g->act, g->w_fixed, g->gemv - 1);
+                    g->K, g->act, g->w_fixed, g->gemv - 1, norm);
+  if (norm) return cudaErrorInvalidValue; /* only the GEMV kernel computes a norm */
   cudaError_t rc;
   if (g->swiglu || g->ld_pad) { /* into the scratch, then combined or copied into out */
     kcu_tensor t = *out;
@@ -419,13 +420,14 @@ static float kcu_gemm_time(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t 
                            void *workspace, size_t workspace_size, const kcu_cold *cold,
                            cudaEvent_t start, cudaEvent_t stop, int reps) {
   float best = INFINITY;
-  cudaError_t rc = kcu_gemm_run(g, lt, s, in, n_in, out, workspace, workspace_size);
+  cudaError_t rc = kcu_gemm_run(g, lt, s, in, n_in, out, workspace, workspace_size, NULL);
   for (int rep = 0; rc == cudaSuccess && rep < reps; rep++) {
     float ms = INFINITY;
     if (cold && cold->bytes) rc = kcu_read_through(s, cold->data, cold->bytes);
     if (rc == cudaSuccess) rc = cudaEventRecord(start, s);
     if (rc == cudaSuccess) rc = kcu_hold(s, KCU_HOLD_NS);
-    if (rc == cudaSuccess) rc = kcu_gemm_run(g, lt, s, in, n_in, out, workspace, workspace_size);
+    if (rc == cudaSuccess)
+      rc = kcu_gemm_run(g, lt, s, in, n_in, out, workspace, workspace_size, NULL);
     if (rc == cudaSuccess) rc = cudaEventRecord(stop, s);
     if (rc == cudaSuccess) rc = cudaEventSynchronize(stop);
     if (rc == cudaSuccess) rc = cudaEventElapsedTime(&ms, start, stop);

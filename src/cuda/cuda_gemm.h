@@ -77,9 +77,11 @@ kiln_status kcu_gemm_init_shape(kcu_gemm *g, cublasLtHandle_t lt, const kcu_gemm
 kiln_status kcu_gemm_init(kcu_gemm *g, cublasLtHandle_t lt, const kiln_plan *plan,
                           uint32_t op_index, int allow_tf32, size_t workspace_size,
                           kiln_error *err);
+/* norm (NULL: none): the GEMV kernel normalizes its input row first, in[0] being the norm's
+ * input (kcu_gemv); refused where cuBLASLt runs the op. */
 cudaError_t kcu_gemm_run(const kcu_gemm *g, cublasLtHandle_t lt, cudaStream_t s,
                          const kcu_tensor *in, uint32_t n_in, const kcu_tensor *out,
-                         void *workspace, size_t workspace_size);
+                         void *workspace, size_t workspace_size, const kcu_gemv_norm *norm);
 /* A region init reads through before each timed run (kcu_read_through), so that the run reads
  * its weights from device memory as a call does: the blob's weights, bytes from
  * kcu_cold_bytes (0: the weights fit in the L2 cache, and runs are timed on it warm). */

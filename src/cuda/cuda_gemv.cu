@@ -15,7 +15,15 @@
  * serves 16 weight rows; up to 8 rows, a lane's loads run a trip ahead of its multiplies. A
  * weight no kernel writes is read by a kernel launched early (cuda_early_launch.c):
  * its first loads go out while the kernel ahead of it still runs (measured in a decode step: no
- * faster, within the runs' spread, than loading after the wait). */
+ * faster, within the runs' spread, than loading after the wait).
+ *
+ * The one-row kernel of f16 or bf16 may also compute the norm (RMS or layer norm) whose only
+ * readers are GEMVs: each block reduces the row itself (a few KB, from L2) and writes it
+ * normalized, rounded to the dtype as the norm's own store rounds it, into shared memory, where
+ * its lanes then read their input vectors; a decode step then has no norm kernel ahead of its
+ * GEMVs. Only where every block of the launch is resident at once (kcu_gemv_norm_one_wave):
+ * with more, the blocks of each later wave normalize the row again, and a 2048-wide SwiGLU GEMV
+ * (several waves) ended 1.3 us later than the norm kernel and it had. */
 #include "cuda_device.cuh"
 
 #define KCU_GEMV_WARPS 8
@@ -62,14 +70,82 @@ static __device__ __forceinline__ void kcu_gemv_epilogue(int dt, const float *pa
   }
 }
 
-/* dt and rows (the most input rows the kernel takes: 1 or KCU_GEMV_MAX_ROWS) are compile-time
- * constants at each call below, so the dtype branches fold away and a one-row kernel keeps one
- * accumulator: fewer registers, more warps resident, more weight bytes in flight. */
-static __device__ __forceinline__ void kcu_gemv_body(int dt, int rows, const void *x, const void *w,
-                                                     const void *bias, const void *res, void *y,
-                                                     int M, int64_t N, int64_t K, int act,
-                                                     int cols) {
+/* Brings the norm's weight and bias vectors this thread will read into L1 (they are weights:
+ * before the wait, holding no registers). */
+static __device__ __forceinline__ void kcu_gemv_norm_prefetch(const kcu_gemv_norm *nrm,
+                                                              int64_t chunks) {
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+    if (nrm->w) asm volatile("prefetch.global.L1 [%0];" ::"l"((const uint4 *)nrm->w + c));
+    if (nrm->b) asm volatile("prefetch.global.L1 [%0];" ::"l"((const uint4 *)nrm->b + c));
+  }
+}
+
+/* The input row normalized into shared memory sx (chunks 16-byte vectors), by the whole block:
+ * x read for its sum (a layer norm), its squares about the mean and its values, from L1 after
+ * the first. */
+static __device__ __forceinline__ void kcu_gemv_norm_row(int dt, const uint4 *xv, int64_t chunks,
+                                                         int64_t K, const kcu_gemv_norm *nrm,
+                                                         uint4 *sx) {
+  __shared__ float scratch[32];
+  float mean = 0.0f, sq = 0.0f;
+  if (!nrm->rms) {
+    float sum = 0.0f;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      float f[8];
+      kcu_unpack16(__ldg(xv + c), dt, f);
+#pragma unroll
+      for (int t = 0; t < 8; t++) sum += f[t];
+    }
+    mean = kcu_block_reduce(sum, 0, scratch) / (float)K;
+  }
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+    float f[8];
+    kcu_unpack16(__ldg(xv + c), dt, f);
+#pragma unroll
+    for (int t = 0; t < 8; t++) sq += (f[t] - mean) * (f[t] - mean);
+  }
+  const float rstd = rsqrtf(kcu_block_reduce(sq, 0, scratch) / (float)K + nrm->eps);
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+    float f[8], wf[8], bf[8];
+    kcu_unpack16(__ldg(xv + c), dt, f);
+    if (nrm->w) kcu_unpack16(__ldg((const uint4 *)nrm->w + c), dt, wf);
+    if (nrm->b) kcu_unpack16(__ldg((const uint4 *)nrm->b + c), dt, bf);
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+      float v = (f[t] - mean) * rstd;
+      if (nrm->w) v *= wf[t];
+      if (nrm->b) v += bf[t];
+      f[t] = v;
+    }
+    kcu_st16(sx, dt, c, f); /* rounded to the dtype, as the norm's own store rounds it */
+  }
+  __syncthreads();
+}
+
+/* One trip's input vectors of a one-row lane: from x in global memory, or with a norm from the
+ * normalized row in shared memory. */
+static __device__ __forceinline__ void kcu_gemv_load_x(int norm, uint4 *xs, const uint4 *xv,
+                                                       const uint4 *sx, int64_t c, int64_t c_end) {
+  if (!norm) {
+    kcu_gemv_load(xs, xv, c, c_end);
+    return;
+  }
+#pragma unroll
+  for (int u = 0; u < KCU_GEMV_UNROLL; u++, c += 32)
+    xs[u] = c < c_end ? sx[c] : make_uint4(0, 0, 0, 0);
+}
+
+/* dt, rows (the most input rows the kernel takes: 1 or KCU_GEMV_MAX_ROWS) and norm (1: the
+ * one-row kernel normalizes its input, see the top) are compile-time constants at each call
+ * below, so the dtype branches fold away and a one-row kernel keeps one accumulator: fewer
+ * registers, more warps resident, more weight bytes in flight. */
+static __device__ __forceinline__ void kcu_gemv_body(int dt, int rows, int norm, const void *x,
+                                                     const void *w, const void *bias,
+                                                     const void *res, void *y, int M, int64_t N,
+                                                     int64_t K, int act, int cols,
+                                                     const kcu_gemv_norm *nrm) {
   __shared__ float part[KCU_GEMV_WARPS][KCU_GEMV_MAX_ROWS];
+  extern __shared__ uint4 kcu_gemv_sx[]; /* with a norm: the normalized input row */
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int col = warp % cols, slice = warp / cols, slices = KCU_GEMV_WARPS / cols;
   /* SwiGLU: the block's first half of columns reads gate rows, the second the matching up
@@ -86,18 +162,20 @@ static __device__ __forceinline__ void kcu_gemv_body(int dt, int rows, const voi
   for (int m = 0; m < rows; m++) acc[m] = 0.0f;
   const uint4 *wrow = (const uint4 *)w + row * chunks;
   uint4 wv[KCU_GEMV_UNROLL];
-  /* Launched early (w a weight): the first loads of the weight go out before the kernel ahead
-   * ends; x is its output, read only after the wait. */
+  /* Launched early (w a weight): the first loads of the weight (and of the norm's) go out
+   * before the kernel ahead ends; x is its output, read only after the wait. */
   if (n < N) kcu_gemv_load(wv, wrow, c_begin + lane, c_end);
+  if (norm) kcu_gemv_norm_prefetch(nrm, chunks);
   kcu_begin_early();
   const uint4 *xv = (const uint4 *)x;
+  if (norm) kcu_gemv_norm_row(dt, xv, chunks, K, nrm, kcu_gemv_sx);
   if (rows == 1 && n < N) {
     uint4 xs[KCU_GEMV_UNROLL];
-    kcu_gemv_load(xs, xv, c_begin + lane, c_end);
+    kcu_gemv_load_x(norm, xs, xv, kcu_gemv_sx, c_begin + lane, c_end);
     for (int64_t c0 = c_begin + lane; c0 < c_end; c0 += 32 * KCU_GEMV_UNROLL) {
       uint4 next_w[KCU_GEMV_UNROLL], next_x[KCU_GEMV_UNROLL];
       kcu_gemv_load(next_w, wrow, c0 + 32 * KCU_GEMV_UNROLL, c_end);
-      kcu_gemv_load(next_x, xv, c0 + 32 * KCU_GEMV_UNROLL, c_end);
+      kcu_gemv_load_x(norm, next_x, xv, kcu_gemv_sx, c0 + 32 * KCU_GEMV_UNROLL, c_end);
 #pragma unroll
       for (int u = 0; u < KCU_GEMV_UNROLL; u++) {
         float wf[8], xf[8];
@@ -261,7 +339,7 @@ static __device__ __forceinline__ void kcu_gemv_mma_body(const int bf16, const i
 #define KCU_GEMV_MMA_KERNEL(name, bf16, nt)                                                    \
   __global__ void __launch_bounds__(KCU_GEMV_WARPS * 32)                                       \
       name(const void *x, const void *w, const void *bias, const void *res, void *y, int M,    \
-           int64_t N, int64_t K, int act, int cols) {                                          \
+           int64_t N, int64_t K, int act, int cols, kcu_gemv_norm nrm) {                       \
     kcu_gemv_mma_body(bf16, nt, x, w, bias, res, y, M, N, K, act, cols);                       \
   }
 KCU_GEMV_MMA_KERNEL(kcu_gemv_mma8_f16, 0, 1)
@@ -269,16 +347,18 @@ KCU_GEMV_MMA_KERNEL(kcu_gemv_mma8_bf16, 1, 1)
 KCU_GEMV_MMA_KERNEL(kcu_gemv_mma16_f16, 0, 2)
 KCU_GEMV_MMA_KERNEL(kcu_gemv_mma16_bf16, 1, 2)
 
-#define KCU_GEMV_KERNEL(name, dt, rows)                                                        \
+#define KCU_GEMV_KERNEL(name, dt, rows, norm)                                                  \
   __global__ void __launch_bounds__(KCU_GEMV_WARPS * 32)                                       \
       name(const void *x, const void *w, const void *bias, const void *res, void *y, int M,    \
-           int64_t N, int64_t K, int act, int cols) {                                          \
-    kcu_gemv_body(dt, rows, x, w, bias, res, y, M, N, K, act, cols);                           \
+           int64_t N, int64_t K, int act, int cols, kcu_gemv_norm nrm) {                       \
+    kcu_gemv_body(dt, rows, norm, x, w, bias, res, y, M, N, K, act, cols, &nrm);               \
   }
-KCU_GEMV_KERNEL(kcu_gemv_f32, KILN_F32, KCU_GEMV_MAX_ROWS)
-KCU_GEMV_KERNEL(kcu_gemv_f32_row, KILN_F32, 1)
-KCU_GEMV_KERNEL(kcu_gemv_f16_row, KILN_F16, 1)
-KCU_GEMV_KERNEL(kcu_gemv_bf16_row, KILN_BF16, 1)
+KCU_GEMV_KERNEL(kcu_gemv_f32, KILN_F32, KCU_GEMV_MAX_ROWS, 0)
+KCU_GEMV_KERNEL(kcu_gemv_f32_row, KILN_F32, 1, 0)
+KCU_GEMV_KERNEL(kcu_gemv_f16_row, KILN_F16, 1, 0)
+KCU_GEMV_KERNEL(kcu_gemv_bf16_row, KILN_BF16, 1, 0)
+KCU_GEMV_KERNEL(kcu_gemv_f16_row_norm, KILN_F16, 1, 1)
+KCU_GEMV_KERNEL(kcu_gemv_bf16_row_norm, KILN_BF16, 1, 1)
 
 int kcu_gemv_columns(int64_t N, int64_t M, kiln_dtype dt, int spread) {
   int64_t target = (int64_t)KCU_GEMV_BASE_WARPS << spread;
@@ -290,22 +370,42 @@ int kcu_gemv_columns(int64_t N, int64_t M, kiln_dtype dt, int spread) {
 
 cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias,
                      const void *residual, void *y, kiln_dtype dt, int64_t M, int64_t N,
-                     int64_t K, kiln_activation act, int w_fixed, int spread) {
+                     int64_t K, kiln_activation act, int w_fixed, int spread,
+                     const kcu_gemv_norm *norm) {
   if (N == 0) return cudaSuccess;
   if (spread < 0 || spread >= KCU_GEMV_SPREADS) return cudaErrorInvalidValue;
+  if (norm && !kcu_gemv_norm_fits(M, K, dt)) return cudaErrorInvalidValue;
   int glu = act == KILN_ACT_SWIGLU, mma = kcu_gemv_tensor_cores(M, dt);
   int cols = kcu_gemv_columns(glu ? 2 * N : N, M, dt, spread);
   if (glu && cols < 2) cols = 2; /* a gate and an up column per output */
   int64_t outs = (glu ? cols / 2 : cols) * (mma ? KCU_GEMV_TILE : 1);
   unsigned blocks = (unsigned)((N + outs - 1) / outs);
   void (*kernel)(const void *, const void *, const void *, const void *, void *, int, int64_t,
-                 int64_t, int, int) =
-      mma      ? (M <= 8 ? (dt == KILN_F16 ? kcu_gemv_mma8_f16 : kcu_gemv_mma8_bf16)
+                 int64_t, int, int, kcu_gemv_norm) =
+      norm     ? (dt == KILN_F16 ? kcu_gemv_f16_row_norm : kcu_gemv_bf16_row_norm)
+      : mma    ? (M <= 8 ? (dt == KILN_F16 ? kcu_gemv_mma8_f16 : kcu_gemv_mma8_bf16)
                          : (dt == KILN_F16 ? kcu_gemv_mma16_f16 : kcu_gemv_mma16_bf16))
       : M == 1 ? (dt == KILN_F32 ? kcu_gemv_f32_row : dt == KILN_F16 ? kcu_gemv_f16_row
                                                                       : kcu_gemv_bf16_row)
                : kcu_gemv_f32;
+  const kcu_gemv_norm none = {NULL, NULL, 0.0f, 0};
   cudaLaunchAttribute attr;
-  cudaLaunchConfig_t c = kcu_launch_config(blocks, KCU_GEMV_WARPS * 32, 0, s, w_fixed, &attr);
-  return cudaLaunchKernelEx(&c, kernel, x, w, bias, residual, y, (int)M, N, K, (int)act, cols);
+  size_t smem = norm ? (size_t)K * kiln_dtype_size(dt) : 0; /* the normalized row */
+  cudaLaunchConfig_t c = kcu_launch_config(blocks, KCU_GEMV_WARPS * 32, smem, s, w_fixed, &attr);
+  return cudaLaunchKernelEx(&c, kernel, x, w, bias, residual, y, (int)M, N, K, (int)act, cols,
+                            norm ? *norm : none);
+}
+
+int kcu_gemv_norm_one_wave(int64_t N, int64_t K, kiln_dtype dt, kiln_activation act, int spread) {
+  int glu = act == KILN_ACT_SWIGLU, cols = kcu_gemv_columns(glu ? 2 * N : N, 1, dt, spread);
+  if (glu && cols < 2) cols = 2;
+  int64_t blocks = (N + (glu ? cols / 2 : cols) - 1) / (glu ? cols / 2 : cols);
+  int device = 0, sms = 0, per_sm = 0;
+  int ok = kcu_gemv_norm_fits(1, K, dt) && cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+           cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+               &per_sm, dt == KILN_F16 ? kcu_gemv_f16_row_norm : kcu_gemv_bf16_row_norm,
+               KCU_GEMV_WARPS * 32, (size_t)K * kiln_dtype_size(dt)) == cudaSuccess;
+  cudaGetLastError();
+  return ok && blocks <= (int64_t)per_sm * sms;
 }

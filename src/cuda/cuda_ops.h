@@ -272,9 +272,25 @@ static inline int kcu_gemv_fits(int64_t M, int64_t K, kiln_dtype dt) {
   int most = dt == KILN_F16 || dt == KILN_BF16 ? KCU_GEMV_MMA_MAX_ROWS : KCU_GEMV_MAX_ROWS;
   return M >= 1 && M <= most && K > 0 && K % 8 == 0;
 }
+/* A norm over the input row that the one-row f16 or bf16 kernel computes before it multiplies
+ * (x is then the norm's input): x' = (x - mean) * rstd * w + b over K, rounded to the dtype,
+ * as KILN_OP_LAYER_NORM and KILN_OP_RMS_NORM (rms: no mean) store it. */
+typedef struct kcu_gemv_norm {
+  const void *w, *b; /* the norm's weight and bias over K, either NULL; 16-byte aligned */
+  float eps;
+  int rms;
+} kcu_gemv_norm;
+#define KCU_GEMV_NORM_MAX_K 16384 /* the normalized row a block keeps in shared memory */
+static inline int kcu_gemv_norm_fits(int64_t M, int64_t K, kiln_dtype dt) {
+  return M == 1 && (dt == KILN_F16 || dt == KILN_BF16) && K <= KCU_GEMV_NORM_MAX_K;
+}
 cudaError_t kcu_gemv(cudaStream_t s, const void *x, const void *w, const void *bias,
                      const void *residual, void *y, kiln_dtype dt, int64_t M, int64_t N,
-                     int64_t K, kiln_activation act, int w_fixed, int spread);
+                     int64_t K, kiln_activation act, int w_fixed, int spread,
+                     const kcu_gemv_norm *norm);
+/* 1 when a one-row GEMV of N columns over K at `spread` computing its norm launches no more
+ * blocks than the device holds at once (only then is the norm worth computing in it). */
+int kcu_gemv_norm_one_wave(int64_t N, int64_t K, kiln_dtype dt, kiln_activation act, int spread);
 /* A GEMV launch aims at (KCU_GEMV_BASE_WARPS << spread) warps in all, spread 0 ..
  * KCU_GEMV_SPREADS - 1: fewer, longer warps suit a small weight (each warp's loads all in
  * flight at once), more warps a long K. Which is fastest depends on the shape and the GPU, so

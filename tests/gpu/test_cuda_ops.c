@@ -50,6 +50,8 @@ typedef struct io_range {
 /* -1: compare() leaves unchecked which path the CUDA engine's init gave SDPA ops; else how many
  * of them it must have given cuDNN's fused attention. */
 static int expect_attention_cudnn = -1;
+/* -1: unchecked; else how many norms init must have left to the GEMVs reading them. */
+static int expect_norms_in_gemv = -1;
 
 /* Runs p on both engines and compares every output; ranges[i] bounds input i's values. */
 static void compare(prog *p, const char *name, const io_range *ranges) {
@@ -90,6 +92,10 @@ static void compare(prog *p, const char *name, const io_range *ranges) {
       printf("%s: %llu SDPA ops on cuDNN, want %d: FAIL\n", name,
              (unsigned long long)fs.attention_cudnn, expect_attention_cudnn);
     CHECK(expect_attention_cudnn < 0 || fs.attention_cudnn == (uint64_t)expect_attention_cudnn);
+    if (expect_norms_in_gemv >= 0 && fs.norms_in_gemv != (uint64_t)expect_norms_in_gemv)
+      printf("%s: %llu norms computed in GEMVs, want %d: FAIL\n", name,
+             (unsigned long long)fs.norms_in_gemv, expect_norms_in_gemv);
+    CHECK(expect_norms_in_gemv < 0 || fs.norms_in_gemv == (uint64_t)expect_norms_in_gemv);
   }
   if (cpu && gpu) {
     kiln_status st = p_execute(cpu, p, in, cpu_out, &err);
@@ -421,6 +427,118 @@ static void test_gemm(void) {
     printf("allow_tf32: error %.2e, above what f32 gives, so TF32 was used\n", last_error);
     CHECK(last_error > 2e-5);
   }
+}
+
+/* A norm whose output only one-row GEMVs read is computed by them (kcu_fold_norms): RMS with a
+ * weight, layer norm with weight and bias on rows of mean far from 0 (the GEMV's bias and
+ * residual after), a weightless RMS norm read by two GEMVs, one through a reshape placed on its
+ * bytes. Not where the norm's output has another reader, where an op between the norm and its
+ * GEMV writes over the norm's input, where the GEMV launches more blocks than the device holds
+ * at once, or in f32. The GEMVs at the spread of fewest warps: at most 260 blocks, one wave on
+ * an A100 as on an H100. */
+static void test_norm_in_gemv(void) {
+  char name[96];
+  static const io_range shifted[3] = {{0.5, 3.0}, {-1.0, 1.0}, {-1.0, 1.0}};
+  kcu_test_gemv_choice = 1;
+  kcu_test_gemv_spread = 0;
+  for (int di = 0; di < 3; di++) {
+    kiln_dtype dt = di == 0 ? KILN_F16 : di == 1 ? KILN_BF16 : KILN_F32;
+    int folds = dt != KILN_F32;
+    prog *p = p_new();
+    uint32_t x = IN(p, dt, 3, 1, 1, 2048), h = MID(p, dt, 3, 1, 1, 2048);
+    p_op(p, KILN_OP_RMS_NORM, 2, OPS(x, p_weight(p, dt, 1, DIMS(2048), 0.5, 1.5)), h, 2,
+         ATTR(1, 1), 1e-6);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(h, p_weight(p, dt, 2, DIMS(1024, 2048), -0.05, 0.05)),
+         OUT(p, dt, 3, 1, 1, 1024), 1, ATTR(KILN_ACT_NONE), 0);
+    expect_norms_in_gemv = folds;
+    snprintf(name, sizeof name, "norm in gemv rms %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    p = p_new();
+    x = IN(p, dt, 2, 1, 1024);
+    h = MID(p, dt, 2, 1, 1024);
+    uint32_t r = IN(p, dt, 2, 1, 520);
+    p_op(p, KILN_OP_LAYER_NORM, 3,
+         OPS(x, p_weight(p, dt, 1, DIMS(1024), 0.5, 1.5), p_weight(p, dt, 1, DIMS(1024), -1, 1)),
+         h, 2, ATTR(1, 3), 1e-5);
+    p_op(p, KILN_OP_LINEAR, 4,
+         OPS(h, p_weight(p, dt, 2, DIMS(520, 1024), -0.05, 0.05),
+             p_weight(p, dt, 1, DIMS(520), -1, 1), r),
+         OUT(p, dt, 2, 1, 520), 2, ATTR(KILN_ACT_NONE, 1), 0);
+    snprintf(name, sizeof name, "norm in gemv layer norm bias residual %s", kiln_dtype_name(dt));
+    compare(p, name, shifted);
+
+    p = p_new();
+    x = IN(p, dt, 3, 1, 1, 4096);
+    h = MID(p, dt, 3, 1, 1, 4096);
+    uint32_t v = MID(p, dt, 2, 1, 4096);
+    p->tensors[v].offset = p->tensors[h].offset; /* the reshape is placed on h's bytes */
+    p_op(p, KILN_OP_RMS_NORM, 1, OPS(x), h, 2, ATTR(1, 0), 1e-6);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(h, p_weight(p, dt, 2, DIMS(256, 4096), -0.05, 0.05)),
+         OUT(p, dt, 3, 1, 1, 256), 1, ATTR(KILN_ACT_NONE), 0);
+    p_op(p, KILN_OP_RESHAPE, 1, OPS(h), v, 2, ATTR(1, 4096), 0);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(v, p_weight(p, dt, 2, DIMS(1024, 4096), -0.05, 0.05)),
+         OUT(p, dt, 2, 1, 512), 1, ATTR(KILN_ACT_SWIGLU), 0);
+    snprintf(name, sizeof name, "norm in gemv two readers one by a view %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    expect_norms_in_gemv = 0;
+    p = p_new();
+    x = IN(p, dt, 2, 1, 2048);
+    h = MID(p, dt, 2, 1, 2048);
+    p_op(p, KILN_OP_RMS_NORM, 2, OPS(x, p_weight(p, dt, 1, DIMS(2048), 0.5, 1.5)), h, 2,
+         ATTR(1, 1), 1e-6);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(h, p_weight(p, dt, 2, DIMS(512, 2048), -0.05, 0.05)),
+         OUT(p, dt, 2, 1, 512), 1, ATTR(KILN_ACT_NONE), 0);
+    p_op(p, KILN_OP_NEG, 1, OPS(h), OUT(p, dt, 2, 1, 2048), 0, NULL, 0);
+    snprintf(name, sizeof name, "norm in gemv refused another reader %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    /* x = a + b, its last reader the norm; z = -c written over x's bytes before the GEMV */
+    p = p_new();
+    uint32_t a = IN(p, dt, 2, 1, 2048), b = IN(p, dt, 2, 1, 2048), c = IN(p, dt, 2, 1, 512);
+    x = MID(p, dt, 2, 1, 2048);
+    h = MID(p, dt, 2, 1, 2048);
+    uint32_t z = MID(p, dt, 2, 1, 512);
+    p->tensors[z].offset = p->tensors[x].offset;
+    p_op(p, KILN_OP_ADD, 2, OPS(a, b), x, 0, NULL, 1.0);
+    p_op(p, KILN_OP_RMS_NORM, 2, OPS(x, p_weight(p, dt, 1, DIMS(2048), 0.5, 1.5)), h, 2,
+         ATTR(1, 1), 1e-6);
+    p_op(p, KILN_OP_NEG, 1, OPS(c), z, 0, NULL, 0);
+    p_op(p, KILN_OP_LINEAR, 3, OPS(h, p_weight(p, dt, 2, DIMS(512, 2048), -0.05, 0.05), z),
+         OUT(p, dt, 2, 1, 512), 2, ATTR(KILN_ACT_NONE, 1), 0);
+    snprintf(name, sizeof name, "norm in gemv refused input overwritten %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    p = p_new(); /* the same with the GEMV's output placed over x's bytes */
+    a = IN(p, dt, 2, 1, 2048);
+    b = IN(p, dt, 2, 1, 2048);
+    x = MID(p, dt, 2, 1, 2048);
+    h = MID(p, dt, 2, 1, 2048);
+    z = MID(p, dt, 2, 1, 512);
+    p->tensors[z].offset = p->tensors[x].offset;
+    p_op(p, KILN_OP_ADD, 2, OPS(a, b), x, 0, NULL, 1.0);
+    p_op(p, KILN_OP_RMS_NORM, 2, OPS(x, p_weight(p, dt, 1, DIMS(2048), 0.5, 1.5)), h, 2,
+         ATTR(1, 1), 1e-6);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(h, p_weight(p, dt, 2, DIMS(512, 2048), -0.05, 0.05)), z, 1,
+         ATTR(KILN_ACT_NONE), 0);
+    p_op(p, KILN_OP_NEG, 1, OPS(z), OUT(p, dt, 2, 1, 512), 0, NULL, 0);
+    snprintf(name, sizeof name, "norm in gemv refused output over input %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    p = p_new(); /* 16384 columns: 2048 blocks of 8, over 3 a multiprocessor on 132 */
+    x = IN(p, dt, 2, 1, 2048);
+    h = MID(p, dt, 2, 1, 2048);
+    p_op(p, KILN_OP_RMS_NORM, 2, OPS(x, p_weight(p, dt, 1, DIMS(2048), 0.5, 1.5)), h, 2,
+         ATTR(1, 1), 1e-6);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(h, p_weight(p, dt, 2, DIMS(16384, 2048), -0.05, 0.05)),
+         OUT(p, dt, 2, 1, 16384), 1, ATTR(KILN_ACT_NONE), 0);
+    snprintf(name, sizeof name, "norm in gemv refused more than a wave %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+  }
+  expect_norms_in_gemv = -1;
+  kcu_test_gemv_choice = -1;
+  kcu_test_gemv_spread = -1;
 }
 
 static void test_pointwise(void) {
@@ -2577,7 +2695,7 @@ static double linear_us(linear_bench *b) {
   cudaError_t rc = cudaStreamBeginCapture(b->s, cudaStreamCaptureModeThreadLocal);
   for (int i = 0; i < b->copies && rc == cudaSuccess; i++) {
     b->in[1].data = b->w[i];
-    rc = kcu_gemm_run(&b->g, b->lt, b->s, b->in, 2, &b->out, b->ws, b->ws_size);
+    rc = kcu_gemm_run(&b->g, b->lt, b->s, b->in, 2, &b->out, b->ws, b->ws_size, NULL);
   }
   cudaError_t end = cudaStreamEndCapture(b->s, &graph);
   rc = rc == cudaSuccess ? end : rc;
@@ -2698,7 +2816,7 @@ static void time_linear_shape(const char *label, int64_t M, int64_t N, int64_t K
   b.g.algo = kept;
   if (lt > 0.0) {
     b.in[1].data = b.w[0];
-    kcu_gemm_run(&b.g, b.lt, b.s, b.in, 2, &b.out, b.ws, b.ws_size);
+    kcu_gemm_run(&b.g, b.lt, b.s, b.in, 2, &b.out, b.ws, b.ws_size, NULL);
     cudaMemcpyAsync(y_ref, b.out.data, (size_t)(M * N) * es, cudaMemcpyDeviceToDevice, b.s);
     cudaStreamSynchronize(b.s);
   }
@@ -3925,6 +4043,7 @@ int main(int argc, char **argv) {
     test_gemm_pitch();
     test_padded_pitch_bound();
     test_gemm();
+    test_norm_in_gemv();
     test_attention();
     test_flash_attention();
     test_packed_attention();
@@ -3943,6 +4062,7 @@ int main(int argc, char **argv) {
   test_gemm_pitch();
   test_padded_pitch_bound();
   test_gemm();
+  test_norm_in_gemv();
   test_pointwise();
   test_logic();
   test_fused_pointwise();
