@@ -433,8 +433,8 @@ static void test_gemm(void) {
  * weight, layer norm with weight and bias on rows of mean far from 0 (the GEMV's bias and
  * residual after), a weightless RMS norm read by two GEMVs, one through a reshape placed on its
  * bytes. Not where the norm's output has another reader, where an op between the norm and its
- * GEMV writes over the norm's input, where the GEMV launches more blocks than the device holds
- * at once, or in f32. The GEMVs at the spread of fewest warps: at most 260 blocks, one wave on
+ * GEMV (or the GEMV's own output) lies on the norm's input, where the GEMV launches more blocks
+ * than the device holds at once, or in f32. The GEMVs at the spread of fewest warps: at most 260 blocks, one wave on
  * an A100 as on an H100. */
 static void test_norm_in_gemv(void) {
   char name[96];
