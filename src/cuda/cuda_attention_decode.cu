@@ -285,6 +285,42 @@ __global__ void __launch_bounds__(KCU_DEC_MERGE_WARPS * 32)
 #define KCU_DECW_WARPS 4  /* warps a block of the warp path: splits of one query row */
 #define KCU_DECW_UNROLL 8 /* keys a lane group scores a pass, their loads issued together */
 
+/* Which of a pass's U keys (key c0 + u * step, up to k1) are scored, and an additive mask's
+ * terms: the mask's kind and dtype are branched on once, outside the loops, so the pass's mask
+ * loads go out together (a branch on the dtype at each load made each a round trip). */
+template <int U>
+static __device__ __forceinline__ void kcu_decw_live(const kcu_dec_args *a, const void *mask,
+                                                     int64_t mrow, int64_t c0, int step,
+                                                     int64_t k1, int *live, float *bias) {
+  const int64_t mc = a->g.m_col;
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    live[u] = c0 + u * step < k1;
+    bias[u] = 0.0f;
+  }
+  if (a->g.mask_kind == 1) {
+    const unsigned char *mb = (const unsigned char *)mask + mrow + c0 * mc;
+    unsigned char got[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) got[u] = live[u] ? mb[u * step * mc] : 0;
+#pragma unroll
+    for (int u = 0; u < U; u++) live[u] = got[u] != 0;
+  } else if (a->g.mask_kind) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int64_t mi = mrow + (c0 + u * step) * mc;
+      if (a->g.dm == KILN_F32) bias[u] = live[u] ? ((const float *)mask)[mi] : 0.0f;
+      else if (a->g.dm == KILN_F16)
+        bias[u] = live[u] ? __half2float(((const __half *)mask)[mi]) : 0.0f;
+      else if (a->g.dm == KILN_BF16)
+        bias[u] = live[u] ? __bfloat162float(((const __nv_bfloat16 *)mask)[mi]) : 0.0f;
+      else bias[u] = live[u] ? kcu_ld(mask, a->g.dm, mi) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) live[u] = live[u] && bias[u] != -INFINITY;
+  }
+}
+
 /* One warp's split of the warp path: its keys' online softmax and weighted value rows, left in
  * part (or, with one split, the output row). */
 template <int DT>
@@ -300,32 +336,45 @@ static __device__ __forceinline__ void kcu_dec_warp(kcu_dec_args a, uint32_t row
   if (a.causal && i + 1 < k1) k1 = i + 1;
   const int64_t mrow = mo + i * a.g.m_row;
   float qf[8], acc[8], m = -INFINITY, l = 0.0f;
+  const int64_t qi = qo + i * a.g.q_row + sl * VEC;
+  if (a.dq == DT && qi % VEC == 0 && (uintptr_t)q % 16 == 0) { /* q's chunk in one load */
+    kcu_unpack16(((const uint4 *)q)[qi / VEC], DT, qf);
+  } else {
+#pragma unroll
+    for (int t = 0; t < VEC; t++) qf[t] = kcu_ld(q, a.dq, qi + t);
+  }
 #pragma unroll
   for (int t = 0; t < VEC; t++) {
-    qf[t] = kcu_ld(q, a.dq, qo + i * a.g.q_row + sl * VEC + t) * a.scale;
+    qf[t] *= a.scale;
     acc[t] = 0.0f;
   }
   for (int64_t c0 = k0; c0 < k1; c0 += (int64_t)rpw * U) {
     uint4 raw[KCU_DECW_UNROLL];
     float sc[KCU_DECW_UNROLL], bias[KCU_DECW_UNROLL];
     int live[KCU_DECW_UNROLL];
+    kcu_decw_live<KCU_DECW_UNROLL>(&a, mask, mrow, c0 + sub, rpw, k1, live, bias);
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int64_t key = c0 + u * rpw + sub;
-      bias[u] = 0.0f;
-      live[u] = kcu_dec_live(&a, mask, mrow, key, k1, &bias[u]);
       raw[u] = live[u] ? ((const uint4 *)k)[(ko + key * a.g.k_row) / VEC + sl]
                        : make_uint4(0, 0, 0, 0);
     }
     float most = -INFINITY;
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      float f[8], dot = 0.0f;
+      float f[8];
       kcu_unpack16(raw[u], DT, f);
+      sc[u] = 0.0f;
 #pragma unroll
-      for (int t = 0; t < VEC; t++) dot += qf[t] * f[t];
-      for (int off = lpr / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-      sc[u] = live[u] ? dot + bias[u] : -INFINITY;
+      for (int t = 0; t < VEC; t++) sc[u] += qf[t] * f[t];
+    }
+    /* the row's lanes' sums, the U keys' shuffles of a step issued together */
+    for (int off = lpr / 2; off > 0; off >>= 1)
+#pragma unroll
+      for (int u = 0; u < U; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], off);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      sc[u] = live[u] ? sc[u] + bias[u] : -INFINITY;
       most = fmaxf(most, sc[u]);
     }
     for (int off = lpr; off < 32; off <<= 1)
