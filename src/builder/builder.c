@@ -19,6 +19,7 @@
 #include "builder/layout_channels_last.h"
 #include "builder/memplan.h"
 #include "builder/merge_common.h"
+#include "builder/merge_fused.h"
 #include "builder/merge_linears.h"
 #include "builder/recognize_activations.h"
 #include "runtime/view.h"
@@ -807,7 +808,8 @@ static kiln_status check_options(const kiln_build_options *o, kiln_error *err) {
  * into the SDPA once more where they were its q, k and v (elsewhere its head merge alone), then
  * what remains of pointwise ops,
  * casts and views grouped into FUSED ops (in a dynamic plan, those whose index maps hold at every
- * size). */
+ * size), and in a static plan sibling groups of one program over adjacent parts of their inputs
+ * (a decode step's rotary embedding of q and of k) joined into one. */
 static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
                               const kiln_builder *b, kiln_error *err) {
   kiln_status s;
@@ -838,7 +840,8 @@ static kiln_status run_passes(kiln_graph *g, const kiln_build_options *opts,
   if (opts->fuse && ((s = kiln_fuse_attention(g, 1, err)) || (s = kiln_fold_reshapes(g, err)) ||
                      (s = kiln_graph_remove_dead(g, err))))
     return s;
-  return opts->fuse ? kiln_fuse_groups(g, b->symbols, b->n_symbols, err) : KILN_OK;
+  if (opts->fuse && (s = kiln_fuse_groups(g, b->symbols, b->n_symbols, err))) return s;
+  return opts->fuse && b->n_symbols == 0 ? kiln_merge_fused_siblings(g, err) : KILN_OK;
 }
 
 kiln_status kiln_builder_build(kiln_builder *b, const kiln_build_options *opts, void **blob,

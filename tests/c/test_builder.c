@@ -752,25 +752,73 @@ static kiln_status build_once(void) {
   return s;
 }
 
+/* Two groups of one program (a rotate-half added to its input) over the two halves of x's
+ * columns, each read by a softmax: the builder joins them into one FUSED op
+ * (kiln_merge_fused_siblings). Returns as build_once; with keep, the blob taken apart into it. */
+static kiln_status build_siblings_once(built *keep) {
+  kiln_error err = {KILN_OK, ""};
+  kiln_builder *b = kiln_builder_create();
+  void *blob = NULL;
+  size_t size = 0;
+  int32_t x;
+  kiln_status s = KILN_OK;
+  if (!b) return KILN_ERR_OUT_OF_MEMORY;
+  if ((x = kiln_builder_add_input(b, "x", KILN_F32, 3, D(1, 1, 64), &err)) < 0) s = err.status;
+  for (int k = 0; k < 2 && s == KILN_OK; k++) {
+    int32_t t = kiln_builder_add_op(b, KILN_OP_SLICE, T(x), 1, I(2, 32 * k, 32 * k + 32, 1), 4,
+                                    NULL, 0, &err);
+    if (t >= 0) t = kiln_builder_add_op(b, KILN_OP_RESHAPE, T(t), 1, I(1, 1, 2, 16), 4, NULL, 0, &err);
+    if (t >= 0) t = kiln_builder_add_op(b, KILN_OP_PERMUTE, T(t), 1, I(0, 2, 1, 3), 4, NULL, 0, &err);
+    int32_t hi = -1, lo = -1, r = -1; /* t + cat(-t[..., 8:], t[..., :8]): rotate-half */
+    if (t >= 0) hi = kiln_builder_add_op(b, KILN_OP_SLICE, T(t), 1, I(3, 8, 16, 1), 4, NULL, 0, &err);
+    if (hi >= 0) lo = kiln_builder_add_op(b, KILN_OP_SLICE, T(t), 1, I(3, 0, 8, 1), 4, NULL, 0, &err);
+    if (lo >= 0) hi = kiln_builder_add_op(b, KILN_OP_NEG, T(hi), 1, NULL, 0, NULL, 0, &err);
+    if (lo >= 0 && hi >= 0)
+      r = kiln_builder_add_op(b, KILN_OP_CAT, T(hi, lo), 2, I(3), 1, NULL, 0, &err);
+    t = r < 0 ? -1 : kiln_builder_add_op(b, KILN_OP_ADD, T(t, r), 2, NULL, 0, (const double[]){1.0}, 1, &err);
+    if (t >= 0) t = kiln_builder_add_op(b, KILN_OP_SOFTMAX, T(t), 1, I(3), 1, NULL, 0, &err);
+    if (t < 0 || kiln_builder_mark_output(b, t, k ? "k" : "q", &err) != KILN_OK) s = err.status;
+  }
+  if (s == KILN_OK && kiln_builder_build(b, NULL, &blob, &size, &err) != KILN_OK) s = err.status;
+  if (s != KILN_OK && s != KILN_ERR_OUT_OF_MEMORY) fprintf(stderr, "unexpected: %s\n", err.message);
+  if (keep && s == KILN_OK) {
+    keep->blob = blob, keep->size = size;
+    take_apart(keep);
+  } else {
+    kiln_free(blob);
+  }
+  kiln_builder_destroy(b);
+  return s;
+}
+
 /* Each allocation in turn fails: every failure is reported as out of memory, never a crash;
  * the sanitizer build checks that nothing leaks. */
 static void test_allocation_failures(void) {
-  int failures = 0, n;
-  for (n = 1; n < 2000; n++) {
-    kiln_status s;
-    kiln_test_fail_allocations = n;
-    s = build_once();
-    if (kiln_test_fail_allocations > 0) { /* the n-th allocation never came */
-      CHECK(s == KILN_OK);
-      break;
+  built x;
+  memset(&x, 0, sizeof x);
+  CHECK(build_siblings_once(&x) == KILN_OK); /* the groups were joined: the failures reach it */
+  CHECK(x.plan.n_ops == 5 && x.plan.ops[0].kind == KILN_OP_FUSED &&
+        x.plan.tensors[x.plan.ops[0].output].dims[1] == 4 && x.plan.ops[1].kind == KILN_OP_SLICE &&
+        x.plan.ops[2].kind == KILN_OP_SLICE);
+  release(&x);
+  for (int graph = 0; graph < 2; graph++) {
+    int failures = 0, n;
+    for (n = 1; n < 2000; n++) {
+      kiln_status s;
+      kiln_test_fail_allocations = n;
+      s = graph ? build_siblings_once(NULL) : build_once();
+      if (kiln_test_fail_allocations > 0) { /* the n-th allocation never came */
+        CHECK(s == KILN_OK);
+        break;
+      }
+      if (s == KILN_OK) continue; /* a failure a caller cannot see (a grown buffer retried) */
+      CHECK(s == KILN_ERR_OUT_OF_MEMORY);
+      failures++;
     }
-    if (s == KILN_OK) continue; /* a failure a caller cannot see (a grown buffer retried) */
-    CHECK(s == KILN_ERR_OUT_OF_MEMORY);
-    failures++;
+    kiln_test_fail_allocations = 0;
+    CHECK(n < 2000);
+    CHECK(failures > 20);
   }
-  kiln_test_fail_allocations = 0;
-  CHECK(n < 2000);
-  CHECK(failures > 20);
 }
 
 /* Comparisons, boolean ops, the new unary ops and minimum/maximum: shapes and refusals. */

@@ -140,3 +140,117 @@ def test_fused_group_matches_the_unfused_plan_and_eager():
     q = inputs[0].view(1, 4, 2, 8).transpose(1, 2)
     want = q * inputs[1] + torch.cat((-q[..., 4:], q[..., :4]), dim=-1) * inputs[2]
     torch.testing.assert_close(results[0], want, rtol=1e-6, atol=1e-6)
+
+
+def op_kinds(tmp_path, blob):
+    """The kind of each op of blob's plan, in order, as `kiln inspect` names them."""
+    return [line.split(":")[1].split("(")[0].strip() for line in inspect(tmp_path, blob)]
+
+
+def head_view(b, src, start, heads):
+    """src[..., start:start + 16 * heads] of src [1, 1, N] as heads of 16: [1, heads, 1, 16]."""
+    t = b.add_op("slice", [src], [2, start, start + heads * 16, 1])
+    return b.add_op("permute", [b.add_op("reshape", [t], [1, 1, heads, 16])], [0, 2, 1, 3])
+
+
+def rotate_half(b, t):
+    """cat(-t[..., 8:], t[..., :8]) of heads of 16."""
+    hi, lo = b.add_op("slice", [t], [3, 8, 16, 1]), b.add_op("slice", [t], [3, 0, 8, 1])
+    return b.add_op("cat", [b.add_op("neg", [hi]), lo], [3])
+
+
+def qk_rotary_blob(fuse, k_at=64):
+    """A decode step's rotary embedding of q (4 heads of 16) and k (2 heads) read from one
+    projection's columns x[1,1,128] (k's from column k_at), each then read by a softmax: two
+    groups of one program, k's continuing q's along the heads where k_at is 64."""
+    with _lib.Builder() as b:
+        x = b.add_input("x", _lib.F32, (1, 1, 128))
+        cos = b.add_input("cos", _lib.F32, (1, 16))
+        sin = b.add_input("sin", _lib.F32, (1, 16))
+
+        def rotary(start, heads):
+            t = head_view(b, x, start, heads)
+            terms = [b.add_op("mul", [t, cos]), b.add_op("mul", [rotate_half(b, t), sin])]
+            return b.add_op("add", terms, (), [1.0])
+
+        b.mark_output(b.add_op("softmax", [rotary(0, 4)], [3]), "q")
+        b.mark_output(b.add_op("softmax", [rotary(k_at, 2)], [3]), "k")
+        return b.build(fuse=fuse)
+
+
+def test_sibling_groups_run_as_one_kernel(tmp_path):
+    """q's and k's rotary groups, the same program over adjacent heads of one input, are one
+    FUSED op whose output q and k are slices of; where k's columns do not follow q's, two."""
+    assert op_kinds(tmp_path, qk_rotary_blob(True)) == ["fused", "slice", "slice", "softmax", "softmax"]
+    assert op_kinds(tmp_path, qk_rotary_blob(True, k_at=80)) == ["fused", "softmax", "fused", "softmax"]
+
+
+def test_joined_siblings_match_eager():
+    torch.manual_seed(0)
+    inputs = [torch.randn(1, 1, 128), torch.randn(1, 16), torch.randn(1, 16)]
+    for k_at in (64, 80, 96):
+        results = []
+        for fuse in (True, False):
+            outs = [torch.empty(1, 4, 1, 16), torch.empty(1, 2, 1, 16)]
+            with _lib.Engine(qk_rotary_blob(fuse, k_at), device="cpu") as engine:
+                engine.execute(inputs, outs)
+            results.append(outs)
+        x, cos, sin = inputs
+        for out, unfused, (start, heads) in zip(results[0], results[1], ((0, 4), (k_at, 2))):
+            t = x[..., start:start + heads * 16].reshape(1, 1, heads, 16).transpose(1, 2)
+            rot = torch.cat((-t[..., 8:], t[..., :8]), dim=-1)
+            want = torch.softmax(t * cos + rot * sin, dim=-1)
+            assert torch.equal(out, unfused)
+            torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+
+
+def test_sibling_groups_reading_a_state_stay_apart(tmp_path):
+    """Groups that read a state (whose buffer its write changes during the run) are not joined:
+    the second would run where the first does, before or after the write as the first is."""
+    torch.manual_seed(0)
+    with _lib.Builder() as b:
+        s = b.add_state(torch.randn(1, 1, 128))
+        x = b.add_input("x", _lib.F32, (1, 1, 128))
+        cos = b.add_input("cos", _lib.F32, (1, 16))
+
+        def rotary(start, heads):
+            t = head_view(b, s, start, heads)
+            moved = b.add_op("add", [b.add_op("mul", [t, cos]), rotate_half(b, t)], (), [1.0])
+            return b.add_op("softmax", [moved], [3])
+
+        b.mark_output(rotary(0, 4), "q")
+        b.mark_output(rotary(64, 2), "k")
+        b.write_state(s, b.add_op("softmax", [x], [2]))
+        blob = b.build()
+    ops = op_kinds(tmp_path, blob)
+    assert ops.count("fused") == 2 and "slice" not in ops, ops
+
+
+def cat_heads_blob():
+    """Two groups of one program over x[1,1,128]'s halves, each a cat along the heads of two
+    heads and two negated heads, then a softmax: the second's loads continue the first's along
+    the heads, but a cat's pieces are boxed along them, so a join there would be wrong."""
+    with _lib.Builder() as b:
+        x = b.add_input("x", _lib.F32, (1, 1, 128))
+
+        def heads(start):
+            negated = b.add_op("neg", [head_view(b, x, start + 32, 2)])
+            t = b.add_op("cat", [head_view(b, x, start, 2), negated], [1])
+            return b.add_op("softmax", [b.add_op("exp", [t])], [3])
+
+        b.mark_output(heads(0), "a")
+        b.mark_output(heads(64), "b")
+        return b.build()
+
+
+def test_groups_with_a_cat_along_the_join_stay_apart(tmp_path):
+    blob = cat_heads_blob()
+    assert op_kinds(tmp_path, blob).count("fused") == 2
+    x = torch.randn(1, 1, 128)
+    outs = [torch.empty(1, 4, 1, 16), torch.empty(1, 4, 1, 16)]
+    with _lib.Engine(blob, device="cpu") as engine:
+        engine.execute([x], outs)
+    for out, start in zip(outs, (0, 64)):
+        p = x[..., start:start + 64].reshape(1, 4, 1, 16)
+        want = torch.softmax(torch.exp(torch.cat((p[:, :2], -p[:, 2:]), dim=1)), dim=-1)
+        torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
