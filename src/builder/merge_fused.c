@@ -143,12 +143,13 @@ static kiln_status join_round(kiln_graph *g, uint32_t *joined, kiln_error *err) 
   const uint32_t n = g->n_ops ? g->n_ops : 1;
   uint8_t *from_state = kiln_malloc(g->n_tensors ? g->n_tensors : 1), *taken = kiln_malloc(n);
   uint32_t *pair = kiln_malloc(sizeof *pair * 2 * n), *at = kiln_malloc(sizeof *at * 3 * n);
+  uint32_t *cand = kiln_malloc(sizeof *cand * n), n_cand = 0;
   int32_t *dim = kiln_malloc(sizeof *dim * n);
   kiln_op *ops = kiln_malloc(sizeof *ops * 3 * n);
   uint32_t n_pairs = 0;
   kiln_status st = KILN_OK;
   *joined = 0;
-  if (!from_state || !pair || !dim || !taken || !ops || !at) {
+  if (!from_state || !pair || !cand || !dim || !taken || !ops || !at) {
     st = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                    "builder: out of memory for %u ops while joining sibling fused groups; free "
                    "memory and retry",
@@ -157,11 +158,15 @@ static kiln_status join_round(kiln_graph *g, uint32_t *joined, kiln_error *err) 
   }
   memset(taken, 0, n);
   kiln_graph_mark_state_derived(g, from_state);
-  for (uint32_t i = 0; i < g->n_ops; i++) {
-    if (taken[i] || !candidate(g, i, from_state)) continue;
-    for (uint32_t j = i + 1; j < g->n_ops; j++) {
+  for (uint32_t i = 0; i < g->n_ops; i++)
+    if (candidate(g, i, from_state)) cand[n_cand++] = i;
+  for (uint32_t a = 0; a < n_cand; a++) {
+    const uint32_t i = cand[a];
+    if (taken[i]) continue;
+    for (uint32_t b = a + 1; b < n_cand; b++) {
+      const uint32_t j = cand[b];
       int32_t d = -1, first = 1; /* first: i's part comes first in the joined output */
-      if (taken[j] || !candidate(g, j, from_state)) continue;
+      if (taken[j]) continue;
       if ((d = joins_along(g, i, j)) < 0 && (d = joins_along(g, j, i)) >= 0) first = 0;
       if (d < 0) continue;
       taken[i] = taken[j] = 1;
@@ -187,6 +192,7 @@ static kiln_status join_round(kiln_graph *g, uint32_t *joined, kiln_error *err) 
 done:
   free(from_state);
   free(pair);
+  free(cand);
   free(dim);
   free(taken);
   free(ops);
