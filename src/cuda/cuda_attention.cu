@@ -227,10 +227,29 @@ cudaError_t kcu_attention_prepare(int max_head) {
                               (int)kcu_attn_smem(max_head, max_head));
 }
 
+int kcu_attention_appends(const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v,
+                          const kcu_tensor *mask, const kcu_tensor *out,
+                          const kcu_attn_geometry *geo) {
+  kcu_attn_geometry g;
+  int64_t S = k->dims[k->rank - 2], E = k->dims[k->rank - 1], Ev = v->dims[v->rank - 1];
+  if (geo) g = *geo;
+  else kcu_attn_geometry_init(&g, q, k, v, mask, out, S);
+  /* the caches' matrices [S, E] whole, each new row at its matrix's offset over S; slots and
+   * row offsets fit the kernel's 32-bit ints */
+  int whole = g.k_row == E && g.v_row == Ev && S > 0 && S < INT32_MAX &&
+              k->numel / S < INT32_MAX && v->numel / S < INT32_MAX;
+  for (int d = 0; whole && d < g.nb; d++)
+    whole = g.kb[d] % (S * E) == 0 && g.vb[d] % (S * Ev) == 0;
+  return whole && out->numel > 0 && q->dims[q->rank - 2] <= KCU_ATTN_SPLIT_ROWS &&
+         kcu_attention_decode_warp_path(&g, k, v); /* (an empty output launches nothing) */
+}
+
 cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
                           const kcu_tensor *v, const kcu_tensor *mask, const kcu_tensor *out,
                           int causal, float scale, const kcu_attn_geometry *geo,
-                          const kcu_dec_scratch *dec) {
+                          const kcu_dec_scratch *dec, const kcu_kv_append *append) {
+  if (append && (!dec || q->dims[q->rank - 2] > KCU_ATTN_SPLIT_ROWS))
+    return cudaErrorInvalidValue;
   if (out->numel == 0) return cudaSuccess;
   kcu_attn_args a;
   memset(&a, 0, sizeof a);
@@ -246,7 +265,7 @@ cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor 
     batch = kcu_attn_geometry_init(&a.g, q, k, v, mask, out, a.S);
   }
   if (dec && a.L <= KCU_ATTN_SPLIT_ROWS) /* decoding: the keys split among warps or blocks */
-    return kcu_attention_decode(s, &a.g, batch, q, k, v, mask, out, causal, scale, dec);
+    return kcu_attention_decode(s, &a.g, batch, q, k, v, mask, out, causal, scale, dec, append);
   a.causal = causal;
   a.scale = scale;
   a.dq = q->dtype; a.dk = k->dtype; a.dv = v->dtype; a.dout = out->dtype;

@@ -39,6 +39,15 @@ typedef struct kcu_dec_args {
   float scale;
   float *part;
   unsigned *arrivals; /* the warp path: a count a row, the last block to arrive merges it */
+  /* the warp path's cache writes (kcu_kv_append), k's then v's: new rows of rows_of[c] 16-byte
+   * chunks each, n_new[c] of them (NULL rows: none) */
+  const uint4 *rows[2];
+  uint4 *cache[2];
+  const void *idx[2];
+  int didx[2];
+  int64_t n_new[2], rows_of[2];
+  int *fault;
+  long long *bad;
 } kcu_dec_args;
 
 /* Whether key `key` (of keys up to k1) is scored: in range, and not removed by the mask (a
@@ -323,10 +332,11 @@ static __device__ __forceinline__ void kcu_decw_live(const kcu_dec_args *a, cons
 
 /* One warp's split of the warp path: its keys' online softmax and weighted value rows, left in
  * part (or, with one split, the output row). */
-template <int DT>
+template <int DT, bool APPEND>
 static __device__ __forceinline__ void kcu_dec_warp(kcu_dec_args a, uint32_t row, int64_t split,
                                                     const void *q, const void *k, const void *v,
-                                                    const void *mask, void *out) {
+                                                    const void *mask, void *out,
+                                                    const int *slot) {
   const int VEC = DT == KILN_F32 ? 4 : 8, U = KCU_DECW_UNROLL;
   const int lane = threadIdx.x & 31, lpr = (int)(a.E / VEC), rpw = 32 / lpr;
   const int sub = lane / lpr, sl = lane % lpr;
@@ -335,6 +345,9 @@ static __device__ __forceinline__ void kcu_dec_warp(kcu_dec_args a, uint32_t row
   int64_t k0 = split * a.split_len, k1 = k0 + a.split_len < a.S ? k0 + a.split_len : a.S;
   if (a.causal && i + 1 < k1) k1 = i + 1;
   const int64_t mrow = mo + i * a.g.m_row;
+  /* a new row's key: read from the step's rows, not from the cache slot being written (the
+   * cache is [..., S, E] with rows of E, so a matrix's offset over S is its new row's) */
+  const int knew = (int)(ko / a.S / VEC) + sl, vnew = (int)(vo / a.S / VEC) + sl;
   float qf[8], acc[8], m = -INFINITY, l = 0.0f;
   const int64_t qi = qo + i * a.g.q_row + sl * VEC;
   if (a.dq == DT && qi % VEC == 0 && (uintptr_t)q % 16 == 0) { /* q's chunk in one load */
@@ -356,8 +369,10 @@ static __device__ __forceinline__ void kcu_dec_warp(kcu_dec_args a, uint32_t row
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int64_t key = c0 + u * rpw + sub;
-      raw[u] = live[u] ? ((const uint4 *)k)[(ko + key * a.g.k_row) / VEC + sl]
-                       : make_uint4(0, 0, 0, 0);
+      const uint4 *at = APPEND && (int)key == slot[0]
+                            ? a.rows[0] + knew
+                            : (const uint4 *)k + (ko + key * a.g.k_row) / VEC + sl;
+      raw[u] = live[u] ? *at : make_uint4(0, 0, 0, 0);
     }
     float most = -INFINITY;
 #pragma unroll
@@ -387,8 +402,10 @@ static __device__ __forceinline__ void kcu_dec_warp(kcu_dec_args a, uint32_t row
       p[u] = live[u] ? __expf(sc[u] - m_new) : 0.0f;
       sum += p[u];
       int64_t key = c0 + u * rpw + sub; /* a key not scored: its value row is not read */
-      raw[u] = live[u] ? ((const uint4 *)v)[(vo + key * a.g.v_row) / VEC + sl]
-                       : make_uint4(0, 0, 0, 0);
+      const uint4 *at = APPEND && (int)key == slot[1]
+                            ? a.rows[1] + vnew
+                            : (const uint4 *)v + (vo + key * a.g.v_row) / VEC + sl;
+      raw[u] = live[u] ? *at : make_uint4(0, 0, 0, 0);
     }
     for (int off = lpr; off < 32; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     l = l * corr + sum;
@@ -419,21 +436,61 @@ static __device__ __forceinline__ void kcu_dec_warp(kcu_dec_args a, uint32_t row
   }
 }
 
+/* The step's cache writes (kcu_kv_append), k's (c 0) and v's (1): slot[c], the new rows' slot,
+ * or -1 for none or one outside the cache, and got[c], this thread's first 16-byte chunk of the
+ * rows (its index in the grid), loaded together with the slot and ahead of the warp's own
+ * loads, so none waits on another; kcu_dec_store_rows writes them at the end. */
+static __device__ __forceinline__ void kcu_dec_load_rows(const kcu_dec_args *a, int *slot,
+                                                         uint4 *got) {
+  const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int c = 0; c < 2; c++) {
+    long long at = a->rows[c] ? kcu_ldi(a->idx[c], a->didx[c], 0) : -1;
+    got[c] = e < a->n_new[c] * a->rows_of[c] ? a->rows[c][e] : make_uint4(0, 0, 0, 0);
+    slot[c] = at >= 0 && at < a->S ? (int)at : -1;
+  }
+}
+
+/* The rows into their slots (no thread of the kernel reads those slots from the cache:
+ * kcu_dec_warp reads the rows); a slot outside the cache writes nothing and is recorded. */
+static __device__ __forceinline__ void kcu_dec_store_rows(const kcu_dec_args *a, const int *slot,
+                                                          const uint4 *got) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+#pragma unroll
+  for (int c = 0; c < 2; c++) {
+    if (!a->rows[c]) continue;
+    if (slot[c] < 0) {
+      if (blockIdx.x == 0 && threadIdx.x == 0 && atomicCAS(a->fault, 0, 1) == 0)
+        a->bad[0] = kcu_ldi(a->idx[c], a->didx[c], 0), a->bad[1] = a->S;
+      continue;
+    }
+    const int64_t per = a->rows_of[c], n = a->n_new[c] * per;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+      int64_t r = e / per;
+      a->cache[c][(r * a->S + slot[c]) * per + (e - r * per)] = e < stride ? got[c] : a->rows[c][e];
+    }
+  }
+}
+
 /* The warp path (see the top): dtype DT for k and v, a split of keys a warp. Written for f32
  * (4-element chunks) too, but built for f16 and bf16 only (bf16 on a 4096-slot cache: 29.2 us
  * against the block kernel's 34.4): an f32 copy would put the runtime wheel over its size
  * budget, so f32 rows take the block kernel. With arrival counts, the last block of a row to
  * finish merges the row's splits, where a second kernel did after all of them ended. */
-template <int DT>
+template <int DT, bool APPEND>
 __global__ void __launch_bounds__(KCU_DECW_WARPS * 32)
     kcu_attention_decode_warps(kcu_dec_args a, const void *q, const void *k, const void *v,
                                const void *mask, void *out) {
   kcu_begin_early();
+  int slot[2] = {-1, -1};
+  uint4 got[2];
+  if (APPEND) kcu_dec_load_rows(&a, slot, got);
   /* 32-bit index math: blocks and rows are under 2^31 */
   const uint32_t blocks = (uint32_t)a.warp_blocks, row = blockIdx.x / blocks;
   const int64_t split = (blockIdx.x - row * blocks) * KCU_DECW_WARPS + (threadIdx.x >> 5);
   if (split < a.n_splits) /* a whole warp: no shuffle waits on it */
-    kcu_dec_warp<DT>(a, row, split, q, k, v, mask, out);
+    kcu_dec_warp<DT, APPEND>(a, row, split, q, k, v, mask, out, slot);
+  if (APPEND) kcu_dec_store_rows(&a, slot, got);
   if (!a.arrivals) return;
   /* The last block of the row to finish merges its splits (their rows are in part). */
   __shared__ float w[3][KCU_DEC_MAX_SPLITS];
@@ -494,15 +551,67 @@ static void kcu_decode_warps(cudaStream_t s, kcu_dec_args *a, int64_t rows, int 
   a->warp_blocks = (a->n_splits + KCU_DECW_WARPS - 1) / KCU_DECW_WARPS;
   if (a->n_splits > 1 && dec->arrivals && rows <= dec->n_arrivals) a->arrivals = dec->arrivals;
   unsigned grid = (unsigned)(rows * a->warp_blocks);
-  kcu_launch_early(a->dk == KILN_BF16 ? kcu_attention_decode_warps<KILN_BF16>
-                                      : kcu_attention_decode_warps<KILN_F16>,
-                   grid, KCU_DECW_WARPS * 32, 0, s, *a, q, k, v, mask, out);
+  /* a copy of its own for a step's cache writes, so the others keep their loads as they were
+   * (the slot's test on every key cost a plain decode step about 1 us a call) */
+  void (*kernel)(kcu_dec_args, const void *, const void *, const void *, const void *, void *) =
+      a->dk == KILN_BF16 ? (a->rows[0] || a->rows[1] ? kcu_attention_decode_warps<KILN_BF16, true>
+                                                     : kcu_attention_decode_warps<KILN_BF16, false>)
+                         : (a->rows[0] || a->rows[1] ? kcu_attention_decode_warps<KILN_F16, true>
+                                                     : kcu_attention_decode_warps<KILN_F16, false>);
+  kcu_launch_early(kernel, grid, KCU_DECW_WARPS * 32, 0, s, *a, q, k, v, mask, out);
+}
+
+/* Whether k's rows (of E elements) and v's (of Ev) load as 16-byte vectors: *kvec elements a
+ * load (4 or 8; 0: scalar loads), *vvec 1 where Ev / (4 or 8) lanes tile a warp. */
+static void kcu_dec_vectors(const kcu_attn_geometry *g, const kcu_tensor *k, const kcu_tensor *v,
+                            int *kvec, int *vvec) {
+  int64_t E = k->dims[k->rank - 1], Ev = v->dims[v->rank - 1];
+  int per = k->dtype == KILN_F32 ? 4 : 8;
+  int kv = (k->dtype == KILN_F32 || k->dtype == KILN_F16 || k->dtype == KILN_BF16) &&
+           E % per == 0 && g->k_row % per == 0 && (uintptr_t)k->data % 16 == 0;
+  for (int d = 0; kv && d < g->nb; d++) kv = g->kb[d] % per == 0;
+  *kvec = kv ? per : 0;
+  int vper = v->dtype == KILN_F32 ? 4 : 8, lanes = (int)(Ev / vper);
+  int vv = (v->dtype == KILN_F32 || v->dtype == KILN_F16 || v->dtype == KILN_BF16) &&
+           Ev % vper == 0 && lanes >= 1 && lanes <= 32 && 32 % lanes == 0 &&
+           g->v_row % vper == 0 && (uintptr_t)v->data % 16 == 0;
+  for (int d = 0; vv && d < g->nb; d++) vv = g->vb[d] % vper == 0;
+  *vvec = vv;
+}
+
+int kcu_attention_decode_warp_path(const kcu_attn_geometry *g, const kcu_tensor *k,
+                                   const kcu_tensor *v) {
+  /* rows of 16-byte vectors with E == Ev in f16 or bf16: E / 8 lanes (1 to 32, a divisor of
+   * 32) to a row */
+  int kvec, vvec;
+  kcu_dec_vectors(g, k, v, &kvec, &vvec);
+  return kvec && vvec && (k->dtype == KILN_F16 || k->dtype == KILN_BF16) &&
+         v->dtype == k->dtype && k->dims[k->rank - 1] == v->dims[v->rank - 1];
+}
+
+/* The append's fields of a: the new rows, [..., 1, E] over the cache's [..., S, E]. */
+static void kcu_dec_set_append(kcu_dec_args *a, const kcu_kv_append *append, const kcu_tensor *k,
+                               const kcu_tensor *v) {
+  const kcu_tensor *cache[2] = {k, v};
+  for (int c = 0; c < 2; c++) {
+    if (!append->rows[c]) continue;
+    const kcu_tensor *t = cache[c];
+    a->rows[c] = (const uint4 *)append->rows[c];
+    a->cache[c] = (uint4 *)t->data;
+    a->idx[c] = append->idx[c];
+    a->didx[c] = append->didx[c];
+    a->rows_of[c] = t->dims[t->rank - 1] / 8;
+    a->n_new[c] = t->numel / (t->dims[t->rank - 1] * a->S);
+  }
+  a->fault = append->fault;
+  a->bad = append->bad;
 }
 
 cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, int64_t batch,
                                  const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v,
                                  const kcu_tensor *mask, const kcu_tensor *out, int causal,
-                                 float scale, const kcu_dec_scratch *dec) {
+                                 float scale, const kcu_dec_scratch *dec,
+                                 const kcu_kv_append *append) {
   kcu_dec_args a;
   memset(&a, 0, sizeof a);
   a.g = *geo;
@@ -514,24 +623,14 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
   a.scale = scale;
   a.dq = q->dtype; a.dk = k->dtype; a.dv = v->dtype; a.dout = out->dtype;
   a.part = (float *)dec->part;
-  int per = k->dtype == KILN_F32 ? 4 : 8;
-  int kvec = (k->dtype == KILN_F32 || k->dtype == KILN_F16 || k->dtype == KILN_BF16) &&
-             a.E % per == 0 && a.g.k_row % per == 0 && (uintptr_t)k->data % 16 == 0;
-  for (int d = 0; kvec && d < a.g.nb; d++) kvec = a.g.kb[d] % per == 0;
-  a.kvec = kvec ? per : 0;
-  int vper = v->dtype == KILN_F32 ? 4 : 8, lanes = (int)(a.Ev / vper);
-  int vvec = (v->dtype == KILN_F32 || v->dtype == KILN_F16 || v->dtype == KILN_BF16) &&
-             a.Ev % vper == 0 && lanes >= 1 && lanes <= 32 && 32 % lanes == 0 &&
-             a.g.v_row % vper == 0 && (uintptr_t)v->data % 16 == 0;
-  for (int d = 0; vvec && d < a.g.nb; d++) vvec = a.g.vb[d] % vper == 0;
-  a.vvec = vvec;
+  kcu_dec_vectors(&a.g, k, v, &a.kvec, &a.vvec);
   int64_t rows = batch * a.L, chunks = (a.S + KCU_DEC_KEYS - 1) / KCU_DEC_KEYS;
   int sms = kcu_sm_count();
   cudaGetLastError();
-  /* vvec with E == Ev in f16 or bf16: the rows are 16-byte vectors, E / 8 lanes (1 to 32, a
-   * divisor of 32) to a row, as the warp path takes them */
-  if (a.kvec && vvec && (k->dtype == KILN_F16 || k->dtype == KILN_BF16) &&
-      v->dtype == k->dtype && a.E == a.Ev) {
+  int warps = kcu_attention_decode_warp_path(&a.g, k, v);
+  if (append && !warps) return cudaErrorInvalidValue;
+  if (append) kcu_dec_set_append(&a, append, k, v);
+  if (warps) {
     kcu_decode_warps(s, &a, rows, sms, dec, q->data, k->data, v->data,
                      mask ? mask->data : NULL, out->data);
   } else {

@@ -90,6 +90,13 @@ typedef struct kcu_shape_slot {
 
 typedef CUresult (*kcu_ptr_attr_fn)(void *data, CUpointer_attribute attr, CUdeviceptr ptr);
 
+/* A decode step's cache writes the decoding attention does (kcu_fold_cache_writes): an SDPA's
+ * entry holds 1 + the INDEX_COPY op writing its k cache (op[0]) and its v cache (op[1]), 0 for
+ * none; such an INDEX_COPY's op[0] is -1 (it launches nothing); others 0. */
+typedef struct kcu_append_link {
+  int32_t op[2];
+} kcu_append_link;
+
 typedef struct kcu_state {
   int device;
   cudaStream_t stream;
@@ -122,6 +129,7 @@ typedef struct kcu_state {
   int32_t *norm_link;  /* one per op (static plans): a LINEAR whose one-row GEMV computes the norm
                         * ahead of it holds 1 + that norm's index; the norm, -1 (it launches
                         * nothing); others 0. See kcu_fold_norms. */
+  kcu_append_link *append; /* one per op (static plans), or NULL; see kcu_fold_cache_writes */
   void *attn_scratch;  /* scores of the SDPA op (or SwiGLU's gate and up) being run */
   size_t attn_scratch_bytes;
   kcu_dec_scratch dec; /* the decoding kernel's: attn_scratch and its arrival counts */
@@ -312,6 +320,22 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
     float scale = (float)op->fattr[0];
     if (scale == 0.0f) scale = 1.0f / sqrtf((float)q.dims[q.rank - 1]);
     int causal = op->n_iattr > 0 && op->iattr[0] != 0;
+    if (s->append && (s->append[i].op[0] > 0 || s->append[i].op[1] > 0)) {
+      kcu_kv_append app;
+      memset(&app, 0, sizeof app);
+      for (int c = 0; c < 2; c++) {
+        if (s->append[i].op[c] <= 0) continue;
+        const kiln_op *w = &p->ops[s->append[i].op[c] - 1];
+        kcu_tensor idx = kcu_resolve(s, p, w->inputs[1], in_addr, out_addr);
+        app.rows[c] = kcu_resolve(s, p, w->inputs[2], in_addr, out_addr).data;
+        app.idx[c] = idx.data;
+        app.didx[c] = idx.dtype;
+      }
+      app.fault = s->fault_dev + KCU_FAULT_WRITE;
+      app.bad = (long long *)(void *)(s->fault_dev + KCU_FAULT_WHERE);
+      return kcu_attention(st, &q, &k, &v, mask, &o, causal, scale, strided ? &geo : NULL,
+                           &s->dec, &app);
+    }
     /* cuDNN's fused attention where init measured it faster (kcu_choose_attention). */
     if (s->sdpa && s->sdpa[i].plan)
       return kcu_sdpa_graph_run(&s->sdpa[i], s->dnn, q.data, k.data, v.data, o.data, s->sdpa_ws) ==
@@ -328,7 +352,7 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
       return kcu_attn_gemm_run(&s->attn[i], s->lt, st, in, mask, &out, causal, scale,
                                s->attn_scratch, s->workspace, s->workspace_size);
     return kcu_attention(st, &q, &k, &v, mask, &o, causal, scale, strided ? &geo : NULL,
-                         s->dec.part ? &s->dec : NULL);
+                         s->dec.part ? &s->dec : NULL, NULL);
   }
   case KILN_OP_POINTWISE:
     return kcu_fused_pointwise(st, op, in, &out);
@@ -357,6 +381,7 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
   case KILN_OP_GATHER:
     return kcu_gather_dim(st, &in[0], &in[1], &out, (int32_t)op->iattr[0], s->fault_dev);
   case KILN_OP_INDEX_COPY:
+    if (s->append && s->append[i].op[0] < 0) return cudaSuccess; /* its attention writes it */
     return kcu_index_copy(st, &in[0], &in[1], &in[2], &out, (int32_t)op->iattr[0],
                           s->fault_dev + KCU_FAULT_WRITE,
                           (long long *)(void *)(s->fault_dev + KCU_FAULT_WHERE));
@@ -594,6 +619,7 @@ static void kcu_destroy(kiln_engine *e) {
   kcu_fx_jit_free(s->fx_jit);
   free(s->fx);
   free(s->norm_link);
+  free(s->append);
   for (uint32_t i = 0; s->in && i < s->n_in; i++) cudaFree(s->in[i].dev);
   for (uint32_t i = 0; s->out && i < s->n_out; i++) cudaFree(s->out[i].dev);
   kcu_staging_release(&s->staging);
@@ -1238,6 +1264,79 @@ static kiln_status kcu_fold_norms(kcu_state *s, const kiln_plan *p, kiln_error *
   return KILN_OK;
 }
 
+/* The INDEX_COPY writing the cache that SDPA op i reads as its input `operand` (1: k, 2: v),
+ * where the decoding kernel can do that write itself, or -1: a state written in place, one
+ * 16-byte-aligned row per matrix at one slot along dim -2, read by op i alone (as that operand
+ * only), and the rows and slot index, in the arena (a caller's buffers may alias), keep their
+ * bytes until op i has read them (no op from the write to op i, op i included, writes over
+ * them). */
+static int32_t kcu_append_source(const kcu_state *s, const kiln_plan *p, uint32_t i,
+                                 uint32_t operand) {
+  uint32_t t = p->ops[i].inputs[operand];
+  const kiln_tensor_desc *c = &p->tensors[t];
+  int32_t j = -1;
+  if (c->storage != KILN_STORE_STATE || c->rank < 2) return -1;
+  for (uint32_t o = 0; o < p->n_ops; o++) {
+    if (p->ops[o].output == t && o < i) j = (int32_t)o;
+    for (uint32_t k = 0; k < p->ops[o].n_inputs; k++)
+      if (p->ops[o].inputs[k] == t && (o != i || k != operand)) return -1;
+  }
+  if (j < 0) return -1;
+  const kiln_op *w = &p->ops[j];
+  if (w->kind != KILN_OP_INDEX_COPY || w->iattr[0] != c->rank - 2) return -1;
+  uint32_t idx = w->inputs[1], rows = w->inputs[2];
+  if (p->tensors[idx].storage != KILN_STORE_ARENA || p->tensors[rows].storage != KILN_STORE_ARENA ||
+      kcu_tensor_addr(s, &p->tensors[w->inputs[0]], s->dev_in, s->dev_out) !=
+          kcu_tensor_addr(s, c, s->dev_in, s->dev_out) ||
+      kcu_tensor_shape(&p->tensors[idx]).numel != 1 ||
+      p->tensors[rows].nbytes * (uint64_t)c->dims[c->rank - 2] != c->nbytes ||
+      (uintptr_t)kcu_tensor_addr(s, &p->tensors[rows], s->dev_in, s->dev_out) % 16 != 0)
+    return -1;
+  for (uint32_t o = (uint32_t)j + 1; o <= i; o++)
+    if (kcu_overlap(s, p, p->ops[o].output, rows) || kcu_overlap(s, p, p->ops[o].output, idx))
+      return -1;
+  return j;
+}
+
+/* A decode step's KV cache writes: an INDEX_COPY of one new row into a cache that only the
+ * SDPA after it reads is done by that SDPA's decoding kernel (the warp path), which reads the
+ * new row from the step's rows and copies it into the cache as it runs. Two kernels a layer,
+ * each on the step's critical path, launch no more. Static plans, SDPAs that run on the
+ * decoding kernel (not cuDNN, the flash kernel or matmuls), heads first or heads last. */
+static kiln_status kcu_fold_cache_writes(kcu_state *s, const kiln_plan *p, kiln_error *err) {
+  if (s->dynamic || !s->dec.part) return KILN_OK;
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    const kiln_op *op = &p->ops[i];
+    if (op->kind != KILN_OP_SDPA || kiln_sdpa_layout(op) == 1 || (s->sdpa && s->sdpa[i].plan) ||
+        s->attn[i].active)
+      continue;
+    kcu_tensor in[KILN_MAX_OP_INPUTS], out, q, k, v, o;
+    const kcu_tensor *mask;
+    kcu_attn_geometry geo;
+    for (uint32_t n = 0; n < op->n_inputs; n++)
+      in[n] = kcu_resolve(s, p, op->inputs[n], s->dev_in, s->dev_out);
+    out = kcu_resolve(s, p, op->output, s->dev_in, s->dev_out);
+    int strided = kcu_sdpa_operands(op, in, &out, &q, &k, &v, &mask, &o, &geo);
+    if (kcu_flash_fits(&q, &k, &v, mask, &o) ||
+        !kcu_attention_appends(&q, &k, &v, mask, &o, strided ? &geo : NULL))
+      continue;
+    int32_t src[2] = {kcu_append_source(s, p, i, 1), kcu_append_source(s, p, i, 2)};
+    if (src[0] < 0 && src[1] < 0) continue;
+    if (!s->append &&
+        !(s->append = (kcu_append_link *)kcu_calloc(s, p->n_ops, sizeof(kcu_append_link))))
+      return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                       "out of host memory for the cache write table of %u ops; free memory "
+                       "and load again", p->n_ops);
+    for (int c = 0; c < 2; c++) {
+      if (src[c] < 0) continue;
+      s->append[i].op[c] = src[c] + 1;
+      s->append[src[c]].op[0] = -1;
+      s->stats.cache_writes_in_attention++;
+    }
+  }
+  return KILN_OK;
+}
+
 static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err) {
   kiln_status st = kcu_check_device(s, e, err);
   if (st != KILN_OK) return st;
@@ -1303,6 +1402,7 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
   if ((st = kcu_fold_norms(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_choose_convs(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_choose_attention(s, &e->plan, err)) != KILN_OK) return st;
+  if ((st = kcu_fold_cache_writes(s, &e->plan, err)) != KILN_OK) return st;
   cudaError_t rc;
   if (s->dynamic) {
     /* Graph slots are filled by calls; their address tables exist now. One eager run at the

@@ -30,6 +30,8 @@ typedef struct kiln_cuda_stats {
                                  every one where NVRTC is not installed) */
   uint64_t attention_cudnn;   /* SDPA ops init gave to cuDNN's fused attention */
   uint64_t norms_in_gemv;     /* norms whose one-row GEMVs compute them (no kernel of their own) */
+  uint64_t cache_writes_in_attention; /* KV cache INDEX_COPYs the decoding attention reading the
+                                         cache does (no kernel of their own) */
 } kiln_cuda_stats;
 
 /* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend.

@@ -203,21 +203,44 @@ typedef struct kcu_dec_scratch {
   unsigned *arrivals;
   int64_t n_arrivals;
 } kcu_dec_scratch;
-/* With dec (not NULL), at most KCU_ATTN_SPLIT_ROWS query rows run on the decoding kernel. */
+/* A decode step's cache writes the decoding kernel does in place of INDEX_COPY kernels
+ * (cuda_backend.c folds them): for k (0) and v (1), rows[c] (NULL: none), one new row per
+ * cache matrix, [..., 1, E] as the cache is [..., S, E], goes into slot idx[c][0] (i32 or
+ * i64) of that matrix, and attention reads it from rows[c] there. A slot outside 0..S-1
+ * writes nothing and is recorded as kcu_index_copy records it (fault, bad). */
+typedef struct kcu_kv_append {
+  const void *rows[2];
+  const void *idx[2];
+  int didx[2];
+  int *fault;
+  long long *bad;
+} kcu_kv_append;
+/* With dec (not NULL), at most KCU_ATTN_SPLIT_ROWS query rows run on the decoding kernel;
+ * append (may be NULL) only where kcu_attention_appends holds. */
 cudaError_t kcu_attention(cudaStream_t s, const kcu_tensor *q, const kcu_tensor *k,
                           const kcu_tensor *v, const kcu_tensor *mask, const kcu_tensor *out,
                           int causal, float scale, const kcu_attn_geometry *geo,
-                          const kcu_dec_scratch *dec);
+                          const kcu_dec_scratch *dec, const kcu_kv_append *append);
+/* Whether kcu_attention with dec and geometry geo (NULL: its own) runs these operands on the
+ * decoding kernel's warp path, the one that takes an append, over whole cache matrices. */
+int kcu_attention_appends(const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v,
+                          const kcu_tensor *mask, const kcu_tensor *out,
+                          const kcu_attn_geometry *geo);
 /* Query rows up to which an SDPA runs on the decoding kernel (cuda_attention_decode.cu):
  * neither tensor-core path fills the GPU with so few rows. */
 #define KCU_ATTN_SPLIT_ROWS 8
 /* cuda_attention_decode.cu: the keys split among warps (f16 rows of 16-byte vectors) or blocks
  * when the rows alone cannot fill the GPU, the splits' partial rows in dec's part and merged
- * by each row's last block (warps) or a second kernel (blocks). */
+ * by each row's last block (warps) or a second kernel (blocks). An append off the warp path
+ * is refused (cudaErrorInvalidValue) before anything launches. */
 cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, int64_t batch,
                                  const kcu_tensor *q, const kcu_tensor *k, const kcu_tensor *v,
                                  const kcu_tensor *mask, const kcu_tensor *out, int causal,
-                                 float scale, const kcu_dec_scratch *dec);
+                                 float scale, const kcu_dec_scratch *dec,
+                                 const kcu_kv_append *append);
+/* Whether kcu_attention_decode runs these operands (geometry g) on the warp path. */
+int kcu_attention_decode_warp_path(const kcu_attn_geometry *g, const kcu_tensor *k,
+                                   const kcu_tensor *v);
 /* The partial rows any split decoding launch with value head dim Ev needs on sms SMs, and the
  * arrival counts (rows a warp-path launch merges in its own blocks at most). */
 size_t kcu_attention_part_bytes(int64_t Ev, int sms);

@@ -2433,7 +2433,7 @@ static cudaError_t bench_call(sdpa_bench *b, int path) {
                ? cudaSuccess
                : cudaErrorUnknown;
   return kcu_attention(b->s, &b->in[0], &b->in[1], &b->in[2], NULL, &b->out[2], b->causal, b->scale, NULL,
-                       NULL);
+                       NULL, NULL);
 }
 
 /* Microseconds per call, averaged over back-to-back calls after a warm-up; -1 on an error. */
@@ -2620,10 +2620,10 @@ static void time_sdpa_decode(int64_t heads, int64_t kv_heads, int64_t S, int64_t
     float scale = 1.0f / sqrtf((float)E), ms = 0.0f;
     cudaError_t rc = cudaSuccess;
     for (int i = 0; i < 3 && rc == cudaSuccess; i++)
-      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, dec);
+      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, dec, NULL);
     cudaEventRecord(e0, st);
     for (int i = 0; i < 100 && rc == cudaSuccess; i++)
-      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, dec);
+      rc = kcu_attention(st, &t[0], &t[1], &t[2], mask, &o, 0, scale, NULL, dec, NULL);
     cudaEventRecord(e1, st);
     if (rc == cudaSuccess) rc = cudaEventSynchronize(e1);
     cudaEventElapsedTime(&ms, e0, e1);
@@ -3918,6 +3918,20 @@ static int fault_check(void) {
   return check_report("test_cuda_ops --fault");
 }
 
+/* Loads p on the CPU and CUDA engines; where either fails, says so, frees p and returns 0. */
+static int load_both(prog *p, const char *name, kiln_engine **cpu, kiln_engine **gpu) {
+  kiln_error err = {KILN_OK, ""};
+  *cpu = p_load(p, &kiln_cpu_backend, 0, &err);
+  *gpu = *cpu ? p_load(p, &kiln_cuda_backend, 0, &err) : NULL;
+  CHECK(*cpu && *gpu);
+  if (*cpu && *gpu) return 1;
+  fprintf(stderr, "%s: load failed: %s\n", name, err.message);
+  p_unload(*cpu);
+  p_unload(*gpu);
+  p_free(p);
+  return 0;
+}
+
 /* A KV-cache step, cache[:, :, pos] = rows in place on a state, then the cache read out: three
  * steps, a refused one, another step and a reset, on the CPU and CUDA engines side by side. The
  * cache is copied exactly, so the two must agree to the byte; only the output crosses to the
@@ -3936,16 +3950,8 @@ static void test_state_write(void) {
     p_op(p, KILN_OP_INDEX_COPY, 3, OPS(base, pos, rows), written, 1, ATTR(2), 0);
     p_op(p, KILN_OP_COPY, 1, OPS(written), OUT(p, dt, 4, 1, 2, 6, 4), 0, NULL, 0);
     kiln_error err = {KILN_OK, ""};
-    kiln_engine *cpu = p_load(p, &kiln_cpu_backend, 0, &err);
-    kiln_engine *gpu = p_load(p, &kiln_cuda_backend, 0, &err);
-    CHECK(cpu && gpu);
-    if (!cpu || !gpu) {
-      fprintf(stderr, "%s: load failed: %s\n", name, err.message);
-      p_unload(cpu);
-      p_unload(gpu);
-      p_free(p);
-      continue;
-    }
+    kiln_engine *cpu, *gpu;
+    if (!load_both(p, name, &cpu, &gpu)) continue;
     size_t row_bytes = 16 * kiln_dtype_size(dt), out_bytes = 48 * kiln_dtype_size(dt);
     uint8_t *in_rows = malloc(row_bytes), *a = malloc(out_bytes), *b = malloc(out_bytes);
     if (!in_rows || !a || !b) die("out of memory");
@@ -3976,6 +3982,94 @@ static void test_state_write(void) {
     CHECK(after.state_resets - before.state_resets == 1);
     printf("%-40s %s\n", name, "compared");
     free(in_rows);
+    free(a);
+    free(b);
+    p_unload(cpu);
+    p_unload(gpu);
+    p_free(p);
+  }
+}
+
+/* A decode step's attention over a KV cache it writes: cache[:, :, pos] = the step's key and
+ * value rows (in place on two states), then SDPA of 32 query heads over the 8 cache heads, as a
+ * Llama-family layer lowers. In f16 and bf16 the decoding kernel does both writes (no
+ * INDEX_COPY kernel); f32 keeps them. Heads first, and heads last (the output [B,L,H,E], as a
+ * layer's attention reshaped for its output projection lowers). Every step is compared with the
+ * CPU engine, with a mask keeping most keys of the whole cache, so a row written to the wrong
+ * slot, or not at all, shows at the next steps; a slot past the cache is refused and writes
+ * nothing. */
+static void test_cache_attention(void) {
+  enum { S = 300, STEPS = 8 };
+  static const int64_t slots[STEPS] = {5, 6, 0, S - 1, S, 7, 5, 6};
+  char name[64];
+  for (int t = 0; t < 6; t++) {
+    kiln_dtype dt = float_types[t % 3];
+    int last = t >= 3;
+    snprintf(name, sizeof name, "sdpa writing its cache%s %s", last ? " heads last" : "",
+             kiln_dtype_name(dt));
+    if (!selected(name)) continue;
+    prog *p = p_new();
+    uint32_t pos_in = IN(p, KILN_I64, 1, 1), q = IN(p, dt, 4, 1, 32, 1, 128);
+    uint32_t k_in = IN(p, dt, 4, 1, 8, 1, 128), v_in = IN(p, dt, 4, 1, 8, 1, 128);
+    uint32_t mask = IN(p, KILN_BOOL, 2, 1, S);
+    uint32_t pos = MID(p, KILN_I64, 1, 1);
+    uint32_t k_row = MID(p, dt, 4, 1, 8, 1, 128), v_row = MID(p, dt, 4, 1, 8, 1, 128);
+    uint32_t kc = p_state(p, dt, 4, DIMS(1, 8, S, 128)), vc = p_state(p, dt, 4, DIMS(1, 8, S, 128));
+    uint32_t kw = p_state_written(p, kc), vw = p_state_written(p, vc);
+    p_op(p, KILN_OP_COPY, 1, OPS(pos_in), pos, 0, NULL, 0);
+    p_op(p, KILN_OP_COPY, 1, OPS(k_in), k_row, 0, NULL, 0);
+    p_op(p, KILN_OP_COPY, 1, OPS(v_in), v_row, 0, NULL, 0);
+    p_op(p, KILN_OP_INDEX_COPY, 3, OPS(kc, pos, k_row), kw, 1, ATTR(2), 0);
+    p_op(p, KILN_OP_INDEX_COPY, 3, OPS(vc, pos, v_row), vw, 1, ATTR(2), 0);
+    if (last)
+      p_op(p, KILN_OP_SDPA, 4, OPS(q, kw, vw, mask), OUT(p, dt, 4, 1, 1, 32, 128), 3, ATTR(0, 1, 2), 0);
+    else
+      p_op(p, KILN_OP_SDPA, 4, OPS(q, kw, vw, mask), OUT(p, dt, 4, 1, 32, 1, 128), 2, ATTR(0, 1), 0);
+    kiln_error err = {KILN_OK, ""};
+    kiln_engine *cpu, *gpu;
+    if (!load_both(p, name, &cpu, &gpu)) continue;
+    kiln_cuda_stats stats;
+    CHECK(kiln_cuda_engine_stats(gpu, &stats, &err) == KILN_OK);
+    uint64_t want_folded = dt == KILN_F32 ? 0 : 2; /* f32 rows take the block kernel */
+    if (stats.cache_writes_in_attention != want_folded)
+      printf("%s: %llu cache writes in the attention, want %llu: FAIL\n", name,
+             (unsigned long long)stats.cache_writes_in_attention, (unsigned long long)want_folded);
+    CHECK(stats.cache_writes_in_attention == want_folded);
+    size_t es = kiln_dtype_size(dt), row_bytes = 8 * 128 * es, out_bytes = 32 * 128 * es;
+    uint8_t *qb = malloc(4 * row_bytes), *kb = malloc(row_bytes), *vb = malloc(row_bytes);
+    uint8_t *mb = malloc(S), *a = malloc(out_bytes), *b = malloc(out_bytes);
+    if (!qb || !kb || !vb || !mb || !a || !b) die("out of memory");
+    double worst = 0.0;
+    for (int step = 0; step < STEPS; step++) {
+      int64_t at = slots[step];
+      fill(qb, dt, 4 * 8 * 128, -2, 2);
+      fill(kb, dt, 8 * 128, -2, 2);
+      fill(vb, dt, 8 * 128, -1, 1);
+      fill(mb, KILN_BOOL, S, -0.25, 1); /* about four keys in five kept */
+      if (at < S) mb[at] = 1;
+      memset(a, 0, out_bytes);
+      memset(b, 0xff, out_bytes);
+      void *in[5] = {&at, qb, kb, vb, mb};
+      kiln_status sa = p_execute(cpu, p, in, (void *[]){a}, &err);
+      kiln_status sb = p_execute(gpu, p, in, (void *[]){b}, &err);
+      if (at >= S) { /* refused by both, nothing written: the next steps still agree */
+        CHECK(sa == KILN_ERR_INVALID_ARGUMENT && sb == KILN_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(err.message, "position 300 is outside the 300 slots") != NULL);
+        continue;
+      }
+      CHECK(sa == KILN_OK && sb == KILN_OK);
+      double e = rel_error(b, a, dt, 32 * 128);
+      worst = fmax(worst, e);
+      if (e > dtype_tolerance(dt))
+        printf("%s: step %d at slot %lld: rel err %.2e: FAIL\n", name, step, (long long)at, e);
+      CHECK(e <= dtype_tolerance(dt));
+    }
+    printf("%-40s %d steps, worst rel err %.2e (tol %.0e)\n", name, STEPS, worst,
+           dtype_tolerance(dt));
+    free(qb);
+    free(kb);
+    free(vb);
+    free(mb);
     free(a);
     free(b);
     p_unload(cpu);
@@ -4079,6 +4173,7 @@ int main(int argc, char **argv) {
   test_conv();
   test_conv_graph();
   test_state_write();
+  test_cache_attention();
   if (only_filter) return check_report("test_cuda_ops --only");
   test_conv_noalloc();
   test_choice_cache();

@@ -6,7 +6,8 @@ engine's logits along eager's greedy sequence on the GPU (teacher-forced, so the
 diverge) are within the dtype's tolerance of eager's at every step; its greedy tokens, on device
 and on host tensors, equal eager's for the first 32 and differ after only at a near tie of
 eager's; the CPU reference engine's tokens too. The engine's counters show that on device tensors
-no byte reached host memory and on host tensors only the token ids did, never the cache.
+no byte reached host memory and on host tensors only the token ids did, never the cache, and
+that each layer's key and value cache writes ran inside its decoding attention.
 Exported with a dynamic sequence dim, one program prefills a whole
 prompt and then decodes one token per call on the CUDA engine, the tokens equal to the CPU
 engine's at prompt lengths from 1 to the cache length (repeated lengths replay graph slots, more
@@ -60,6 +61,7 @@ def test_generation_on_cuda_equals_eager(dtype):
     tokens, moved = {}, {}
     with _lib.Engine(greedy_blob, "cuda") as engine:
         bindings = engine.bindings()
+        folded = engine.cuda_stats()["cache_writes_in_attention"]
         for where in ("cuda", "cpu"):
             engine.reset_state()
             before = engine.cuda_stats()
@@ -79,6 +81,7 @@ def test_generation_on_cuda_equals_eager(dtype):
         print(f"{dtype} {where}: {got[:12]}..., eager {eager_tokens[:12]}..., first difference at {first}")
     for where, counters in moved.items():
         print(f"{dtype}: counters over {calls} calls on {where} tensors: {dict((k, v) for k, v in counters.items() if v)}")
+    print(f"{dtype}: cache writes done by the decoding attention: {folded}")
 
     assert len(set(eager_tokens)) > 4  # the text moves: the cache matters
     problems = decoders.logits_problems(logits, eager, tolerance, argmax)
@@ -97,6 +100,9 @@ def test_generation_on_cuda_equals_eager(dtype):
     # Host tensors: each call stages its three buffers and copies only the token's 8 bytes out.
     assert host["host_out_bytes"] == out_bytes * calls, host
     assert host["staged"] == len(bindings) * calls and host["bound"] == 0, host
+    # Each layer's key and value cache writes run inside its decoding attention, no kernel of
+    # their own.
+    assert folded == 2 * model.config.num_hidden_layers, folded
     # The cache stayed in the engine: never set back to its initial values during a generation.
     assert device["state_resets"] == 0 and host["state_resets"] == 0
 
