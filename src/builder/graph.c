@@ -152,11 +152,16 @@ int kiln_op_follows_symbol(const kiln_op *op) {
 }
 
 void kiln_graph_mark_state_derived(const kiln_graph *g, uint8_t *from_state) {
-  for (uint32_t t = 0; t < g->n_tensors; t++) from_state[t] = g->tensors[t].node == KILN_NODE_STATE;
+  for (uint32_t t = 0; t < g->n_tensors; t++)
+    from_state[t] = g->tensors[t].node == KILN_NODE_STATE || g->tensors[t].state >= 0;
   for (uint32_t i = 0; i < g->n_ops; i++) {
     const kiln_op *op = &g->ops[i];
-    for (uint32_t k = 0; !g->dead[i] && k < op->n_inputs; k++)
-      from_state[op->output] |= from_state[op->inputs[k]];
+    /* the kinds the memory plan may place on their input's bytes (runtime/view.h); any other
+     * op writes bytes of its own, which no state write changes */
+    int view = op->kind == KILN_OP_RESHAPE || op->kind == KILN_OP_COPY ||
+               op->kind == KILN_OP_PERMUTE || op->kind == KILN_OP_SELECT ||
+               op->kind == KILN_OP_SLICE;
+    if (!g->dead[i] && view && op->n_inputs > 0) from_state[op->output] |= from_state[op->inputs[0]];
   }
 }
 

@@ -226,6 +226,56 @@ def test_sibling_groups_reading_a_state_stay_apart(tmp_path):
     assert ops.count("fused") == 2 and "slice" not in ops, ops
 
 
+def computed_from_state_blob(initial, fuse):
+    """q's and k's rotary groups over softmax(state), the state then written from x: as a decoder
+    layer past its first attention reads values computed from a cache, not the cache's bytes."""
+    with _lib.Builder() as b:
+        s = b.add_state(initial)
+        x = b.add_input("x", _lib.F32, (1, 1, 128))
+        cos = b.add_input("cos", _lib.F32, (1, 16))
+        sin = b.add_input("sin", _lib.F32, (1, 16))
+        y = b.add_op("softmax", [s], [2])
+
+        def rotary(start, heads):
+            t = head_view(b, y, start, heads)
+            terms = [b.add_op("mul", [t, cos]), b.add_op("mul", [rotate_half(b, t), sin])]
+            return b.add_op("add", terms, (), [1.0])
+
+        b.mark_output(b.add_op("softmax", [rotary(0, 4)], [3]), "q")
+        b.mark_output(b.add_op("softmax", [rotary(64, 2)], [3]), "k")
+        b.write_state(s, b.add_op("softmax", [x], [2]))
+        return b.build(fuse=fuse)
+
+
+def test_sibling_groups_computed_from_a_state_join(tmp_path):
+    """Groups reading an op's output computed from a state (its own bytes, which no state write
+    changes) are joined, and over two runs (the second reading the state the first wrote) match
+    the unfused plan bit for bit and eager."""
+    torch.manual_seed(0)
+    initial = torch.randn(1, 1, 128)
+    assert op_kinds(tmp_path, computed_from_state_blob(initial, True)) == [
+        "softmax", "fused", "slice", "slice", "softmax", "softmax", "softmax", "copy"]
+    runs = [[torch.randn(1, 1, 128), torch.randn(1, 16), torch.randn(1, 16)] for _ in range(2)]
+    results = []
+    for fuse in (True, False):
+        with _lib.Engine(computed_from_state_blob(initial, fuse), device="cpu") as engine:
+            outs = []
+            for inputs in runs:
+                outs.append([torch.empty(1, 4, 1, 16), torch.empty(1, 2, 1, 16)])
+                engine.execute(inputs, outs[-1])
+        results.append(outs)
+    state = initial
+    for run, inputs in enumerate(runs):
+        x, cos, sin = inputs
+        y = torch.softmax(state, dim=2)
+        for out, unfused, (start, heads) in zip(results[0][run], results[1][run], ((0, 4), (64, 2))):
+            t = y[..., start:start + heads * 16].reshape(1, 1, heads, 16).transpose(1, 2)
+            rot = torch.cat((-t[..., 8:], t[..., :8]), dim=-1)
+            assert torch.equal(out, unfused)
+            torch.testing.assert_close(out, torch.softmax(t * cos + rot * sin, dim=-1), rtol=1e-6, atol=1e-6)
+        state = torch.softmax(x, dim=2)
+
+
 def cat_heads_blob():
     """Two groups of one program over x[1,1,128]'s halves, each a cat along the heads of two
     heads and two negated heads, then a softmax: the second's loads continue the first's along
