@@ -15,6 +15,11 @@
  * warp issuing every 16 cycles through about 2000 instructions), so the work is cut into many
  * short warps instead.
  *
+ * A decode step's cache writes may ride along (kcu_kv_append, a template copy of the warp
+ * kernel): the new key and value rows are read from the step's rows where a key is the slot
+ * they go to, and the kernel's threads copy them into that slot, so no INDEX_COPY kernel runs
+ * between the projection and the attention.
+ *
  * Other rows (f32, scalar loads): a block takes one query row and a split of the keys,
  * one key per thread; each thread reads its key's whole row against the row of q in shared
  * memory, each warp keeps an online softmax over its keys, value rows a lane per value dim, and
