@@ -152,8 +152,7 @@ int kiln_op_follows_symbol(const kiln_op *op) {
 }
 
 void kiln_graph_mark_state_derived(const kiln_graph *g, uint8_t *from_state) {
-  for (uint32_t t = 0; t < g->n_tensors; t++)
-    from_state[t] = g->tensors[t].node == KILN_NODE_STATE || g->tensors[t].state >= 0;
+  for (uint32_t t = 0; t < g->n_tensors; t++) from_state[t] = g->tensors[t].node == KILN_NODE_STATE;
   for (uint32_t i = 0; i < g->n_ops; i++) {
     const kiln_op *op = &g->ops[i];
     /* the kinds the memory plan may place on their input's bytes (runtime/view.h); any other

@@ -76,11 +76,11 @@ int32_t kiln_graph_producer(const kiln_graph *g, uint32_t t, const uint32_t *use
 int kiln_graph_is_output(const kiln_graph *g, int32_t t);
 /* Whether any of op's integer attributes follows a symbol (a size known at the bound only). */
 int kiln_op_follows_symbol(const kiln_op *op);
-/* from_state[t] = 1 for each state tensor (a state's start value; once the states are placed,
- * also a value written into one in place) and each view of one through live views (reshape,
- * copy, permute, select, slice: the ops the memory plan may place on their input's bytes):
- * bytes a state's write may change during the run, so two reads of one such tensor at
- * different places may differ. An op's other outputs have bytes of their own. */
+/* from_state[t] = 1 for each state tensor (a state's value at the start of the run) and each
+ * view of one through live views (reshape, copy, permute, select, slice: the ops the memory plan
+ * may place on their input's bytes): bytes a state's write may change during the run, so two
+ * reads of one such tensor at different places may differ. An op's other outputs have bytes of
+ * their own, and a value written into a state is read only after its one write. */
 void kiln_graph_mark_state_derived(const kiln_graph *g, uint8_t *from_state);
 /* Marks dead every op whose output reaches no output binding and no live state's write; a
  * state no needed op reads (its value can reach no output, now or in a later run) is written no
