@@ -1,4 +1,5 @@
-/* INDEX and AND/OR ops that give their input back (see fold_identity_ops.h). */
+/* INDEX, AND/OR and integer ADD/SUB/MUL ops that give their input back (see
+ * fold_identity_ops.h). */
 #include "builder/fold_identity_ops.h"
 
 #include <string.h>
@@ -79,16 +80,49 @@ static int all_bool(const kiln_gtensor *t, int value) {
   return 1;
 }
 
-/* The operand an AND with all-true or OR with all-false gives back, or -1. */
+/* Whether constant t is all `value` as an integer tensor. */
+static int all_int(const kiln_gtensor *t, int64_t value) {
+  const kiln_tensor_desc *d = &t->desc;
+  if (t->node != KILN_NODE_CONSTANT || !t->data || (d->dtype != KILN_I32 && d->dtype != KILN_I64))
+    return 0;
+  for (uint64_t e = 0, n = numel(d); e < n; e++) {
+    int64_t v;
+    if (d->dtype == KILN_I32) {
+      int32_t w;
+      memcpy(&w, t->data + 4 * e, 4);
+      v = w;
+    } else {
+      memcpy(&v, t->data + 8 * e, 8);
+    }
+    if (v != value) return 0;
+  }
+  return 1;
+}
+
+/* The operand op gives back, or -1: an AND with all-true or OR with all-false, of bools; an
+ * ADD or SUB of an integer all-zero constant (ADD's first operand too, with alpha 1) or a MUL by
+ * an integer all-one, where the result keeps the operand's dtype (not in a float type, where
+ * x + 0 is not x: -0 + 0 is +0). Exported decoders add a zero arange to the cache position at
+ * every decode step. */
 static int32_t kept_operand(const kiln_graph *g, const kiln_op *op) {
-  if ((op->kind != KILN_OP_BITWISE && op->kind != KILN_OP_LOGICAL) || op->n_inputs != 2 ||
-      (op->iattr[0] != KILN_BOOL_AND && op->iattr[0] != KILN_BOOL_OR))
-    return -1;
-  int value = op->iattr[0] == KILN_BOOL_AND;
+  const kiln_tensor_desc *out = &g->tensors[op->output].desc;
+  if (op->n_inputs != 2) return -1;
   for (int k = 0; k < 2; k++) {
-    const kiln_gtensor *c = &g->tensors[op->inputs[k]], *x = &g->tensors[op->inputs[1 - k]];
-    if (x->desc.dtype == KILN_BOOL && g->tensors[op->output].desc.dtype == KILN_BOOL &&
-        all_bool(c, value))
+    const kiln_gtensor *c = &g->tensors[op->inputs[k]];
+    int keeps = 0;
+    switch (op->kind) {
+    case KILN_OP_BITWISE:
+    case KILN_OP_LOGICAL:
+      keeps = out->dtype == KILN_BOOL &&
+              (op->iattr[0] == KILN_BOOL_AND || op->iattr[0] == KILN_BOOL_OR) &&
+              all_bool(c, op->iattr[0] == KILN_BOOL_AND);
+      break;
+    case KILN_OP_ADD: keeps = (k == 1 || op->fattr[0] == 1.0) && all_int(c, 0); break;
+    case KILN_OP_SUB: keeps = k == 1 && all_int(c, 0); break;
+    case KILN_OP_MUL: keeps = all_int(c, 1); break;
+    default: break;
+    }
+    if (keeps && g->tensors[op->inputs[1 - k]].desc.dtype == out->dtype)
       return (int32_t)op->inputs[1 - k];
   }
   return -1;

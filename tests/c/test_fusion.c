@@ -656,6 +656,43 @@ static void g_padding_mask(kiln_builder *b, kiln_dtype dt) {
   out(b, a, "y");
 }
 
+/* x through one ADD, SUB or MUL with a constant, then cast to f32 (an f32 x negated), so the
+ * result is no output itself; by int_case: folded, 0 zeros + x, 1 x + 3 * zeros, 2 x - zeros,
+ * 3 ones * x, 4 x + zeros [2, 3, 4] (x expanded); kept, 5 zeros + 2 * x, 6 zeros - x,
+ * 7 x + [0, 0, 0, 1], 8 x + 0 in f32 (-0 + 0 is +0). */
+static int int_case;
+
+static void g_int_identities(kiln_builder *b, kiln_dtype dt) {
+  (void)dt;
+  kiln_error err = {KILN_OK, ""};
+  kiln_dtype xt = int_case == 8 ? KILN_F32 : KILN_I64;
+  int32_t x = in(b, "x", xt, 2, D(3, 4));
+  int64_t zeros[24] = {0}, ones[4] = {1, 1, 1, 1}, last[4] = {0, 0, 0, 1};
+  float fzeros[4] = {0};
+  int32_t c;
+  if (int_case == 8)
+    c = kiln_builder_add_constant(b, KILN_F32, 1, D(4), fzeros, sizeof fzeros, &err);
+  else if (int_case == 4)
+    c = kiln_builder_add_constant(b, KILN_I64, 3, D(2, 3, 4), zeros, sizeof zeros, &err);
+  else
+    c = kiln_builder_add_constant(b, KILN_I64, 1, D(4),
+                                  int_case == 3 ? ones : int_case == 7 ? last : zeros,
+                                  4 * sizeof(int64_t), &err);
+  CHECK(c >= 0);
+  int32_t y;
+  switch (int_case) {
+  case 0: y = op(b, KILN_OP_ADD, T(c, x), 2, 0, 0, (const double[]){1.0}, 1); break;
+  case 1: y = op(b, KILN_OP_ADD, T(x, c), 2, 0, 0, (const double[]){3.0}, 1); break;
+  case 2: y = op(b, KILN_OP_SUB, T(x, c), 2, 0, 0, (const double[]){1.0}, 1); break;
+  case 3: y = binary(b, KILN_OP_MUL, c, x); break;
+  case 5: y = op(b, KILN_OP_ADD, T(c, x), 2, 0, 0, (const double[]){2.0}, 1); break;
+  case 6: y = op(b, KILN_OP_SUB, T(c, x), 2, 0, 0, (const double[]){1.0}, 1); break;
+  default: y = op(b, KILN_OP_ADD, T(x, c), 2, 0, 0, (const double[]){1.0}, 1); break;
+  }
+  out(b, int_case == 8 ? unary(b, KILN_OP_NEG, y) : op(b, KILN_OP_CAST, T(y), 1, KILN_F32, 1, NULL, 0),
+      "y");
+}
+
 /* ---------------------------------------------------------------- building and running */
 
 typedef struct built {
@@ -1619,6 +1656,27 @@ static void test_identity_ops(void) {
       release(&x);
       check_same_as_unfused(g_padding_mask, dt, -2.0, 2.0);
     }
+  }
+}
+
+/* An integer ADD or SUB of zeros or MUL by ones becomes a view of its operand (kept where it
+ * computes something, or in a float type); fused and unfused plans give the same bytes. */
+static void test_int_identities(void) {
+  static const kiln_op_kind kinds[9] = {KILN_OP_ADD, KILN_OP_ADD, KILN_OP_SUB,
+                                        KILN_OP_MUL, KILN_OP_ADD, KILN_OP_ADD,
+                                        KILN_OP_SUB, KILN_OP_ADD, KILN_OP_ADD};
+  built x;
+  for (int_case = 0; int_case < 9; int_case++) {
+    if (build(g_int_identities, KILN_F32, 1, &x)) {
+      const kiln_op *pw = find_op(&x, KILN_OP_POINTWISE, 0); /* f32: the sum fused, as a step */
+      int kept = find_op(&x, kinds[int_case], 0) != NULL || (pw && pw->n_iattr == 2);
+      if (kept != (int_case >= 5))
+        fprintf(stderr, "int identity case %d: kept %d\n", int_case, kept);
+      CHECK(kept == (int_case >= 5));
+      CHECK(find_op(&x, KILN_OP_EXPAND, 0) == NULL || int_case == 4);
+    }
+    release(&x);
+    check_same_as_unfused(g_int_identities, KILN_F32, -100.0, 100.0);
   }
 }
 
@@ -2682,6 +2740,7 @@ int main(void) {
   test_grouped_kv();
   test_constant_masks();
   test_identity_ops();
+  test_int_identities();
   test_swiglu();
   test_groups_fuse();
   test_group_refusals();
