@@ -461,25 +461,41 @@ static int does_work(const kiln_graph *g, const kiln_op *op) {
   return !kiln_op_is_view(op, &g->tensors[op->inputs[0]].desc, &at);
 }
 
+/* A shared value at most this many elements is recomputed by each group reading it (a decode
+ * step's rotary tables, which every layer reads): a few instructions an element in place of a
+ * kernel of its own. */
+#define RECOMPUTE_MAX_ELEMS 4096
+
 /* Gathers the group of root r into member (which must be all zero) and returns its count of
- * ops doing work; reads[t] counts member reads of t and is left zero. */
+ * ops doing work; reads[t] counts member reads of t and is left zero. A member is 1 where only
+ * the group reads its value (it dies with the group), 2 where it is recomputed (with `shared`,
+ * a small value that others read too, or one that such a member reads: it stays for them);
+ * kept[t] marks values a recomputed member reads and is left zero. */
 static uint32_t gather(const kiln_graph *g, uint32_t r, const uint32_t *uses, const uint8_t *cut,
-                       const uint8_t *done, uint32_t *reads, uint8_t *member) {
+                       const uint8_t *done, int shared, uint32_t *reads, uint8_t *kept,
+                       uint8_t *member) {
   uint32_t work = 0, n = 0;
   member[r] = 1;
   for (uint32_t k = 0; k < g->ops[r].n_inputs; k++) reads[g->ops[r].inputs[k]]++;
   for (uint32_t j = r; j-- > 0;) {
     uint32_t t = g->ops[j].output;
-    if (g->dead[j] || done[j] || cut[t] || !reads[t] || reads[t] != uses[t] ||
-        !groupable(g, &g->ops[j]) || ++n > 2 * KILN_FX_MAX_INSTRS)
+    const kiln_tensor_desc *d = &g->tensors[t].desc;
+    int own = reads[t] == uses[t] && !kept[t];
+    if (g->dead[j] || done[j] || cut[t] || !reads[t] || !groupable(g, &g->ops[j]) ||
+        (!own && (!shared || d->nbytes / kiln_dtype_size(d->dtype) > RECOMPUTE_MAX_ELEMS)) ||
+        ++n > 2 * KILN_FX_MAX_INSTRS)
       continue;
-    member[j] = 1;
-    for (uint32_t k = 0; k < g->ops[j].n_inputs; k++) reads[g->ops[j].inputs[k]]++;
+    member[j] = own ? 1 : 2;
+    for (uint32_t k = 0; k < g->ops[j].n_inputs; k++) {
+      reads[g->ops[j].inputs[k]]++;
+      if (!own) kept[g->ops[j].inputs[k]] = 1;
+    }
   }
   for (uint32_t j = 0; j <= r; j++) {
     if (!member[j]) continue;
-    work += (uint32_t)does_work(g, &g->ops[j]);
-    for (uint32_t k = 0; k < g->ops[j].n_inputs; k++) reads[g->ops[j].inputs[k]] = 0;
+    work += (uint32_t)(member[j] == 1 && does_work(g, &g->ops[j]));
+    for (uint32_t k = 0; k < g->ops[j].n_inputs; k++)
+      reads[g->ops[j].inputs[k]] = 0, kept[g->ops[j].inputs[k]] = 0;
   }
   return work;
 }
@@ -525,7 +541,7 @@ static int replace(kiln_graph *g, uint32_t r, const uint8_t *member, const compi
   op.iattr[0] = id;
   op.iattr[1] = n_words;
   for (uint32_t j = 0; j < r; j++)
-    if (member[j]) g->dead[j] = 1;
+    if (member[j] == 1) g->dead[j] = 1; /* a recomputed member (2) stays for its other readers */
   g->ops[r] = op;
   return 1;
 }
@@ -709,11 +725,13 @@ kiln_status kiln_fuse_groups(kiln_graph *g, const kiln_symbol *symbols, uint32_t
   size_t nt = g->n_tensors ? g->n_tensors : 1, no = g->n_ops ? g->n_ops : 1;
   uint32_t *uses = kiln_calloc(nt, sizeof *uses), *reads = kiln_calloc(nt, sizeof *reads);
   uint8_t *cut = kiln_calloc(nt, 1), *member = kiln_calloc(no, 1), *done = kiln_calloc(no, 1);
+  uint8_t *kept = kiln_calloc(nt, 1);
+  int recomputed = 0;
   compiler *c = kiln_malloc(sizeof *c), *at = n_symbols ? kiln_malloc(sizeof *at) : NULL;
   probes pr;
   kiln_status s = KILN_OK;
   memset(&pr, 0, sizeof pr);
-  if (!uses || !reads || !cut || !member || !done || !c || (n_symbols && !at)) {
+  if (!uses || !reads || !cut || !member || !done || !kept || !c || (n_symbols && !at)) {
     s = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
                   "builder: out of memory for %u tensors while fusing groups; free memory and "
                   "retry",
@@ -730,7 +748,9 @@ kiln_status kiln_fuse_groups(kiln_graph *g, const kiln_symbol *symbols, uint32_t
       if (g->dead[r] || !groupable(g, &g->ops[r]) || g->tensors[g->ops[r].output].desc.nbytes == 0)
         break;
       memset(member, 0, g->n_ops);
-      if ((work = gather(g, r, uses, cut, done, reads, member)) < 2) break;
+      /* a static plan's groups recompute small shared values (a dynamic one's probes would
+       * need each recomputed value's sizes too) */
+      if ((work = gather(g, r, uses, cut, done, n_symbols == 0, reads, kept, member)) < 2) break;
       memset(c, 0, sizeof *c);
       c->g = g;
       c->member = member;
@@ -753,10 +773,13 @@ kiln_status kiln_fuse_groups(kiln_graph *g, const kiln_symbol *symbols, uint32_t
       if (ok && n_symbols) /* its output's dims follow the symbols as the ops' did */
         memcpy(g->tensors[c->root_out].desc.sym, pr.derived[c->root_out].sym,
                sizeof pr.derived[c->root_out].sym);
+      for (uint32_t j = 0; ok && j < r; j++) recomputed |= member[j] == 2;
       break;
     }
     done[r] = 1;
   }
+  /* a recomputed value every reader of which now recomputes it is computed for none */
+  if (recomputed) s = kiln_graph_remove_dead(g, err);
 out:
   release_probes(&pr);
   free(uses);
@@ -764,6 +787,7 @@ out:
   free(cut);
   free(member);
   free(done);
+  free(kept);
   free(c);
   free(at);
   return s;

@@ -8,8 +8,11 @@
 
 /* From the last op backward, each groupable op (float pointwise ops and POINTWISE chains,
  * CAST between floats, COPY, RESHAPE, PERMUTE, EXPAND, SLICE, SELECT, CAT) gathers every
- * groupable producer whose result only the group reads; a group doing the work of two or more
- * kernels becomes one FUSED op in its last op's place. Where a view cannot be composed (a
+ * groupable producer whose result only the group reads, and in a static graph also one whose
+ * result of at most 4096 elements others read too (a decode step's rotary tables, read by every
+ * layer), which the group then recomputes: once every reader recomputes it, no op computes it
+ * apart. A group doing the work of two or more kernels becomes one FUSED op in its last op's
+ * place. Where a view cannot be composed (a
  * reshape splitting a computed dim, a cat along a mixed dim) or the program outgrows its
  * limits, the value there is left to be written by a group of its own. Every op's rounding to
  * its dtype is kept, so a fused group computes what its ops did. The programs live in constant

@@ -1721,10 +1721,12 @@ static int32_t op_n(kiln_builder *b, kiln_op_kind kind, const int32_t *inputs, u
   return id;
 }
 
+static int64_t rot_seq = 4; /* the positions rotary() splits x into */
+
 /* transformers' rotary embedding: heads split by reshape and permute, then
  * q * cos + cat(-q[..., 4:], q[..., :4]) * sin, for q (two heads) and k (one head). */
 static int32_t rotary(kiln_builder *b, int32_t x, int64_t heads, int32_t cos, int32_t sin) {
-  int32_t h = op_n(b, KILN_OP_RESHAPE, T(x), 1, D(1, 4, heads, 8), 4);
+  int32_t h = op_n(b, KILN_OP_RESHAPE, T(x), 1, D(1, rot_seq, heads, 8), 4);
   int32_t q = op_n(b, KILN_OP_PERMUTE, T(h), 1, D(0, 2, 1, 3), 4);
   int32_t hi = op_n(b, KILN_OP_SLICE, T(q), 1, D(3, 4, 8, 1), 4);
   int32_t lo = op_n(b, KILN_OP_SLICE, T(q), 1, D(3, 0, 4, 1), 4);
@@ -1737,6 +1739,23 @@ static void g_rotary(kiln_builder *b, kiln_dtype dt) {
   int32_t cos = in(b, "cos", dt, 2, D(4, 8)), sin = in(b, "sin", dt, 2, D(4, 8));
   out(b, rotary(b, xq, 2, cos, sin), "q");
   out(b, rotary(b, xk, 1, cos, sin), "k");
+}
+
+/* The rotary tables computed in the graph from positions, cos(pos * inv) and sin(pos * inv),
+ * and read by the q and the k embedding, by tables_case: 0 as a decode step has them (4
+ * positions), 1 the sin table an output too, 2 at 1024 positions (8192 elements a table). */
+static int tables_case;
+
+static void g_rotary_tables(kiln_builder *b, kiln_dtype dt) {
+  rot_seq = tables_case == 2 ? 1024 : 4;
+  int32_t xq = in(b, "xq", dt, 3, D(1, rot_seq, 16)), xk = in(b, "xk", dt, 3, D(1, rot_seq, 8));
+  int32_t pos = in(b, "pos", dt, 2, D(rot_seq, 1)), inv = in(b, "inv", dt, 2, D(1, 8));
+  int32_t angles = binary(b, KILN_OP_MUL, pos, inv);
+  int32_t cos = unary(b, KILN_OP_COS, angles), sin = unary(b, KILN_OP_SIN, angles);
+  out(b, rotary(b, xq, 2, cos, sin), "q");
+  out(b, rotary(b, xk, 1, cos, sin), "k");
+  if (tables_case == 1) out(b, sin, "sin");
+  rot_seq = 4;
 }
 
 /* GPT-2's tanh GELU as written: 0.5 * x * (1 + tanh(0.79788456 * (x + 0.044715 * x^3))). */
@@ -1878,6 +1897,18 @@ static void test_groups_fuse(void) {
   release(&x);
   if (build(g_gelu_tanh, KILN_F32, 1, &x)) CHECK(x.plan.n_ops == 1 && count_kind(&x, KILN_OP_FUSED) == 1);
   release(&x);
+  /* small rotary tables both embeddings read are recomputed in each: no op of their own; one
+   * that is an output too is still written; large ones are computed once */
+  for (tables_case = 0; tables_case < 3; tables_case++) {
+    if (build(g_rotary_tables, KILN_F32, 1, &x)) {
+      static const uint32_t ops[3] = {2, 4, 5}; /* 1: sin and the angles it reads stay */
+      if (x.plan.n_ops != ops[tables_case])
+        fprintf(stderr, "rotary tables case %d: %u ops\n", tables_case, x.plan.n_ops);
+      CHECK(x.plan.n_ops == ops[tables_case]);
+    }
+    release(&x);
+    for (int k = 0; k < 3; k++) check_same_as_unfused(g_rotary_tables, dts[k], -2.0, 2.0);
+  }
   for (int k = 0; k < 3; k++) { /* the written-out RMSNorm with its casts is one RMS_NORM */
     if (build(g_rms_cast, dts[k], 1, &x)) {
       const kiln_op *n = plan_op(&x, 0);
