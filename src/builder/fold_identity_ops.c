@@ -8,6 +8,18 @@
 
 static uint64_t numel(const kiln_tensor_desc *d) { return d->nbytes / kiln_dtype_size(d->dtype); }
 
+/* Element e of the constant integer (I32 or I64) tensor t. */
+static int64_t int_at(const kiln_gtensor *t, uint64_t e) {
+  if (t->desc.dtype == KILN_I32) {
+    int32_t v;
+    memcpy(&v, t->data + 4 * e, 4);
+    return v;
+  }
+  int64_t v;
+  memcpy(&v, t->data + 8 * e, 8);
+  return v;
+}
+
 /* Element at multi-index b (of rank rb, right-aligned) of the constant integer tensor t,
  * broadcasting its dims of size 1. */
 static int64_t index_at(const kiln_gtensor *t, const int64_t *b, int32_t rb) {
@@ -17,14 +29,7 @@ static int64_t index_at(const kiln_gtensor *t, const int64_t *b, int32_t rb) {
     int64_t i = b[rb - d->rank + k];
     off = off * d->dims[k] + (d->dims[k] == 1 ? 0 : i);
   }
-  if (d->dtype == KILN_I32) {
-    int32_t v;
-    memcpy(&v, t->data + 4 * off, 4);
-    return v;
-  }
-  int64_t v;
-  memcpy(&v, t->data + 8 * off, 8);
-  return v;
+  return int_at(t, (uint64_t)off);
 }
 
 /* Whether INDEX op gathers every element of its input in order: its indexed dims adjacent, its
@@ -85,17 +90,8 @@ static int all_int(const kiln_gtensor *t, int64_t value) {
   const kiln_tensor_desc *d = &t->desc;
   if (t->node != KILN_NODE_CONSTANT || !t->data || (d->dtype != KILN_I32 && d->dtype != KILN_I64))
     return 0;
-  for (uint64_t e = 0, n = numel(d); e < n; e++) {
-    int64_t v;
-    if (d->dtype == KILN_I32) {
-      int32_t w;
-      memcpy(&w, t->data + 4 * e, 4);
-      v = w;
-    } else {
-      memcpy(&v, t->data + 8 * e, 8);
-    }
-    if (v != value) return 0;
-  }
+  for (uint64_t e = 0, n = numel(d); e < n; e++)
+    if (int_at(t, e) != value) return 0;
   return 1;
 }
 
