@@ -50,7 +50,7 @@ architectures() {
   [ "$jobs" -ge 1 ] 2>/dev/null || jobs=1
   dir=$(mktemp -d)
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/gpu/test_architectures_cuda.py |
-    grep '::' > "$dir/cases" || return 1
+    grep '::' > "$dir/cases" || { rm -rf "$dir"; return 1; }
   split -n "l/$jobs" "$dir/cases" "$dir/part_"
   for part in "$dir"/part_*; do
     [ -s "$part" ] || continue # fewer cases than processes: pytest given no case runs them all
