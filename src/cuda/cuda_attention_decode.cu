@@ -67,9 +67,9 @@ static __device__ __forceinline__ int kcu_dec_live(const kcu_dec_args *a, const 
   return (*bias = kcu_ld(mask, a->g.dm, mi)) != -INFINITY;
 }
 
-/* The block's work for k and v of dtypes dk and dv. Called with constants for the common
- * cases, so every load's dtype branch folds away and the loads of a loop issue together (a
- * branch between a load and its use makes each one a round trip of its own). */
+/* The block's work for k and v of dtypes dk and dv. Called with constants (k and v share f32,
+ * f16 or bf16), so every load's dtype branch folds away and the loads of a loop issue together
+ * (a branch between a load and its use makes each one a round trip of its own). */
 static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int dk, int dv,
                                                      const void *q, const void *k, const void *v,
                                                      const void *mask, void *out, float *qs,
@@ -202,14 +202,12 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
   __shared__ float wacc[KCU_DEC_WARPS][KCU_ATTN_MAX_HEAD];
   __shared__ float ps[KCU_DEC_WARPS][32];
   kcu_begin_early();
-  if (a.dk == KILN_F16 && a.dv == KILN_F16)
+  if (a.dk == KILN_F16) /* k and v of one dtype (kcu_attention_decode) */
     kcu_dec_block(&a, KILN_F16, KILN_F16, q, k, v, mask, out, qs, wm, wl, wacc, ps);
-  else if (a.dk == KILN_BF16 && a.dv == KILN_BF16)
+  else if (a.dk == KILN_BF16)
     kcu_dec_block(&a, KILN_BF16, KILN_BF16, q, k, v, mask, out, qs, wm, wl, wacc, ps);
-  else if (a.dk == KILN_F32 && a.dv == KILN_F32)
-    kcu_dec_block(&a, KILN_F32, KILN_F32, q, k, v, mask, out, qs, wm, wl, wacc, ps);
   else
-    kcu_dec_block(&a, a.dk, a.dv, q, k, v, mask, out, qs, wm, wl, wacc, ps);
+    kcu_dec_block(&a, KILN_F32, KILN_F32, q, k, v, mask, out, qs, wm, wl, wacc, ps);
 }
 
 /* Merges query row `row`'s splits, one block of KCU_DEC_MERGE_WARPS warps: the splits' sums
@@ -617,6 +615,10 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
                                  const kcu_tensor *mask, const kcu_tensor *out, int causal,
                                  float scale, const kcu_dec_scratch *dec,
                                  const kcu_kv_append *append) {
+  /* k and v of one float dtype, as an SDPA's inputs are: the kernels are built for those */
+  if (k->dtype != v->dtype ||
+      (k->dtype != KILN_F32 && k->dtype != KILN_F16 && k->dtype != KILN_BF16))
+    return cudaErrorInvalidValue;
   kcu_dec_args a;
   memset(&a, 0, sizeof a);
   a.g = *geo;

@@ -3996,22 +3996,26 @@ static void test_state_write(void) {
  * INDEX_COPY kernel); f32 keeps them. Heads first, and heads last (the output [B,L,H,E], as a
  * layer's attention reshaped for its output projection lowers). Every step is compared with the
  * CPU engine, with a mask keeping most keys of the whole cache, so a row written to the wrong
- * slot, or not at all, shows at the next steps; a slot past the cache is refused and writes
- * nothing. */
+ * slot, or not at all, shows at the next steps (slots in a warp's first pass of keys and in its
+ * second); a slot past the cache is refused and writes nothing. In the last two cases the kernel just ahead of the attention computes the mask (an
+ * additive one, a sum over 8192 zeros or a -inf, long enough to still run when the attention,
+ * launched early, starts): a mask read before the attention's wait on that kernel shows as keys
+ * scored that the step's mask removes. */
 static void test_cache_attention(void) {
-  enum { S = 300, STEPS = 8 };
+  enum { S = 1152, STEPS = 8, W = 8192 }; /* two passes of keys a warp of the decoding kernel */
   static const int64_t slots[STEPS] = {5, 6, 0, S - 1, S, 7, 5, 6};
-  char name[64];
-  for (int t = 0; t < 6; t++) {
-    kiln_dtype dt = float_types[t % 3];
-    int last = t >= 3;
-    snprintf(name, sizeof name, "sdpa writing its cache%s %s", last ? " heads last" : "",
+  char name[80];
+  for (int t = 0; t < 8; t++) {
+    kiln_dtype dt = t < 6 ? float_types[t % 3] : float_types[t - 5];
+    int last = t >= 3 && t < 6, ahead = t >= 6;
+    snprintf(name, sizeof name, "sdpa writing its cache%s %s",
+             last ? " heads last" : ahead ? " masked by the kernel ahead" : "",
              kiln_dtype_name(dt));
     if (!selected(name)) continue;
     prog *p = p_new();
     uint32_t pos_in = IN(p, KILN_I64, 1, 1), q = IN(p, dt, 4, 1, 32, 1, 128);
     uint32_t k_in = IN(p, dt, 4, 1, 8, 1, 128), v_in = IN(p, dt, 4, 1, 8, 1, 128);
-    uint32_t mask = IN(p, KILN_BOOL, 2, 1, S);
+    uint32_t mask = ahead ? IN(p, dt, 3, 1, S, W) : IN(p, KILN_BOOL, 2, 1, S);
     uint32_t pos = MID(p, KILN_I64, 1, 1);
     uint32_t k_row = MID(p, dt, 4, 1, 8, 1, 128), v_row = MID(p, dt, 4, 1, 8, 1, 128);
     uint32_t kc = p_state(p, dt, 4, DIMS(1, 8, S, 128)), vc = p_state(p, dt, 4, DIMS(1, 8, S, 128));
@@ -4021,10 +4025,13 @@ static void test_cache_attention(void) {
     p_op(p, KILN_OP_COPY, 1, OPS(v_in), v_row, 0, NULL, 0);
     p_op(p, KILN_OP_INDEX_COPY, 3, OPS(kc, pos, k_row), kw, 1, ATTR(2), 0);
     p_op(p, KILN_OP_INDEX_COPY, 3, OPS(vc, pos, v_row), vw, 1, ATTR(2), 0);
+    uint32_t sums = mask;
+    if (ahead)
+      p_op(p, KILN_OP_SUM, 1, OPS(mask), sums = MID(p, dt, 2, 1, S), 2, ATTR(4, 0), 0);
     if (last)
       p_op(p, KILN_OP_SDPA, 4, OPS(q, kw, vw, mask), OUT(p, dt, 4, 1, 1, 32, 128), 3, ATTR(0, 1, 2), 0);
     else
-      p_op(p, KILN_OP_SDPA, 4, OPS(q, kw, vw, mask), OUT(p, dt, 4, 1, 32, 1, 128), 2, ATTR(0, 1), 0);
+      p_op(p, KILN_OP_SDPA, 4, OPS(q, kw, vw, sums), OUT(p, dt, 4, 1, 32, 1, 128), 2, ATTR(0, 1), 0);
     kiln_error err = {KILN_OK, ""};
     kiln_engine *cpu, *gpu;
     if (!load_both(p, name, &cpu, &gpu)) continue;
@@ -4037,7 +4044,8 @@ static void test_cache_attention(void) {
     CHECK(stats.cache_writes_in_attention == want_folded);
     size_t es = kiln_dtype_size(dt), row_bytes = 8 * 128 * es, out_bytes = 32 * 128 * es;
     uint8_t *qb = malloc(4 * row_bytes), *kb = malloc(row_bytes), *vb = malloc(row_bytes);
-    uint8_t *mb = malloc(S), *a = malloc(out_bytes), *b = malloc(out_bytes);
+    size_t mask_bytes = ahead ? (size_t)S * W * es : S;
+    uint8_t *mb = malloc(mask_bytes), *a = malloc(out_bytes), *b = malloc(out_bytes);
     if (!qb || !kb || !vb || !mb || !a || !b) die("out of memory");
     double worst = 0.0;
     for (int step = 0; step < STEPS; step++) {
@@ -4045,8 +4053,15 @@ static void test_cache_attention(void) {
       fill(qb, dt, 4 * 8 * 128, -2, 2);
       fill(kb, dt, 8 * 128, -2, 2);
       fill(vb, dt, 8 * 128, -1, 1);
-      fill(mb, KILN_BOOL, S, -0.25, 1); /* about four keys in five kept */
-      if (at < S) mb[at] = 1;
+      if (ahead) { /* a row of zeros keeps its key, one with a -inf removes it */
+        memset(mb, 0, mask_bytes);
+        for (int key = 0; key < S; key++)
+          if (key != at && rnd() < -0.6)
+            put_value(mb, dt, (uint64_t)key * W + (uint64_t)(key * 37) % W, -INFINITY);
+      } else {
+        fill(mb, KILN_BOOL, S, -0.25, 1); /* about four keys in five kept */
+        if (at < S) mb[at] = 1;
+      }
       memset(a, 0, out_bytes);
       memset(b, 0xff, out_bytes);
       void *in[5] = {&at, qb, kb, vb, mb};
@@ -4054,7 +4069,7 @@ static void test_cache_attention(void) {
       kiln_status sb = p_execute(gpu, p, in, (void *[]){b}, &err);
       if (at >= S) { /* refused by both, nothing written: the next steps still agree */
         CHECK(sa == KILN_ERR_INVALID_ARGUMENT && sb == KILN_ERR_INVALID_ARGUMENT);
-        CHECK(strstr(err.message, "position 300 is outside the 300 slots") != NULL);
+        CHECK(strstr(err.message, "position 1152 is outside the 1152 slots") != NULL);
         continue;
       }
       CHECK(sa == KILN_OK && sb == KILN_OK);
