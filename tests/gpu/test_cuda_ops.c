@@ -3997,10 +3997,10 @@ static void test_state_write(void) {
  * layer's attention reshaped for its output projection lowers). Every step is compared with the
  * CPU engine, with a mask keeping most keys of the whole cache, so a row written to the wrong
  * slot, or not at all, shows at the next steps (slots in a warp's first pass of keys and in its
- * second); a slot past the cache is refused and writes nothing. In the last two cases the kernel just ahead of the attention computes the mask (an
- * additive one, a sum over 8192 zeros or a -inf, long enough to still run when the attention,
- * launched early, starts): a mask read before the attention's wait on that kernel shows as keys
- * scored that the step's mask removes. */
+ * second); a slot past the cache is refused and writes nothing. In the last two cases the kernel
+ * just ahead of the attention computes the mask (an additive one, a sum over 8192 zeros or a
+ * -inf, long enough to still run when the attention, launched early, starts): a mask read before
+ * the attention's wait on that kernel shows as keys scored that the step's mask removes. */
 static void test_cache_attention(void) {
   enum { S = 1152, STEPS = 8, W = 8192 }; /* two passes of keys a warp of the decoding kernel */
   static const int64_t slots[STEPS] = {5, 6, 0, S - 1, S, 7, 5, 6};
