@@ -67,10 +67,10 @@ static __device__ __forceinline__ int kcu_dec_live(const kcu_dec_args *a, const 
   return (*bias = kcu_ld(mask, a->g.dm, mi)) != -INFINITY;
 }
 
-/* The block's work for k and v of dtypes dk and dv. Called with constants (k and v share f32,
- * f16 or bf16), so every load's dtype branch folds away and the loads of a loop issue together
+/* The block's work for k and v of dtype dt. Called with constants (f32, f16 or bf16), so
+ * every load's dtype branch folds away and the loads of a loop issue together
  * (a branch between a load and its use makes each one a round trip of its own). */
-static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int dk, int dv,
+static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, const int dt,
                                                      const void *q, const void *k, const void *v,
                                                      const void *mask, void *out, float *qs,
                                                      float *wm, float *wl,
@@ -79,7 +79,7 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, E = (int)a->E, Ev = (int)a->Ev;
   /* the vector path: vv elements a lane, lpr lanes to a value row, 32 / lpr rows at once;
    * acc[t] holds dim sub_lane * vv + t of this lane's rows (the scalar path: dim lane + 32 t) */
-  const int vv = dv == KILN_F32 ? 4 : 8, lpr = a->vvec ? Ev / vv : 32;
+  const int vv = dt == KILN_F32 ? 4 : 8, lpr = a->vvec ? Ev / vv : 32;
   const int sub = lane / lpr, sub_lane = lane % lpr;
   int64_t split = blockIdx.x % a->n_splits, row = blockIdx.x / a->n_splits;
   int64_t b = row / a->L, i = row % a->L, qo, ko, vo, mo, oo;
@@ -106,7 +106,7 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
 #pragma unroll 8
         for (int e = 0; e < E; e += 8) {
           float f[8];
-          kcu_ld16(k, dk, (kr + e) / 8, f);
+          kcu_ld16(k, dt, (kr + e) / 8, f);
 #pragma unroll
           for (int t = 0; t < 8; t++) dot += qs[e + t] * f[t];
         }
@@ -114,12 +114,12 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
 #pragma unroll 4
         for (int e = 0; e < E; e += 4) {
           float f[8];
-          kcu_ld16(k, dk, (kr + e) / 4, f);
+          kcu_ld16(k, dt, (kr + e) / 4, f);
 #pragma unroll
           for (int t = 0; t < 4; t++) dot += qs[e + t] * f[t];
         }
       } else {
-        for (int e = 0; e < E; e++) dot += qs[e] * kcu_ld(k, dk, kr + e);
+        for (int e = 0; e < E; e++) dot += qs[e] * kcu_ld(k, dt, kr + e);
       }
       sc = dot + bias;
     }
@@ -138,7 +138,7 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
 #pragma unroll 4
       for (int j = sub; j < n; j += 32 / lpr) {
         float f[8];
-        kcu_ld16(v, dv, (vo + (first + j) * a->g.v_row) / vv + sub_lane, f);
+        kcu_ld16(v, dt, (vo + (first + j) * a->g.v_row) / vv + sub_lane, f);
         float pj = ps[warp][j];
         if (pj != 0.0f) {
 #pragma unroll
@@ -157,7 +157,7 @@ static __device__ __forceinline__ void kcu_dec_block(const kcu_dec_args *a, int 
 #pragma unroll
       for (int c = 0; c < KCU_DEC_MAXC; c++) {
         int d = lane + 32 * c;
-        if (d < Ev) acc[c] += pj * kcu_ld(v, dv, vr + d);
+        if (d < Ev) acc[c] += pj * kcu_ld(v, dt, vr + d);
       }
     }
   }
@@ -203,11 +203,11 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
   __shared__ float ps[KCU_DEC_WARPS][32];
   kcu_begin_early();
   if (a.dk == KILN_F16) /* k and v of one dtype (kcu_attention_decode) */
-    kcu_dec_block(&a, KILN_F16, KILN_F16, q, k, v, mask, out, qs, wm, wl, wacc, ps);
+    kcu_dec_block(&a, KILN_F16, q, k, v, mask, out, qs, wm, wl, wacc, ps);
   else if (a.dk == KILN_BF16)
-    kcu_dec_block(&a, KILN_BF16, KILN_BF16, q, k, v, mask, out, qs, wm, wl, wacc, ps);
+    kcu_dec_block(&a, KILN_BF16, q, k, v, mask, out, qs, wm, wl, wacc, ps);
   else
-    kcu_dec_block(&a, KILN_F32, KILN_F32, q, k, v, mask, out, qs, wm, wl, wacc, ps);
+    kcu_dec_block(&a, KILN_F32, q, k, v, mask, out, qs, wm, wl, wacc, ps);
 }
 
 /* Merges query row `row`'s splits, one block of KCU_DEC_MERGE_WARPS warps: the splits' sums
@@ -570,12 +570,12 @@ static void kcu_dec_vectors(const kcu_attn_geometry *g, const kcu_tensor *k, con
                             int *kvec, int *vvec) {
   int64_t E = k->dims[k->rank - 1], Ev = v->dims[v->rank - 1];
   int per = k->dtype == KILN_F32 ? 4 : 8;
-  int kv = (k->dtype == KILN_F32 || k->dtype == KILN_F16 || k->dtype == KILN_BF16) &&
+  int kv = kiln_dtype_is_float(k->dtype) &&
            E % per == 0 && g->k_row % per == 0 && (uintptr_t)k->data % 16 == 0;
   for (int d = 0; kv && d < g->nb; d++) kv = g->kb[d] % per == 0;
   *kvec = kv ? per : 0;
   int vper = v->dtype == KILN_F32 ? 4 : 8, lanes = (int)(Ev / vper);
-  int vv = (v->dtype == KILN_F32 || v->dtype == KILN_F16 || v->dtype == KILN_BF16) &&
+  int vv = kiln_dtype_is_float(v->dtype) &&
            Ev % vper == 0 && lanes >= 1 && lanes <= 32 && 32 % lanes == 0 &&
            g->v_row % vper == 0 && (uintptr_t)v->data % 16 == 0;
   for (int d = 0; vv && d < g->nb; d++) vv = g->vb[d] % vper == 0;
@@ -616,9 +616,7 @@ cudaError_t kcu_attention_decode(cudaStream_t s, const kcu_attn_geometry *geo, i
                                  float scale, const kcu_dec_scratch *dec,
                                  const kcu_kv_append *append) {
   /* k and v of one float dtype, as an SDPA's inputs are: the kernels are built for those */
-  if (k->dtype != v->dtype ||
-      (k->dtype != KILN_F32 && k->dtype != KILN_F16 && k->dtype != KILN_BF16))
-    return cudaErrorInvalidValue;
+  if (k->dtype != v->dtype || !kiln_dtype_is_float(k->dtype)) return cudaErrorInvalidValue;
   kcu_dec_args a;
   memset(&a, 0, sizeof a);
   a.g = *geo;

@@ -129,6 +129,10 @@ typedef struct kcu_state {
   int32_t *norm_link;  /* one per op (static plans): a LINEAR whose one-row GEMV computes the norm
                         * ahead of it holds 1 + that norm's index; the norm, -1 (it launches
                         * nothing); others 0. See kcu_fold_norms. */
+  int32_t *norm_after; /* one per op (static plans): a LINEAR whose one-row GEMV's last block
+                        * computes the norm of its output holds 1 + that norm's index (the norm's
+                        * norm_link is -1); others 0. See kcu_fold_norms_after. */
+  unsigned *norm_arrivals; /* device: one count an op, for norm_after's GEMVs */
   kcu_append_link *append; /* one per op (static plans), or NULL; see kcu_fold_cache_writes */
   void *attn_scratch;  /* scores of the SDPA op (or SwiGLU's gate and up) being run */
   size_t attn_scratch_bytes;
@@ -253,6 +257,23 @@ static int kcu_residual_just_written(const kcu_state *s, const kiln_plan *p, uin
   return 0;
 }
 
+/* Norm op j as a GEMV computes it (kcu_fold_norms, kcu_fold_norms_after): its weights, and with
+ * arrivals (of the output row) its output; *x: its input. */
+static kcu_gemv_norm kcu_norm_of(const kcu_state *s, const kiln_plan *p, int32_t j,
+                                 void *const *in_addr, void *const *out_addr, kcu_tensor *x,
+                                 unsigned *arrivals) {
+  const kiln_op *norm = &p->ops[j];
+  kcu_tensor nin[3];
+  for (uint32_t k = 0; k < norm->n_inputs && k < 3; k++)
+    nin[k] = kcu_resolve(s, p, norm->inputs[k], in_addr, out_addr);
+  kcu_gemv_norm nrm = {(norm->iattr[1] & 1) ? nin[1].data : NULL,
+                       (norm->iattr[1] & 2) ? nin[norm->n_inputs - 1].data : NULL,
+                       (float)norm->fattr[0], norm->kind == KILN_OP_RMS_NORM, NULL, arrivals};
+  if (arrivals) nrm.out = kcu_resolve(s, p, norm->output, in_addr, out_addr).data;
+  *x = nin[0];
+  return nrm;
+}
+
 static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void *const *in_addr,
                               void *const *out_addr) {
   const kiln_op *op = &p->ops[i];
@@ -264,14 +285,16 @@ static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void
   case KILN_OP_LINEAR:
   case KILN_OP_MATMUL:
     if (s->norm_link && s->norm_link[i] > 0) { /* x is the norm's input; the GEMV normalizes it */
-      const kiln_op *norm = &p->ops[s->norm_link[i] - 1];
-      kcu_tensor nin[3];
-      for (uint32_t k = 0; k < norm->n_inputs && k < 3; k++)
-        nin[k] = kcu_resolve(s, p, norm->inputs[k], in_addr, out_addr);
-      kcu_gemv_norm nrm = {(norm->iattr[1] & 1) ? nin[1].data : NULL,
-                           (norm->iattr[1] & 2) ? nin[norm->n_inputs - 1].data : NULL,
-                           (float)norm->fattr[0], norm->kind == KILN_OP_RMS_NORM};
-      in[0] = nin[0];
+      kcu_tensor x;
+      kcu_gemv_norm nrm = kcu_norm_of(s, p, s->norm_link[i] - 1, in_addr, out_addr, &x, NULL);
+      in[0] = x;
+      return kcu_gemm_run(&s->gemm[i], s->lt, st, in, op->n_inputs, &out, s->workspace,
+                          s->workspace_size, &nrm);
+    }
+    if (s->norm_after && s->norm_after[i] > 0) { /* its last block normalizes its output */
+      kcu_tensor x;
+      kcu_gemv_norm nrm = kcu_norm_of(s, p, s->norm_after[i] - 1, in_addr, out_addr, &x,
+                                      s->norm_arrivals + i);
       return kcu_gemm_run(&s->gemm[i], s->lt, st, in, op->n_inputs, &out, s->workspace,
                           s->workspace_size, &nrm);
     }
@@ -619,6 +642,8 @@ static void kcu_destroy(kiln_engine *e) {
   kcu_fx_jit_free(s->fx_jit);
   free(s->fx);
   free(s->norm_link);
+  free(s->norm_after);
+  cudaFree(s->norm_arrivals);
   free(s->append);
   for (uint32_t i = 0; s->in && i < s->n_in; i++) cudaFree(s->in[i].dev);
   for (uint32_t i = 0; s->out && i < s->n_out; i++) cudaFree(s->out[i].dev);
@@ -1223,45 +1248,103 @@ static int kcu_norm_readers_fold(const kcu_state *s, const kiln_plan *p, uint32_
   return readers > 0;
 }
 
-/* A LAYER_NORM or RMS_NORM (f16 or bf16, no steps fused into it, its weight and bias weights)
- * whose output only one-row GEMVs read is computed by those GEMVs (cuda_gemv.cu): it launches
- * nothing, and each reads the norm's input. A decode step's norms ran as kernels of their own
- * between GEMVs, about 3 us each on its critical path. Static plans only (a dynamic one's row
- * count changes which kernel runs). */
+/* Whether op j is a LAYER_NORM or RMS_NORM a GEMV kernel can compute: f16 or bf16 over one row
+ * of *n elements that fits, no steps fused into it, its weight and bias weights, its input
+ * 16-byte aligned. */
+static int kcu_norm_foldable(const kcu_state *s, const kiln_plan *p, uint32_t j, int64_t *n) {
+  const kiln_op *op = &p->ops[j];
+  if (op->kind != KILN_OP_LAYER_NORM && op->kind != KILN_OP_RMS_NORM) return 0;
+  const kiln_tensor_desc *x = &p->tensors[op->inputs[0]], *y = &p->tensors[op->output];
+  int64_t flags = op->iattr[1];
+  uint32_t want = 1 + (uint32_t)(flags & 1) + (uint32_t)((flags >> 1) & 1);
+  *n = 1;
+  for (int d = x->rank - (int)op->iattr[0]; d < x->rank; d++) *n *= x->dims[d];
+  if (!kcu_gemv_norm_fits(1, *n, x->dtype) || y->dtype != x->dtype || op->n_inputs != want ||
+      op->n_iattr > 2)
+    return 0; /* (more attributes: pointwise steps fused into the norm) */
+  int ok = (uintptr_t)kcu_tensor_addr(s, x, s->dev_in, s->dev_out) % 16 == 0;
+  for (uint32_t k = 1; k < want; k++) {
+    const kiln_tensor_desc *w = &p->tensors[op->inputs[k]];
+    ok &= w->storage == KILN_STORE_WEIGHT && w->dtype == x->dtype && w->offset % 16 == 0;
+  }
+  return ok && (uint64_t)*n * kiln_dtype_size(x->dtype) == y->nbytes;
+}
+
+/* *table (norm_link or norm_after), allocated zeroed at its first use. */
+static kiln_status kcu_norm_table(kcu_state *s, const kiln_plan *p, int32_t **table,
+                                  kiln_error *err) {
+  if (!*table && !(*table = (int32_t *)kcu_calloc(s, p->n_ops, sizeof(int32_t))))
+    return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
+                     "out of host memory for the norm table of %u ops; free memory and load "
+                     "again", p->n_ops);
+  return KILN_OK;
+}
+
+/* A LAYER_NORM or RMS_NORM (kcu_norm_foldable) whose output only one-row GEMVs read is computed
+ * by those GEMVs (cuda_gemv.cu): it launches nothing, and each reads the norm's input. A decode
+ * step's norms ran as kernels of their own between GEMVs, about 3 us each on its critical path.
+ * Static plans only (a dynamic one's row count changes which kernel runs). */
 static kiln_status kcu_fold_norms(kcu_state *s, const kiln_plan *p, kiln_error *err) {
   if (s->dynamic || !s->gemm) return KILN_OK;
   for (uint32_t j = 0; j < p->n_ops; j++) {
     const kiln_op *op = &p->ops[j];
-    if (op->kind != KILN_OP_LAYER_NORM && op->kind != KILN_OP_RMS_NORM) continue;
-    const kiln_tensor_desc *x = &p->tensors[op->inputs[0]], *y = &p->tensors[op->output];
-    int64_t flags = op->iattr[1], n = 1;
-    uint32_t want = 1 + (uint32_t)(flags & 1) + (uint32_t)((flags >> 1) & 1), last = j;
-    for (int d = x->rank - (int)op->iattr[0]; d < x->rank; d++) n *= x->dims[d];
-    if (!kcu_gemv_norm_fits(1, n, x->dtype) || y->dtype != x->dtype ||
-        y->storage != KILN_STORE_ARENA || op->n_inputs != want || op->n_iattr > 2)
-      continue; /* (more attributes: pointwise steps fused into the norm) */
-    int ok = (uintptr_t)kcu_tensor_addr(s, x, s->dev_in, s->dev_out) % 16 == 0;
-    for (uint32_t k = 1; k < want; k++) {
-      const kiln_tensor_desc *w = &p->tensors[op->inputs[k]];
-      ok &= w->storage == KILN_STORE_WEIGHT && w->dtype == x->dtype && w->offset % 16 == 0;
-    }
-    if (!ok || (uint64_t)n * kiln_dtype_size(x->dtype) != y->nbytes ||
+    const kiln_tensor_desc *x = &p->tensors[op->inputs[0]];
+    int64_t n;
+    uint32_t last = j;
+    if (!kcu_norm_foldable(s, p, j, &n) || p->tensors[op->output].storage != KILN_STORE_ARENA ||
         !kcu_norm_readers_fold(s, p, j, op->output, n, x->dtype, 4, &last, NULL, 0))
       continue;
+    int ok = 1;
     /* the norm's input keeps its bytes until its last GEMV has read them (its own output
      * included: a block may store while another still reads the row) */
     for (uint32_t c = j + 1; ok && c <= last; c++)
       ok = !kcu_overlap(s, p, p->ops[c].output, op->inputs[0]);
     if (!ok) continue;
-    if (!s->norm_link && !(s->norm_link = (int32_t *)kcu_calloc(s, p->n_ops, sizeof(int32_t))))
-      return kiln_fail(err, KILN_ERR_OUT_OF_MEMORY,
-                       "out of host memory for the norm table of %u ops; free memory and load "
-                       "again", p->n_ops);
+    kiln_status st = kcu_norm_table(s, p, &s->norm_link, err);
+    if (st != KILN_OK) return st;
     kcu_norm_readers_fold(s, p, j, op->output, n, x->dtype, 4, &last, s->norm_link, (int32_t)j + 1);
     s->norm_link[j] = -1;
     s->stats.norms_in_gemv++;
   }
   return KILN_OK;
+}
+
+/* A norm (kcu_norm_foldable) its readers do not compute, whose input is the output of the
+ * one-row GEMV ahead of it (only views that launch nothing between), is computed by that GEMV's
+ * last block (cuda_gemv.cu): it launches nothing. A decode step's norms ahead of the GEMVs too
+ * wide for kcu_fold_norms (the MLP's, the LM head's) ran as kernels of their own, about 4 us
+ * each on its critical path. Not where the norm's output lies on its input. Static plans only. */
+static kiln_status kcu_fold_norms_after(kcu_state *s, const kiln_plan *p, kiln_error *err) {
+  if (s->dynamic || !s->gemm) return KILN_OK;
+  for (uint32_t j = 1; j < p->n_ops; j++) {
+    const kiln_op *op = &p->ops[j];
+    int64_t n;
+    if ((s->norm_link && s->norm_link[j]) || !kcu_norm_foldable(s, p, j, &n)) continue;
+    uint32_t i = j - 1;
+    while (i > 0 && kcu_in_place_view(s, p, i, s->dev_in, s->dev_out)) i--;
+    const kiln_op *lin = &p->ops[i];
+    const kcu_gemm *g = &s->gemm[i];
+    const kiln_tensor_desc *x = &p->tensors[op->inputs[0]], *y = &p->tensors[lin->output];
+    if (lin->kind != KILN_OP_LINEAR || !g->gemv || g->M != 1 || g->N != n ||
+        (s->norm_link && s->norm_link[i]) || (s->norm_after && s->norm_after[i]) ||
+        y->dtype != x->dtype || y->nbytes != x->nbytes ||
+        kcu_tensor_addr(s, y, s->dev_in, s->dev_out) !=
+            kcu_tensor_addr(s, x, s->dev_in, s->dev_out) ||
+        kcu_overlap(s, p, op->output, op->inputs[0]))
+      continue;
+    kiln_status st = kcu_norm_table(s, p, &s->norm_link, err);
+    if (st == KILN_OK) st = kcu_norm_table(s, p, &s->norm_after, err);
+    if (st != KILN_OK) return st;
+    s->norm_after[i] = (int32_t)j + 1;
+    s->norm_link[j] = -1;
+    s->stats.norms_after_gemv++;
+  }
+  if (!s->norm_after) return KILN_OK;
+  size_t bytes = (size_t)p->n_ops * sizeof(unsigned);
+  kiln_status st = kcu_dev_alloc(s, (void **)&s->norm_arrivals, bytes, "norm arrival counts", err);
+  if (st != KILN_OK) return st;
+  cudaError_t rc = cudaMemset(s->norm_arrivals, 0, bytes);
+  return rc == cudaSuccess ? KILN_OK : kcu_cuda_error(s, rc, "norm arrival counts", err);
 }
 
 /* The INDEX_COPY writing the cache that SDPA op i reads as its input `operand` (1: k, 2: v),
@@ -1400,6 +1483,7 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
     if (!attn) kcu_gemm_keep_tuned(&s->gemm[i]);
   }
   if ((st = kcu_fold_norms(s, &e->plan, err)) != KILN_OK) return st;
+  if ((st = kcu_fold_norms_after(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_choose_convs(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_choose_attention(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_fold_cache_writes(s, &e->plan, err)) != KILN_OK) return st;

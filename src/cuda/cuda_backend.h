@@ -32,6 +32,8 @@ typedef struct kiln_cuda_stats {
   uint64_t norms_in_gemv;     /* norms whose one-row GEMVs compute them (no kernel of their own) */
   uint64_t cache_writes_in_attention; /* KV cache INDEX_COPYs the decoding attention reading the
                                          cache does (no kernel of their own) */
+  uint64_t norms_after_gemv; /* norms the one-row GEMV writing their input computes, in its
+                                last block (no kernel of their own) */
 } kiln_cuda_stats;
 
 /* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend.

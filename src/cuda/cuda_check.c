@@ -15,7 +15,6 @@
 
 #define KCU_BAD(...) kiln_fail(err, KILN_ERR_INVALID_PROGRAM, __VA_ARGS__)
 
-static int kcu_float(kiln_dtype dt) { return dt == KILN_F32 || dt == KILN_F16 || dt == KILN_BF16; }
 static int kcu_index(kiln_dtype dt) { return dt == KILN_I32 || dt == KILN_I64; }
 
 static int64_t kcu_count(const kiln_tensor_desc *t) {
@@ -48,7 +47,7 @@ static kiln_status kcu_check_gemm(const kiln_plan *p, const kiln_op *op, uint32_
   const char *name = kiln_op_name(op->kind);
   int same_dtypes = 1;
   for (uint32_t k = 0; k < op->n_inputs; k++) same_dtypes &= p->tensors[op->inputs[k]].dtype == out->dtype;
-  if (!kcu_float(out->dtype) || !same_dtypes)
+  if (!kiln_dtype_is_float(out->dtype) || !same_dtypes)
     return kiln_fail(err, KILN_ERR_UNSUPPORTED,
                      "op %u (%.16s): the CUDA engine multiplies f32, f16 or bf16 operands of one "
                      "dtype; cast the operands to the output dtype before export", i, name);
@@ -169,14 +168,14 @@ static kiln_status kcu_check_packed_attention(const kiln_plan *p, const kiln_op 
   int ok = op->iattr[2] == 1 && op->n_inputs == 1u + (uint32_t)has_mask && x->rank == 5 &&
            x->dims[2] == 3 && out->rank == 4 && out->dims[0] == x->dims[0] &&
            out->dims[1] == x->dims[1] && out->dims[2] == x->dims[3] &&
-           out->dims[3] == x->dims[4] && kcu_float(x->dtype) && out->dtype == x->dtype &&
+           out->dims[3] == x->dims[4] && kiln_dtype_is_float(x->dtype) && out->dtype == x->dtype &&
            x->dims[0] * x->dims[3] * ((x->dims[1] + 7) / 8) <= 0x7fffffffLL;
   if (ok && has_mask) {
     const kiln_tensor_desc *m = &p->tensors[op->inputs[1]];
     kiln_tensor_desc scores = *out;
     scores.dims[1] = x->dims[3];
     scores.dims[2] = scores.dims[3] = x->dims[1];
-    ok = (m->dtype == KILN_BOOL || kcu_float(m->dtype)) && kcu_broadcasts(m, &scores);
+    ok = (m->dtype == KILN_BOOL || kiln_dtype_is_float(m->dtype)) && kcu_broadcasts(m, &scores);
   }
   if (!ok)
     return KCU_BAD("op %u (sdpa): packed qkv, mask and output shapes disagree; re-export the "
@@ -212,7 +211,8 @@ static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, ui
     heads.dims[1] = out->dims[2], heads.dims[2] = out->dims[1];
     out = &heads;
   }
-  if (!kcu_float(q->dtype) || !kcu_float(k->dtype) || !kcu_float(v->dtype) || !kcu_float(out->dtype))
+  if (!kiln_dtype_is_float(q->dtype) || !kiln_dtype_is_float(k->dtype) ||
+      !kiln_dtype_is_float(v->dtype) || !kiln_dtype_is_float(out->dtype))
     return kiln_fail(err, KILN_ERR_UNSUPPORTED,
                      "op %u (sdpa): the CUDA engine runs attention on float tensors only; cast "
                      "q, k and v before export", i);
@@ -244,7 +244,7 @@ static kiln_status kcu_check_attention(const kiln_plan *p, const kiln_op *op, ui
       const kiln_tensor_desc *m = &p->tensors[op->inputs[3]];
       kiln_tensor_desc full = *out;
       full.dims[full.rank - 1] = k->dims[k->rank - 2];
-      ok = (m->dtype == KILN_BOOL || kcu_float(m->dtype)) && kcu_broadcasts(m, &full);
+      ok = (m->dtype == KILN_BOOL || kiln_dtype_is_float(m->dtype)) && kcu_broadcasts(m, &full);
     }
   }
   if (!ok)
@@ -349,8 +349,8 @@ static kiln_status kcu_check_logic(const kiln_plan *p, const kiln_op *op, uint32
     ok = which >= KILN_BOOL_AND && which <= KILN_BOOL_NOT &&
          op->n_inputs == (which == KILN_BOOL_NOT ? 1u : 2u) &&
          (op->kind == KILN_OP_LOGICAL ? out->dtype == KILN_BOOL
-                                      : !kcu_float(out->dtype) && x->dtype == out->dtype &&
-                                            y->dtype == out->dtype);
+                                      : !kiln_dtype_is_float(out->dtype) &&
+                                            x->dtype == out->dtype && y->dtype == out->dtype);
   for (uint32_t k = 0; ok && k < op->n_inputs; k++)
     ok = kcu_broadcasts(&p->tensors[op->inputs[k]], out);
   if (!ok)
@@ -484,7 +484,7 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
   }
   case KILN_OP_POINTWISE: {
     uint32_t step;
-    int ok = kcu_float(out->dtype) && kcu_same_dims(x, out) &&
+    int ok = kiln_dtype_is_float(out->dtype) && kcu_same_dims(x, out) &&
              kiln_pointwise_check(op, &step) == KILN_PW_FINE;
     for (uint32_t k = 0; ok && k < op->n_inputs; k++)
       ok = p->tensors[op->inputs[k]].dtype == out->dtype &&
@@ -499,7 +499,8 @@ kiln_status kcu_check_op(const kiln_plan *p, uint32_t i, kiln_error *err) {
       return KCU_BAD("op %u (%.16s): input has %lld elements, output %lld; re-export the "
                      "program", i, name, (long long)kcu_count(x), (long long)kcu_count(out));
     if (op->kind != KILN_OP_CAST && op->kind != KILN_OP_NEG && op->kind != KILN_OP_RELU &&
-        op->kind != KILN_OP_ABS && (!kcu_float(x->dtype) || !kcu_float(out->dtype)))
+        op->kind != KILN_OP_ABS &&
+        (!kiln_dtype_is_float(x->dtype) || !kiln_dtype_is_float(out->dtype)))
       return kiln_fail(err, KILN_ERR_UNSUPPORTED,
                        "op %u (%.16s): the CUDA engine computes it on float tensors only; cast "
                        "the input to f32 before export", i, name);

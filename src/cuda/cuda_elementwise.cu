@@ -117,9 +117,6 @@ __global__ void kcu_where_kernel(kcu_bcast g, const unsigned char *c, const void
   }
 }
 
-static int kcu_is_float(kiln_dtype dt) {
-  return dt == KILN_F32 || dt == KILN_F16 || dt == KILN_BF16;
-}
 
 static int kcu_same_shape(const kcu_tensor *a, const kcu_tensor *b) {
   if (a->rank != b->rank) return 0;
@@ -158,7 +155,7 @@ void kcu_broadcast_strides(const kcu_tensor *t, int32_t rank, const int64_t *dim
 }
 
 static int kcu_vec_ok(const kcu_tensor *out, const kcu_tensor *a, const kcu_tensor *b) {
-  if (!kcu_is_float(out->dtype) || a->dtype != out->dtype || !kcu_same_shape(a, out))
+  if (!kiln_dtype_is_float(out->dtype) || a->dtype != out->dtype || !kcu_same_shape(a, out))
     return 0;
   if (b && (b->dtype != out->dtype || !kcu_same_shape(b, out) || !kcu_aligned16(b->data)))
     return 0;

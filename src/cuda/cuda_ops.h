@@ -6,6 +6,7 @@
 
 #include "runtime/index_layout.h"
 #include "runtime/sdpa_layout.h"
+#include "runtime/shape.h"
 #include "runtime/vision_shape.h"
 #include "kiln/kiln.h"
 
@@ -295,13 +296,17 @@ static inline int kcu_gemv_fits(int64_t M, int64_t K, kiln_dtype dt) {
   int most = dt == KILN_F16 || dt == KILN_BF16 ? KCU_GEMV_MMA_MAX_ROWS : KCU_GEMV_MAX_ROWS;
   return M >= 1 && M <= most && K > 0 && K % 8 == 0;
 }
-/* A norm over the input row that the one-row f16 or bf16 kernel computes before it multiplies
- * (x is then the norm's input): x' = (x - mean) * rstd * w + b over K, rounded to the dtype,
- * as KILN_OP_LAYER_NORM and KILN_OP_RMS_NORM (rms: no mean) store it. */
+/* A norm over a row that the one-row f16 or bf16 kernel computes: x' = (x - mean) * rstd * w + b,
+ * rounded to the dtype, as KILN_OP_LAYER_NORM and KILN_OP_RMS_NORM (rms: no mean) store it.
+ * Without out, of the input row before the GEMV multiplies (x is then the norm's input; K
+ * wide); with out, of the output row y, written to out by the block that finishes last (N
+ * wide, a multiple of 8; arrivals: a count in device memory, 0 before the launch and after). */
 typedef struct kcu_gemv_norm {
-  const void *w, *b; /* the norm's weight and bias over K, either NULL; 16-byte aligned */
+  const void *w, *b; /* the norm's weight and bias, either NULL; 16-byte aligned */
   float eps;
   int rms;
+  void *out;          /* NULL: the input row's norm */
+  unsigned *arrivals; /* with out */
 } kcu_gemv_norm;
 #define KCU_GEMV_NORM_MAX_K 16384 /* the normalized row a block keeps in shared memory */
 static inline int kcu_gemv_norm_fits(int64_t M, int64_t K, kiln_dtype dt) {
@@ -321,13 +326,17 @@ int kcu_gemv_norm_one_wave(int64_t N, int64_t K, kiln_dtype dt, kiln_activation 
 #define KCU_GEMV_BASE_WARPS 2048
 #define KCU_GEMV_SPREADS 4
 #define KCU_GEMV_DEFAULT_SPREAD 2
-/* Two to sixteen rows of f16 or bf16 multiply on the tensor cores, a column of 16 weight rows
- * a warp; one row, or f32, on the CUDA cores, a weight row a warp. */
+/* Two to sixteen rows of f16 or bf16 multiply on the tensor cores, a column of 16 or 8 weight
+ * rows a warp; one row, or f32, on the CUDA cores, a weight row a warp. */
 static inline int kcu_gemv_tensor_cores(int64_t M, kiln_dtype dt) {
   return M > 1 && (dt == KILN_F16 || dt == KILN_BF16);
 }
-/* The columns one GEMV block of 8 warps takes for N output columns of M rows at `spread` (8,
- * 4, 2 or 1; the warps split each column's K 8 / columns ways). */
+/* The weight rows of a GEMV column (a warp's) for N weight rows (2N with SwiGLU) of M input
+ * rows at `spread`: 1 on the CUDA cores; on the tensor cores 16, or 8 for up to 8 input rows
+ * where columns of 16 would leave the launch fewer warps than the spread aims at. */
+int kcu_gemv_tile(int64_t N, int64_t M, kiln_dtype dt, int spread);
+/* The columns one GEMV block of 8 warps takes for N weight rows of M input rows at `spread`
+ * (8, 4, 2 or 1; the warps split each column's K 8 / columns ways). */
 int kcu_gemv_columns(int64_t N, int64_t M, kiln_dtype dt, int spread);
 
 #ifdef __cplusplus

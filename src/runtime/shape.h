@@ -5,6 +5,10 @@
 
 #include "kiln/kiln.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* The largest dimension a tensor may have (the metadata bounds shapes the same way). */
 #define KILN_DIM_MAX ((int64_t)1 << 62)
 
@@ -56,5 +60,9 @@ static inline int64_t kiln_sdpa_kv_group(int32_t r, int32_t d, int64_t q_dim, in
  * attributes must already be normalized (non-negative, in range). */
 kiln_status kiln_infer_op(const kiln_op *op, const kiln_tensor_desc *const *inputs,
                           const kiln_op_site *site, kiln_tensor_desc *out, kiln_error *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

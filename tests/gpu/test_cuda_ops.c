@@ -50,8 +50,9 @@ typedef struct io_range {
 /* -1: compare() leaves unchecked which path the CUDA engine's init gave SDPA ops; else how many
  * of them it must have given cuDNN's fused attention. */
 static int expect_attention_cudnn = -1;
-/* -1: unchecked; else how many norms init must have left to the GEMVs reading them. */
-static int expect_norms_in_gemv = -1;
+/* -1: unchecked; else how many norms init must have left to the GEMVs reading them, and to the
+ * GEMVs writing their inputs. */
+static int expect_norms_in_gemv = -1, expect_norms_after_gemv = -1;
 
 /* Runs p on both engines and compares every output; ranges[i] bounds input i's values. */
 static void compare(prog *p, const char *name, const io_range *ranges) {
@@ -96,6 +97,11 @@ static void compare(prog *p, const char *name, const io_range *ranges) {
       printf("%s: %llu norms computed in GEMVs, want %d: FAIL\n", name,
              (unsigned long long)fs.norms_in_gemv, expect_norms_in_gemv);
     CHECK(expect_norms_in_gemv < 0 || fs.norms_in_gemv == (uint64_t)expect_norms_in_gemv);
+    if (expect_norms_after_gemv >= 0 && fs.norms_after_gemv != (uint64_t)expect_norms_after_gemv)
+      printf("%s: %llu norms computed after GEMVs, want %d: FAIL\n", name,
+             (unsigned long long)fs.norms_after_gemv, expect_norms_after_gemv);
+    CHECK(expect_norms_after_gemv < 0 ||
+          fs.norms_after_gemv == (uint64_t)expect_norms_after_gemv);
   }
   if (cpu && gpu) {
     kiln_status st = p_execute(cpu, p, in, cpu_out, &err);
@@ -278,9 +284,10 @@ static void test_gemm(void) {
           p_op(p, KILN_OP_LINEAR, 3, OPS(x, w, b), y, 1, ATTR(c == 1 ? KILN_ACT_GELU_ERF : 0),
                0);
           snprintf(name, sizeof name,
-                   "linear gemv split-K spread %d N %lld (%d cols) %lld rows %s", spread,
+                   "linear gemv split-K spread %d N %lld (%d cols of %d) %lld rows %s", spread,
                    (long long)split_n[c], kcu_gemv_columns(split_n[c], gemv_rows[r], dt, spread),
-                   (long long)gemv_rows[r], kiln_dtype_name(dt));
+                   kcu_gemv_tile(split_n[c], gemv_rows[r], dt, spread), (long long)gemv_rows[r],
+                   kiln_dtype_name(dt));
           compare(p, name, NULL);
         }
       }
@@ -537,6 +544,84 @@ static void test_norm_in_gemv(void) {
     compare(p, name, NULL);
   }
   expect_norms_in_gemv = -1;
+  kcu_test_gemv_choice = -1;
+  kcu_test_gemv_spread = -1;
+}
+
+/* A norm its readers do not compute (a GEMV of more than a wave reads it, or a pointwise op),
+ * whose input a one-row GEMV just wrote, is computed by that GEMV's last block
+ * (kcu_fold_norms_after): RMS after a GEMV with its residual, a layer norm with weight and bias
+ * through a reshape placed on the GEMV's output into a program output (poisoned before each of
+ * compare's runs, so each launch's last block must find the arrival count set back). Not in f32, not for two rows (the tensor-core kernels), not where the norm's
+ * input is not that GEMV's output. */
+static void test_norm_after_gemv(void) {
+  char name[96];
+  kcu_test_gemv_choice = 1;
+  kcu_test_gemv_spread = 0;
+  for (int di = 0; di < 3; di++) {
+    kiln_dtype dt = di == 0 ? KILN_F16 : di == 1 ? KILN_BF16 : KILN_F32;
+    int folds = dt != KILN_F32;
+    expect_norms_in_gemv = 0;
+    expect_norms_after_gemv = folds;
+    prog *p = p_new();
+    uint32_t x = IN(p, dt, 2, 1, 2048), r = IN(p, dt, 2, 1, 1024);
+    uint32_t y = MID(p, dt, 2, 1, 1024), h = MID(p, dt, 2, 1, 1024);
+    p_op(p, KILN_OP_LINEAR, 3, OPS(x, p_weight(p, dt, 2, DIMS(1024, 2048), -0.05, 0.05), r), y,
+         2, ATTR(KILN_ACT_NONE, 1), 0);
+    p_op(p, KILN_OP_RMS_NORM, 2, OPS(y, p_weight(p, dt, 1, DIMS(1024), 0.5, 1.5)), h, 2,
+         ATTR(1, 1), 1e-6);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(h, p_weight(p, dt, 2, DIMS(16384, 1024), -0.05, 0.05)),
+         OUT(p, dt, 2, 1, 16384), 1, ATTR(KILN_ACT_NONE), 0);
+    snprintf(name, sizeof name, "norm after gemv rms residual %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    p = p_new();
+    x = IN(p, dt, 2, 1, 1024);
+    y = MID(p, dt, 2, 1, 2048);
+    uint32_t v = MID(p, dt, 3, 1, 1, 2048);
+    p->tensors[v].offset = p->tensors[y].offset; /* the reshape is placed on y's bytes */
+    h = OUT(p, dt, 3, 1, 1, 2048); /* poisoned between runs: each must write it */
+    p_op(p, KILN_OP_LINEAR, 3,
+         OPS(x, p_weight(p, dt, 2, DIMS(2048, 1024), -0.05, 0.05),
+             p_weight(p, dt, 1, DIMS(2048), 0.5, 3.0)),
+         y, 1, ATTR(KILN_ACT_NONE), 0);
+    p_op(p, KILN_OP_RESHAPE, 1, OPS(y), v, 3, ATTR(1, 1, 2048), 0);
+    p_op(p, KILN_OP_LAYER_NORM, 3,
+         OPS(v, p_weight(p, dt, 1, DIMS(2048), 0.5, 1.5), p_weight(p, dt, 1, DIMS(2048), -1, 1)),
+         h, 2, ATTR(1, 3), 1e-5);
+    snprintf(name, sizeof name, "norm after gemv layer norm through a view %s",
+             kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    expect_norms_after_gemv = 0;
+    p = p_new(); /* two rows: the tensor-core kernels, which compute no norm */
+    x = IN(p, dt, 2, 2, 2048);
+    y = MID(p, dt, 2, 2, 1024);
+    h = MID(p, dt, 2, 2, 1024);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(x, p_weight(p, dt, 2, DIMS(1024, 2048), -0.05, 0.05)), y, 1,
+         ATTR(KILN_ACT_NONE), 0);
+    p_op(p, KILN_OP_RMS_NORM, 2, OPS(y, p_weight(p, dt, 1, DIMS(1024), 0.5, 1.5)), h, 2,
+         ATTR(1, 1), 1e-6);
+    p_op(p, KILN_OP_NEG, 1, OPS(h), OUT(p, dt, 2, 2, 1024), 0, NULL, 0);
+    snprintf(name, sizeof name, "norm after gemv refused two rows %s", kiln_dtype_name(dt));
+    compare(p, name, NULL);
+
+    p = p_new(); /* the norm reads the GEMV's input, not its output */
+    x = MID(p, dt, 2, 1, 1024);
+    h = MID(p, dt, 2, 1, 1024);
+    uint32_t a = IN(p, dt, 2, 1, 1024);
+    p_op(p, KILN_OP_NEG, 1, OPS(a), x, 0, NULL, 0);
+    p_op(p, KILN_OP_LINEAR, 2, OPS(x, p_weight(p, dt, 2, DIMS(1024, 1024), -0.05, 0.05)),
+         OUT(p, dt, 2, 1, 1024), 1, ATTR(KILN_ACT_NONE), 0);
+    p_op(p, KILN_OP_RMS_NORM, 2, OPS(x, p_weight(p, dt, 1, DIMS(1024), 0.5, 1.5)), h, 2,
+         ATTR(1, 1), 1e-6);
+    p_op(p, KILN_OP_NEG, 1, OPS(h), OUT(p, dt, 2, 1, 1024), 0, NULL, 0);
+    snprintf(name, sizeof name, "norm after gemv refused the gemv's input %s",
+             kiln_dtype_name(dt));
+    compare(p, name, NULL);
+  }
+  expect_norms_in_gemv = -1;
+  expect_norms_after_gemv = -1;
   kcu_test_gemv_choice = -1;
   kcu_test_gemv_spread = -1;
 }
@@ -2833,10 +2918,10 @@ static void time_linear_shape(const char *label, int64_t M, int64_t N, int64_t K
   }
   double floor_us = (double)w_bytes / rate;
   printf("time-linear %-11s M %2lld N %5lld K %5lld %-4s floor %6.2f us  cublasLt %7.2f (%.2fx, #%d)  "
-         "gemv %s %7.2f (%.2fx, spread %d)  agree %.1e\n",
+         "gemv %s %7.2f (%.2fx, spread %d, tile %2d)  agree %.1e\n",
          label, (long long)M, (long long)N, (long long)K, kiln_dtype_name(dt), floor_us, lt,
          lt / floor_us, lt_best, kcu_gemv_tensor_cores(M, dt) ? "tensor cores" : "cuda cores  ",
-         gemv, gemv / floor_us, gemv_best, e);
+         gemv, gemv / floor_us, gemv_best, kcu_gemv_tile(rows, M, dt, gemv_best), e);
   CHECK(lt > 0.0 && gemv > 0.0 && e <= dtype_tolerance(dt));
   kcu_gemm_release(&b.g);
   cudaFree(b.g.scratch);
@@ -4153,6 +4238,7 @@ int main(int argc, char **argv) {
     test_padded_pitch_bound();
     test_gemm();
     test_norm_in_gemv();
+    test_norm_after_gemv();
     test_attention();
     test_flash_attention();
     test_packed_attention();
@@ -4172,6 +4258,7 @@ int main(int argc, char **argv) {
   test_padded_pitch_bound();
   test_gemm();
   test_norm_in_gemv();
+  test_norm_after_gemv();
   test_pointwise();
   test_logic();
   test_fused_pointwise();
