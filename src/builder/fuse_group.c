@@ -434,16 +434,18 @@ static int assemble(const compiler *c, uint32_t result, int64_t **words, uint32_
 
 static int float_desc(const kiln_tensor_desc *t) { return kiln_dtype_is_float(t->dtype); }
 
-/* 1 when op may be a member of a group. */
+/* 1 when op may be a member of a group. A float CAST of an integer or bool (a decoder's
+ * positions ahead of its rotary tables, an encoder's attention mask) loads that input as the
+ * cast converts it, so the cast runs no kernel of its own. */
 static int groupable(const kiln_graph *g, const kiln_op *op) {
   const kiln_tensor_desc *out = &g->tensors[op->output].desc;
   uint32_t n = op->n_inputs;
   if (!float_desc(out)) return 0;
+  if (op->kind == KILN_OP_CAST) return 1;
   for (uint32_t k = 0; k < n; k++)
     if (!float_desc(&g->tensors[op->inputs[k]].desc)) return 0;
   switch (op->kind) {
   case KILN_OP_POINTWISE:
-  case KILN_OP_CAST:
   case KILN_OP_COPY:
   case KILN_OP_RESHAPE:
   case KILN_OP_PERMUTE:

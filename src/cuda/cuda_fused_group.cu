@@ -76,10 +76,10 @@ static __device__ __forceinline__ void kfx_rf_put(float *rf, uint32_t r, const f
 
 /* A run of V elements as 16-byte vectors: V = 8 of f16 or bf16 (one) or V = 4k of f32 (k). */
 template <int V> static __device__ __forceinline__ bool kfx_vec_ok(int dt) {
-  return dt == KILN_F32 ? V % 4 == 0 : V == 8;
+  return dt == KILN_F32 ? V % 4 == 0 : (dt == KILN_F16 || dt == KILN_BF16) && V == 8;
 }
 
-/* Element i of a float input (the plan parser accepts no other dtype). */
+/* Element i of a float input (kfx_load_int takes the others). */
 static __device__ __forceinline__ float kfx_ld1(const void *p, int dt, int64_t i) {
   if (dt == KILN_F32) return ((const float *)p)[i];
   if (dt == KILN_F16) return __half2float(((const __half *)p)[i]);
@@ -154,6 +154,33 @@ static __device__ __forceinline__ void kfx_gather(const void *src, int dt, I at,
   }
 }
 
+/* A run's V values in an array of their own: indexed by a loop not unrolled, it lives in local
+ * memory, not in the registers the run's other values use. */
+template <int V> struct kfx_vals {
+  float v[V];
+};
+
+/* kfx_load's innermost part for an integer or bool input, each element in [lo, hi) converted
+ * as a cast to f32 converts it (at: the run's outer address). The loop is not unrolled: the
+ * kernel has an instance for each run length and rank, and unrolled these rare loads added
+ * 12 KB of sm_90 code to them (7 KB rolled). */
+template <int V, typename I>
+static __device__ __forceinline__ kfx_vals<V> kfx_load_int(const void *src, int dt, I at, I c0,
+                                                           I s, I lo, I hi) {
+  kfx_vals<V> r;
+#pragma unroll 1
+  for (int k = 0; k < V; k++) {
+    I c = c0 + (I)k;
+    int64_t i = (int64_t)(I)(at + c * s);
+    r.v[k] = 0.0f;
+    if (c < lo || c >= hi) continue;
+    if (dt == KILN_I64) r.v[k] = (float)((const long long *)src)[i];
+    else if (dt == KILN_I32) r.v[k] = (float)((const int *)src)[i];
+    else r.v[k] = ((const unsigned char *)src)[i] ? 1.0f : 0.0f;
+  }
+  return r;
+}
+
 /* LOAD through map m for the run at outer coordinates coord and innermost c0..c0+V: zero
  * outside the box, and an address computed only inside it (the plan parser bounds it there). */
 template <int V, int R, typename I>
@@ -175,6 +202,14 @@ static __device__ __forceinline__ void kfx_load(const kcu_fx &p, const kcu_fx_ma
   const void *src = p.in[m.slot];
   const int dt = p.in_dtype[m.slot];
   const I s = (I)m.stride[ri];
+  if (dt != KILN_F32 && dt != KILN_F16 && dt != KILN_BF16) {
+    const bool inner = (m.box & KFX_INNER) != 0;
+    kfx_vals<V> r = kfx_load_int<V, I>(src, dt, at, c0, s, inner ? c0 : (I)m.lo[ri],
+                                       inner ? c0 + V : (I)m.hi[ri]);
+#pragma unroll
+    for (int k = 0; k < V; k++) v[k] = r.v[k];
+    return;
+  }
   if (m.box & KFX_INNER) {
     kfx_gather<V, I>(src, dt, (I)(at + c0 * s), s, v);
     return;

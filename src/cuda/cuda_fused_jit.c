@@ -92,6 +92,8 @@ static void kfx_prelude(kfx_text *t, int narrow) {
 #undef KFX_DEFINE
   kfx_put(t, "#define KILN_F32 %d\n#define KILN_F16 %d\n#define KILN_BF16 %d\n", (int)KILN_F32,
           (int)KILN_F16, (int)KILN_BF16);
+  kfx_put(t, "#define KILN_I64 %d\n#define KILN_I32 %d\n#define KILN_BOOL %d\n", (int)KILN_I64,
+          (int)KILN_I32, (int)KILN_BOOL);
   kfx_put(t, "#define KILN_MAX_OP_INPUTS %d\n", KILN_MAX_OP_INPUTS);
   kfx_put(t, "typedef %s kfx_i;\n", narrow ? "unsigned" : "long long");
   kfx_put(t, "%s\n%s\n", kcu_op_math_text, kcu_fused_jit_text);

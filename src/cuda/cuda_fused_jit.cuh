@@ -36,8 +36,12 @@ template <int DT> static __device__ __forceinline__ float kfx_round(float v) {
   return DT == KILN_F16 ? kfx_f16_to_f32(kfx_f32_to_f16(v)) : kfx_bf16_to_f32(kfx_f32_to_bf16(v));
 }
 
+/* An element as a float: an integer or bool input converts as a cast to f32 does. */
 template <int DT> static __device__ __forceinline__ float kfx_ld1(const void *p, long long i) {
   if (DT == KILN_F32) return ((const float *)p)[i];
+  if (DT == KILN_I64) return (float)((const long long *)p)[i];
+  if (DT == KILN_I32) return (float)((const int *)p)[i];
+  if (DT == KILN_BOOL) return ((const unsigned char *)p)[i] ? 1.0f : 0.0f;
   unsigned short h = ((const unsigned short *)p)[i];
   return DT == KILN_F16 ? kfx_f16_to_f32(h) : kfx_bf16_to_f32(h);
 }
@@ -49,9 +53,10 @@ template <int DT> static __device__ __forceinline__ void kfx_pair(unsigned w, fl
                         : kfx_bf16_to_f32((unsigned short)(w >> 16));
 }
 
-/* A run of V elements loads as 16-byte vectors: V = 8 of f16 or bf16, V a multiple of 4 of f32. */
+/* A run of V elements loads as 16-byte vectors: V = 8 of f16 or bf16, V a multiple of 4 of f32
+ * (an integer or bool input loads element by element). */
 template <int V, int DT> struct kfx_vec {
-  enum { ok = DT == KILN_F32 ? V % 4 == 0 : V == 8 };
+  enum { ok = DT == KILN_F32 ? V % 4 == 0 : (DT == KILN_F16 || DT == KILN_BF16) && V == 8 };
 };
 
 /* v[k] = element at + k * s of src for every k of the run (every address inside the box). */

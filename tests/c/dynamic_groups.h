@@ -80,7 +80,8 @@ static inline int32_t dg_rotary(kiln_builder *b, int32_t x, int64_t heads, int64
 
 /* Groups valid at every size: the rotary embeddings of q (4 heads) and k (2 heads) -> [1, H, s,
  * 8]; z * rsqrt(mean(x^2) + eps) * w over x, z [1, s, 16] (the norm of another tensor: pieces,
- * not an RMS_NORM); silu(z * t) + x with t an [s, 16] table. */
+ * not an RMS_NORM); silu(z * t) + x with t an [s, 16] table; x * keep + pos * t with keep a
+ * bool [1, s, 16] and pos an i64 [s, 1] cast to dt (integer loads). */
 static inline int dyn_groups(kiln_builder *b, kiln_dtype dt, int64_t max) {
   kiln_error err = {KILN_OK, ""};
   const kiln_sym_size seq3[3] = {DG_NO, DG_S, DG_NO}, seq2[2] = {DG_S, DG_NO};
@@ -92,6 +93,8 @@ static inline int dyn_groups(kiln_builder *b, kiln_dtype dt, int64_t max) {
   int32_t x = dg_in(b, "x", dt, 3, DG(1, max, 16), seq3);
   int32_t z = dg_in(b, "z", dt, 3, DG(1, max, 16), seq3);
   int32_t w = dg_in(b, "w", dt, 1, DG(16), NULL), t = dg_in(b, "t", dt, 2, DG(max, 16), seq2);
+  int32_t keep = dg_in(b, "keep", KILN_BOOL, 3, DG(1, max, 16), seq3);
+  int32_t pos = dg_in(b, "pos", KILN_I64, 2, DG(max, 1), seq2);
   int32_t sq = dg_op(b, KILN_OP_POW, &x, 1, NULL, NULL, 0, (const double[]){2.0}, 1);
   int32_t m = dg_op(b, KILN_OP_MEAN, &sq, 1, DG(4, 1), NULL, 2, NULL, 0);
   int32_t r = dg_unary(b, KILN_OP_RSQRT, dg_binary(b, KILN_OP_ADD, m, dg_scalar(b, dt, 1e-5f)));
@@ -100,8 +103,13 @@ static inline int dyn_groups(kiln_builder *b, kiln_dtype dt, int64_t max) {
   int32_t u = dg_binary(b, KILN_OP_ADD, dg_unary(b, KILN_OP_SILU, zt), x);
   int ok = dg_out(b, dg_rotary(b, xq, 4, max, cos, sin), "q");
   ok &= dg_out(b, dg_rotary(b, xk, 2, max, cos, sin), "k");
+  int32_t kf = dg_op(b, KILN_OP_CAST, &keep, 1, DG(dt), NULL, 1, NULL, 0);
+  int32_t pf = dg_op(b, KILN_OP_CAST, &pos, 1, DG(dt), NULL, 1, NULL, 0);
+  int32_t e = dg_binary(b, KILN_OP_ADD, dg_binary(b, KILN_OP_MUL, x, kf),
+                        dg_binary(b, KILN_OP_MUL, pf, t));
   ok &= dg_out(b, y, "y");
-  return ok & dg_out(b, u, "u");
+  ok &= dg_out(b, u, "u");
+  return ok & dg_out(b, e, "e");
 }
 
 /* Groups whose loads follow s: relu of x [1, 4, s, 8] permuted to [1, s, 4, 8] (its head stride

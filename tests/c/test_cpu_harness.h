@@ -207,6 +207,9 @@ static inline void fill_value(void *p, kiln_dtype dt, int64_t i, double v) {
   switch (dt) {
   case KILN_F16: ((uint16_t *)p)[i] = kiln_f32_to_f16((float)v); break;
   case KILN_BF16: ((uint16_t *)p)[i] = kiln_f32_to_bf16((float)v); break;
+  case KILN_I64: ((int64_t *)p)[i] = (int64_t)llround(v); break;
+  case KILN_I32: ((int32_t *)p)[i] = (int32_t)lround(v); break;
+  case KILN_BOOL: ((uint8_t *)p)[i] = v > 0.0; break;
   default: ((float *)p)[i] = (float)v; break;
   }
 }

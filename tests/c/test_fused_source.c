@@ -125,8 +125,12 @@ static void test_runs_and_gates(void) {
     const int64_t *dims = shapes[k].dims;
     int64_t numel = 1;
     for (int32_t d = 0; d < r; d++) numel *= dims[d];
-    for (int t = 0; t < 4; t++) { /* f32, f16, bf16; f16 out of f32 inputs */
-      kiln_dtype dt = t < 3 ? (kiln_dtype)t : KILN_F16, it = t < 3 ? dt : KILN_F32;
+    for (int t = 0; t < 7; t++) { /* f32, f16, bf16; f16 of f32; f32, f16, bf16 of integers */
+      static const kiln_dtype outs[7] = {KILN_F32, KILN_F16, KILN_BF16, KILN_F16,
+                                         KILN_F32, KILN_F16, KILN_BF16};
+      static const kiln_dtype ins[7] = {KILN_F32, KILN_F16, KILN_BF16, KILN_F32,
+                                        KILN_I64, KILN_I32, KILN_BOOL};
+      kiln_dtype dt = outs[t], it = ins[t];
       plan_builder b = {0};
       kcu_fx fx;
       tensor(&b, KILN_STORE_INPUT, it, 1, DIMS(numel + 8));

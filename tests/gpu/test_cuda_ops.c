@@ -897,17 +897,22 @@ static void test_fused_runs(void) {
       numel *= dims[d];
       at += snprintf(shape + at, sizeof shape - (size_t)at, "%s%lld", d ? "x" : "", (long long)dims[d]);
     }
-    for (int t = 0; t < 5; t++) {
-      /* f32, f16, bf16 alike; then f16 out of f32 inputs and bf16 out of f16 inputs */
-      kiln_dtype dt = t < 3 ? float_types[t] : t == 3 ? KILN_F16 : KILN_BF16;
-      kiln_dtype it = t < 3 ? dt : t == 3 ? KILN_F32 : KILN_F16;
+    for (int t = 0; t < 8; t++) {
+      /* f32, f16, bf16 alike; f16 out of f32 inputs and bf16 out of f16 ones; f32, f16 and bf16
+       * out of i64, i32 and bool inputs (loaded as their casts convert them) */
+      static const kiln_dtype outs[8] = {KILN_F32, KILN_F16, KILN_BF16, KILN_F16, KILN_BF16,
+                                         KILN_F32, KILN_F16, KILN_BF16};
+      static const kiln_dtype ins[8] = {KILN_F32, KILN_F16, KILN_BF16, KILN_F32, KILN_F16,
+                                        KILN_I64, KILN_I32, KILN_BOOL};
+      kiln_dtype dt = outs[t], it = ins[t];
       prog *p = p_new();
       uint32_t x = IN(p, it, 1, numel + 8), y = IN(p, it, 1, dims[r - 1]), z = IN(p, it, 1, dims[0]);
       uint32_t n = fx_runs(maps, code, r, dims);
       p_fused(p, 3, OPS(x, y, z), p_tensor(p, KILN_STORE_OUTPUT, dt, r, dims), r, 7, maps, n, code);
       snprintf(name, sizeof name, "fused runs %s %s of %s", shape, kiln_dtype_name(dt),
                kiln_dtype_name(it));
-      compare(p, name, NULL);
+      io_range wide[3] = {{-9, 9}, {-9, 9}, {-9, 9}}; /* integers of several values */
+      compare(p, name, t >= 5 ? wide : NULL);
       if (t >= 3) continue;
       p = p_new(); /* contiguous maps: the dims coalesce into one */
       x = p_tensor(p, KILN_STORE_INPUT, dt, r, dims), y = p_tensor(p, KILN_STORE_INPUT, dt, r, dims);
@@ -3778,7 +3783,7 @@ static void test_dynamic_fused(void) {
     }
     uint32_t fused = 0;
     for (uint32_t i = 0; i < plan.n_ops; i++) fused += plan.ops[i].kind == KILN_OP_FUSED;
-    CHECK(fused == (cfg < 3 ? 4u : 2u));
+    CHECK(fused == (cfg < 3 ? 5u : 2u));
     kiln_engine *cpu = load_on(blob, size, KILN_DEVICE_CPU);
     kiln_engine *gpu = load_on(blob, size, KILN_DEVICE_CUDA);
     dynf_io io;
