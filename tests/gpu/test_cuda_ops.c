@@ -552,8 +552,9 @@ static void test_norm_in_gemv(void) {
  * whose input a one-row GEMV just wrote, is computed by that GEMV's last block
  * (kcu_fold_norms_after): RMS after a GEMV with its residual, a layer norm with weight and bias
  * through a reshape placed on the GEMV's output into a program output (poisoned before each of
- * compare's runs, so each launch's last block must find the arrival count set back). Not in f32, not for two rows (the tensor-core kernels), not where the norm's
- * input is not that GEMV's output. */
+ * compare's runs, so each launch's last block must find the arrival count set back). Not in
+ * f32, not for two rows (the tensor-core kernels), not where the norm's input is not that
+ * GEMV's output. */
 static void test_norm_after_gemv(void) {
   char name[96];
   kcu_test_gemv_choice = 1;
