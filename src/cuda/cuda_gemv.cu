@@ -402,21 +402,25 @@ static __device__ __forceinline__ void kcu_gemv_t8_body(const int bf16, const vo
   kcu_gemv_epilogue(bf16 ? KILN_BF16 : KILN_F16, part, 8, 8, bias, res, y, M, N, act, cols);
 }
 
-#define KCU_GEMV_MMA_KERNEL(name, bf16, tile, nt)                                              \
+#define KCU_GEMV_T8_KERNEL(name, bf16)                                                         \
   __global__ void __launch_bounds__(KCU_GEMV_WARPS * 32)                                       \
       name(const void *x, const void *w, const void *bias, const void *res, void *y, int M,    \
            int64_t N, int64_t K, int act, int cols, kcu_gemv_norm nrm) {                       \
-    if (tile == 8)                                                                             \
-      kcu_gemv_t8_body(bf16, x, w, bias, res, y, M, N, K, act, cols);                          \
-    else                                                                                       \
-      kcu_gemv_t16_body(bf16, nt, x, w, bias, res, y, M, N, K, act, cols);                     \
+    kcu_gemv_t8_body(bf16, x, w, bias, res, y, M, N, K, act, cols);                            \
   }
-KCU_GEMV_MMA_KERNEL(kcu_gemv_t8_f16, 0, 8, 1)
-KCU_GEMV_MMA_KERNEL(kcu_gemv_t8_bf16, 1, 8, 1)
-KCU_GEMV_MMA_KERNEL(kcu_gemv_t16_m8_f16, 0, 16, 1)
-KCU_GEMV_MMA_KERNEL(kcu_gemv_t16_m8_bf16, 1, 16, 1)
-KCU_GEMV_MMA_KERNEL(kcu_gemv_t16_m16_f16, 0, 16, 2)
-KCU_GEMV_MMA_KERNEL(kcu_gemv_t16_m16_bf16, 1, 16, 2)
+KCU_GEMV_T8_KERNEL(kcu_gemv_t8_f16, 0)
+KCU_GEMV_T8_KERNEL(kcu_gemv_t8_bf16, 1)
+
+#define KCU_GEMV_T16_KERNEL(name, bf16, nt)                                                    \
+  __global__ void __launch_bounds__(KCU_GEMV_WARPS * 32)                                       \
+      name(const void *x, const void *w, const void *bias, const void *res, void *y, int M,    \
+           int64_t N, int64_t K, int act, int cols, kcu_gemv_norm nrm) {                       \
+    kcu_gemv_t16_body(bf16, nt, x, w, bias, res, y, M, N, K, act, cols);                       \
+  }
+KCU_GEMV_T16_KERNEL(kcu_gemv_t16_m8_f16, 0, 1)
+KCU_GEMV_T16_KERNEL(kcu_gemv_t16_m8_bf16, 1, 1)
+KCU_GEMV_T16_KERNEL(kcu_gemv_t16_m16_f16, 0, 2)
+KCU_GEMV_T16_KERNEL(kcu_gemv_t16_m16_bf16, 1, 2)
 
 #define KCU_GEMV_KERNEL(name, dt, rows, norm)                                                  \
   __global__ void __launch_bounds__(KCU_GEMV_WARPS * 32)                                       \
