@@ -9,8 +9,8 @@ activity (CUPTI) records every kernel in the process, the ones a replayed CUDA g
 included. For each step: its kernels, its span (first kernel start to last kernel end) and the
 gaps (span minus the kernels' own time: negative where kernels launched early overlap, each
 counting from its start, before the one ahead of it ends); one step's kernels in order; and the
-time per kernel name. Writes decode_trace.json (the profiler's Chrome trace) into OUT and prints
-the rest.
+time per kernel name. Writes decode_trace.json (the profiler's Chrome trace) into OUT (made if
+missing) and prints the rest.
 
 usage: python3 bench/decode_timeline.py OUT
 """
@@ -29,6 +29,7 @@ import timeline  # noqa: E402
 
 
 def main(out_dir):
+    os.makedirs(out_dir, exist_ok=True)
     cfg = gb.llama_config(4, 1152)
     model = gb.build_model(cfg, torch.float16)
     blobs = gb.export_program(model, 1152, os.path.join(out_dir, "decode_timeline.pte"))

@@ -91,6 +91,7 @@ def report(calls, title, in_order=True):
 
 
 def main(name, batch, dtype_name, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
     import bench
     import kiln
     from kiln import _lib
