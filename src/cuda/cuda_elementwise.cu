@@ -117,7 +117,6 @@ __global__ void kcu_where_kernel(kcu_bcast g, const unsigned char *c, const void
   }
 }
 
-
 static int kcu_same_shape(const kcu_tensor *a, const kcu_tensor *b) {
   if (a->rank != b->rank) return 0;
   for (int d = 0; d < a->rank; d++)
