@@ -9,8 +9,9 @@ activity (CUPTI) records every kernel in the process, the ones a replayed CUDA g
 included. For each step: its kernels, its span (first kernel start to last kernel end) and the
 gaps (span minus the kernels' own time: negative where kernels launched early overlap, each
 counting from its start, before the one ahead of it ends); one step's kernels in order; and the
-time per kernel name. Writes decode_trace.json (the profiler's Chrome trace) into OUT (made if
-missing) and prints the rest.
+time per kernel name; with each kernel's share of the step's span (how far its end moves the
+latest end before it: timeline.py), where the step's time goes. Writes decode_trace.json (the
+profiler's Chrome trace) into OUT (made if missing) and prints the rest.
 
 usage: python3 bench/decode_timeline.py OUT
 """

@@ -6,8 +6,11 @@ torch.compile(mode="reduce-overhead") on the same inputs. After warm-up, 10 call
 under torch.profiler, whose CUDA activity (CUPTI) records every kernel, the ones replayed CUDA
 graphs launch included. For each: every call's span (first kernel start to last kernel end) and
 gaps (span minus the kernels' own time; negative where kernels launched early overlap), one
-call's kernels in order, and the time per kernel name. So a case that misses its goal shows which
-of its kernels take longer than the baseline's.
+call's kernels in order, and the time per kernel name. Each kernel's share of the span is what its
+end adds to the latest end before it (a kernel launched early that ends inside the one ahead of it
+adds nothing), so the shares of a call sum to its span and say where its time goes when kernels
+overlap. So a case that misses its goal shows which of its kernels take longer than the
+baseline's.
 
 usage: python3 bench/timeline.py NAME BATCH DTYPE OUT   (e.g. gpt2 1 float16 /tmp/out)
 """
@@ -61,8 +64,20 @@ def span_and_gaps(call):
     return span, span - sum(e["dur"] for e in call)
 
 
+def span_shares(call):
+    """Each kernel's share of its call's span, in the call's order: how far its end moves the
+    latest end of the kernels before it (the first: its duration). They sum to the span."""
+    shares, latest = [], call[0]["ts"]
+    for e in call:
+        end = e["ts"] + e["dur"]
+        shares.append(max(0.0, end - latest))
+        latest = max(latest, end)
+    return shares
+
+
 def report(calls, title, in_order=True):
-    """Prints each call's span and gaps, one call's kernels in order, and time per kernel name."""
+    """Prints each call's span and gaps, one call's kernels in order with their shares of the
+    span, and time and span share per kernel name."""
     print(f"## {title}")
     for s in calls:
         span, gaps = span_and_gaps(s)
@@ -72,21 +87,22 @@ def report(calls, title, in_order=True):
         return
     if in_order:
         s = calls[len(calls) // 2]
-        print("one call, in order: start offset, duration, gap before, name")
+        print("one call, in order: start offset, duration, gap before, share of the span, name")
         prev_end = s[0]["ts"]
-        for e in s:
+        for e, share in zip(s, span_shares(s)):
             start, gap = e["ts"] - s[0]["ts"], e["ts"] - prev_end
-            print(f"{start:8.1f} {e['dur']:7.1f} {gap:6.1f}  {e['name'][:110]}")
+            print(f"{start:8.1f} {e['dur']:7.1f} {gap:6.1f} {share:6.1f}  {e['name'][:104]}")
             prev_end = e["ts"] + e["dur"]
-    by_name = collections.defaultdict(lambda: [0, 0.0])
+    by_name = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for s in calls:
-        for e in s:
+        for e, share in zip(s, span_shares(s)):
             k = e["name"][:80]
             by_name[k][0] += 1
             by_name[k][1] += e["dur"]
-    print("per kernel name, per call: count, total us")
-    for k, (n, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
-        print(f"{n / len(calls):6.1f} {t / len(calls):8.1f}  {k}")
+            by_name[k][2] += share
+    print("per kernel name, per call: count, total us, share of the span us")
+    for k, (n, t, sh) in sorted(by_name.items(), key=lambda kv: -kv[1][2]):
+        print(f"{n / len(calls):6.1f} {t / len(calls):8.1f} {sh / len(calls):8.1f}  {k}")
     print(flush=True)
 
 

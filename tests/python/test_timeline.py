@@ -35,3 +35,12 @@ def test_span_and_gaps():
     # the last to start is not the last to end
     span, gaps = timeline.span_and_gaps([kernel(0.0, 30.0), kernel(6.0, 8.0)])
     assert (span, gaps) == (30.0, -8.0)
+
+
+def test_span_shares_sum_to_the_span():
+    # the second launched early and ends after the first: it adds its end past the first's; the
+    # third ends inside the second: nothing; the fourth starts after a gap: the gap and itself
+    call = [kernel(0.0, 10.0), kernel(6.0, 8.0), kernel(7.0, 2.0), kernel(20.0, 5.0)]
+    shares = timeline.span_shares(call)
+    assert shares == [10.0, 4.0, 0.0, 11.0]
+    assert sum(shares) == timeline.span_and_gaps(call)[0]
