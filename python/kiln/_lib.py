@@ -148,6 +148,7 @@ CUDA_STATS_FIELDS = (
     "stage_threads", "stage_slot_bytes", "state_resets", "host_out_bytes", "shape_captures",
     "shape_evictions", "choices_measured", "choices_reused", "fused_compiled", "fused_interpreted",
     "attention_cudnn", "norms_in_gemv", "cache_writes_in_attention", "norms_after_gemv",
+    "ops_beside",
 )
 
 

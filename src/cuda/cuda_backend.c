@@ -19,6 +19,7 @@
 #include "cuda_backend.h"
 
 #include "runtime/engine_internal.h"
+#include "runtime/branches.h"
 #include "cuda_attention_gemm.h"
 #include "cuda_attention_graph.h"
 #include "runtime/symbolic.h"
@@ -134,6 +135,12 @@ typedef struct kcu_state {
                         * norm_link is -1); others 0. See kcu_fold_norms_after. */
   unsigned *norm_arrivals; /* device: one count an op, for norm_after's GEMVs */
   kcu_append_link *append; /* one per op (static plans), or NULL; see kcu_fold_cache_writes */
+  int32_t *beside;     /* one per op (static plans), or NULL: an op run beside the chain holds 1 +
+                        * the first op on the chain that reads its result; others 0. See
+                        * kcu_plan_beside. */
+  cudaStream_t beside_stream; /* the branch those ops run on */
+  cudaEvent_t fork, *beside_done; /* the chain's point a branch op starts from; one an op, when
+                                   * it ends */
   void *attn_scratch;  /* scores of the SDPA op (or SwiGLU's gate and up) being run */
   size_t attn_scratch_bytes;
   kcu_dec_scratch dec; /* the decoding kernel's: attn_scratch and its arrival counts */
@@ -252,7 +259,7 @@ static int kcu_residual_just_written(const kcu_state *s, const kiln_plan *p, uin
     kcu_tensor w = kcu_resolve(s, p, p->ops[j].output, in_addr, out_addr);
     const char *w0 = (const char *)w.data, *w1 = w0 + (size_t)w.numel * kiln_dtype_size(w.dtype);
     if (w0 < r1 && r0 < w1) return 1;
-    if (!kcu_in_place_view(s, p, j, in_addr, out_addr)) return 0;
+    if (!kcu_in_place_view(s, p, j, in_addr, out_addr) && !(s->beside && s->beside[j])) return 0;
   }
   return 0;
 }
@@ -274,10 +281,9 @@ static kcu_gemv_norm kcu_norm_of(const kcu_state *s, const kiln_plan *p, int32_t
   return nrm;
 }
 
-static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, void *const *in_addr,
-                              void *const *out_addr) {
+static cudaError_t kcu_run_op(kcu_state *s, const kiln_plan *p, uint32_t i, cudaStream_t st,
+                              void *const *in_addr, void *const *out_addr) {
   const kiln_op *op = &p->ops[i];
-  cudaStream_t st = s->stream;
   kcu_tensor in[KILN_MAX_OP_INPUTS];
   for (uint32_t k = 0; k < op->n_inputs; k++) in[k] = kcu_resolve(s, p, op->inputs[k], in_addr, out_addr);
   kcu_tensor out = kcu_resolve(s, p, op->output, in_addr, out_addr);
@@ -440,6 +446,43 @@ static cudaError_t kcu_add_copy(kcu_state *s, kcu_io_copies *c, const void *src,
   return rc;
 }
 
+/* Enqueues the ops: each on the chain (the engine's stream), or beside it (kcu_plan_beside):
+ * forked from the chain where it stands in the plan, and joined into the chain before the first
+ * op there reading its result. A join waits for every op launched beside so far (the branch is
+ * one stream), so the ops it covers need no join of their own: a kernel joined to the branch is
+ * not launched early, and the fewer such kernels the better (a decode step's rotary group joins
+ * both its position copy and the attention's mask compare; the attention keeps its early
+ * launch). Every branch is joined before the run ends. */
+static cudaError_t kcu_run_ops(kcu_state *s, const kiln_plan *p, void *const *in_addr,
+                               void *const *out_addr) {
+  cudaError_t rc = cudaSuccess;
+  int64_t last = -1, joined = -1; /* the latest op launched beside the chain, and joined */
+  for (uint32_t i = 0; rc == cudaSuccess && i < p->n_ops; i++) {
+    if (!s->beside) {
+      rc = kcu_run_op(s, p, i, s->stream, in_addr, out_addr);
+      continue;
+    }
+    for (int64_t b = joined + 1; b <= last; b++)
+      if (s->beside[b] == (int32_t)i + 1) {
+        rc = cudaStreamWaitEvent(s->stream, s->beside_done[last], 0);
+        joined = last;
+        break;
+      }
+    if (rc != cudaSuccess || !s->beside[i]) {
+      if (rc == cudaSuccess) rc = kcu_run_op(s, p, i, s->stream, in_addr, out_addr);
+      continue;
+    }
+    rc = cudaEventRecord(s->fork, s->stream);
+    if (rc == cudaSuccess) rc = cudaStreamWaitEvent(s->beside_stream, s->fork, 0);
+    if (rc == cudaSuccess) rc = kcu_run_op(s, p, i, s->beside_stream, in_addr, out_addr);
+    if (rc == cudaSuccess) rc = cudaEventRecord(s->beside_done[i], s->beside_stream);
+    last = i;
+  }
+  if (rc == cudaSuccess && joined < last)
+    rc = cudaStreamWaitEvent(s->stream, s->beside_done[last], 0);
+  return rc;
+}
+
 /* Enqueues one run: optionally the inputs in from the pinned ring (one kernel), every op, then
  * one kernel that copies the outputs out to the ring (optionally) and the fault words to the
  * host, clearing them for the next run. */
@@ -453,7 +496,7 @@ static cudaError_t kcu_enqueue(kcu_state *s, const kiln_plan *p, void *const *in
                       (size_t)p->tensors[s->in[i].tensor].nbytes);
   if (rc == cudaSuccess && c.n) rc = kcu_io_copy(s->stream, &c);
   c.n = 0;
-  for (uint32_t i = 0; rc == cudaSuccess && i < p->n_ops; i++) rc = kcu_run_op(s, p, i, in_addr, out_addr);
+  if (rc == cudaSuccess) rc = kcu_run_ops(s, p, in_addr, out_addr);
   for (uint32_t i = 0; rc == cudaSuccess && host_copies && i < s->n_out; i++)
     rc = kcu_add_copy(s, &c, s->out[i].dev, (char *)s->ring_dev + s->out[i].ring_off,
                       (size_t)p->tensors[s->out[i].tensor].nbytes);
@@ -645,6 +688,12 @@ static void kcu_destroy(kiln_engine *e) {
   free(s->norm_after);
   cudaFree(s->norm_arrivals);
   free(s->append);
+  for (uint32_t i = 0; s->beside_done && i < e->plan.n_ops; i++)
+    if (s->beside_done[i]) cudaEventDestroy(s->beside_done[i]);
+  free(s->beside_done);
+  free(s->beside);
+  if (s->fork) cudaEventDestroy(s->fork);
+  if (s->beside_stream) cudaStreamDestroy(s->beside_stream);
   for (uint32_t i = 0; s->in && i < s->n_in; i++) cudaFree(s->in[i].dev);
   for (uint32_t i = 0; s->out && i < s->n_out; i++) cudaFree(s->out[i].dev);
   kcu_staging_release(&s->staging);
@@ -1092,7 +1141,7 @@ typedef struct kcu_op_call {
 static cudaError_t kcu_op_call_run(void *ctx, cudaStream_t stream) {
   const kcu_op_call *c = (const kcu_op_call *)ctx;
   (void)stream; /* kcu_run_op enqueues on the engine's stream */
-  return kcu_run_op(c->s, c->p, c->i, c->s->dev_in, c->s->dev_out);
+  return kcu_run_op(c->s, c->p, c->i, c->s->stream, c->s->dev_in, c->s->dev_out);
 }
 
 /* Each static SDPA op cuDNN's fused attention may take (kcu_sdpa_graph_shape) gets the faster
@@ -1420,6 +1469,92 @@ static kiln_status kcu_fold_cache_writes(kcu_state *s, const kiln_plan *p, kiln_
   return KILN_OK;
 }
 
+/* Ops beside the chain. A small op whose result is first read a few kernels later (a decode
+ * step's position and its attention mask, an encoder's mask arithmetic) need not hold up the
+ * kernels between: it runs on a second stream forked from the chain where it stands in the plan,
+ * and the first op on the chain reading its result (directly or through views placed on its
+ * bytes) waits for it. The captured graph has two branches; the chain's kernels keep launching
+ * early one after another. Static plans; not the matmuls, convolutions, attention or state
+ * writes, nor an op reading state. */
+#define KCU_BESIDE_MAX_BYTES ((uint64_t)256 << 10)
+
+/* Whether op i, not a view on its input's bytes, launches anything: not a norm a GEMV computes
+ * or a cache write the decoding attention does. */
+static int kcu_op_launches(const kcu_state *s, uint32_t i) {
+  return !(s->norm_link && s->norm_link[i] < 0) && !(s->append && s->append[i].op[0] < 0);
+}
+
+/* Whether op i, launching kernels of its own, may run beside the chain. */
+static int kcu_may_go_beside(const kiln_plan *p, uint32_t i) {
+  const kiln_op *op = &p->ops[i];
+  switch (op->kind) {
+  case KILN_OP_LINEAR:
+  case KILN_OP_MATMUL:
+  case KILN_OP_CONV:
+  case KILN_OP_CONV_TRANSPOSE:
+  case KILN_OP_SDPA:
+  case KILN_OP_INDEX_COPY: return 0;
+  default: break;
+  }
+  const kiln_tensor_desc *out = &p->tensors[op->output];
+  if (out->storage != KILN_STORE_ARENA || out->nbytes > KCU_BESIDE_MAX_BYTES) return 0;
+  for (uint32_t k = 0; k < op->n_inputs; k++)
+    if (p->tensors[op->inputs[k]].storage == KILN_STORE_STATE) return 0;
+  return 1;
+}
+
+/* Which ops run beside the chain (runtime/branches.h decides from what init knows of each op
+ * and the bytes each tensor takes). */
+static kiln_status kcu_plan_beside(kcu_state *s, const kiln_plan *p, kiln_error *err) {
+  if (s->dynamic) return KILN_OK;
+  size_t ops = p->n_ops, tensors = p->n_tensors;
+  int32_t *beside = (int32_t *)kcu_calloc(s, ops, sizeof *beside);
+  uint64_t(*bytes)[2] = (uint64_t(*)[2])kcu_calloc(s, tensors, sizeof *bytes);
+  uint8_t *flags = (uint8_t *)kcu_calloc(s, 3 * ops + tensors, 1);
+  kiln_status st = KILN_OK;
+  uint32_t n = 0;
+  if (!beside || !bytes || !flags) {
+    st = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY, "out of host memory planning the branches of %u "
+                   "ops; free memory and load again", p->n_ops);
+    goto done;
+  }
+  kiln_branch_facts f = {flags, flags + ops, flags + 2 * ops, (const uint64_t(*)[2])bytes};
+  for (uint32_t t = 0; t < p->n_tensors; t++) {
+    bytes[t][0] = (uint64_t)(uintptr_t)kcu_tensor_addr(s, &p->tensors[t], s->dev_in, s->dev_out);
+    bytes[t][1] = bytes[t][0] + p->tensors[t].nbytes;
+  }
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    int view = kcu_in_place_view(s, p, i, s->dev_in, s->dev_out);
+    flags[2 * ops + i] = (uint8_t)view;
+    flags[ops + i] = (uint8_t)(!view && kcu_op_launches(s, i));
+    flags[i] = (uint8_t)(flags[ops + i] && kcu_may_go_beside(p, i));
+  }
+  if (!(n = kiln_plan_branches(p, &f, flags + 3 * ops, beside))) goto done;
+  s->beside_done = (cudaEvent_t *)kcu_calloc(s, p->n_ops, sizeof *s->beside_done);
+  if (!s->beside_done) {
+    st = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY, "out of host memory for the branch events of "
+                   "%u ops; free memory and load again", p->n_ops);
+    goto done;
+  }
+  cudaError_t rc = kcu_injected() ? cudaErrorMemoryAllocation
+                   : cudaStreamCreateWithFlags(&s->beside_stream, cudaStreamNonBlocking);
+  if (rc == cudaSuccess) rc = cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming);
+  for (uint32_t i = 0; rc == cudaSuccess && i < p->n_ops; i++)
+    if (beside[i]) rc = cudaEventCreateWithFlags(&s->beside_done[i], cudaEventDisableTiming);
+  if (rc != cudaSuccess) {
+    st = kcu_cuda_error(s, rc, "branch stream and events", err);
+    goto done;
+  }
+  s->beside = beside;
+  beside = NULL;
+  s->stats.ops_beside = n;
+done:
+  free(beside);
+  free(bytes);
+  free(flags);
+  return st;
+}
+
 static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err) {
   kiln_status st = kcu_check_device(s, e, err);
   if (st != KILN_OK) return st;
@@ -1487,6 +1622,7 @@ static kiln_status kcu_init_state(kiln_engine *e, kcu_state *s, kiln_error *err)
   if ((st = kcu_choose_convs(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_choose_attention(s, &e->plan, err)) != KILN_OK) return st;
   if ((st = kcu_fold_cache_writes(s, &e->plan, err)) != KILN_OK) return st;
+  if ((st = kcu_plan_beside(s, &e->plan, err)) != KILN_OK) return st;
   cudaError_t rc;
   if (s->dynamic) {
     /* Graph slots are filled by calls; their address tables exist now. One eager run at the
@@ -1810,9 +1946,10 @@ kiln_status kiln_cuda_profile_ops(kiln_engine *e, int reps, double *ms, double *
   if (rc == cudaSuccess) rc = cudaEventCreate(&stop);
   for (uint32_t i = 0; rc == cudaSuccess && i < p->n_ops; i++) {
     float elapsed = 0.0f;
-    rc = kcu_run_op(s, p, i, in_addr, out_addr); /* untimed: caches and clocks settle */
+    rc = kcu_run_op(s, p, i, s->stream, in_addr, out_addr); /* untimed: caches and clocks settle */
     if (rc == cudaSuccess) rc = cudaEventRecord(start, s->stream);
-    for (int r = 0; rc == cudaSuccess && r < reps; r++) rc = kcu_run_op(s, p, i, in_addr, out_addr);
+    for (int r = 0; rc == cudaSuccess && r < reps; r++)
+      rc = kcu_run_op(s, p, i, s->stream, in_addr, out_addr);
     if (rc == cudaSuccess) rc = cudaEventRecord(stop, s->stream);
     if (rc == cudaSuccess) rc = cudaEventSynchronize(stop);
     if (rc == cudaSuccess) rc = cudaEventElapsedTime(&elapsed, start, stop);

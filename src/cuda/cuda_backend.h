@@ -34,6 +34,8 @@ typedef struct kiln_cuda_stats {
                                          cache does (no kernel of their own) */
   uint64_t norms_after_gemv; /* norms the one-row GEMV writing their input computes, in its
                                 last block (no kernel of their own) */
+  uint64_t ops_beside; /* ops run on a branch beside the chain, joined before the first op
+                          reading their result (kcu_plan_beside) */
 } kiln_cuda_stats;
 
 /* Counters of a CUDA engine; KILN_ERR_INVALID_ARGUMENT for an engine of another backend.

@@ -53,6 +53,8 @@ static int expect_attention_cudnn = -1;
 /* -1: unchecked; else how many norms init must have left to the GEMVs reading them, and to the
  * GEMVs writing their inputs. */
 static int expect_norms_in_gemv = -1, expect_norms_after_gemv = -1;
+/* -1: unchecked; else how many ops init must have put on the branch beside the chain. */
+static int expect_ops_beside = -1;
 
 /* Runs p on both engines and compares every output; ranges[i] bounds input i's values. */
 static void compare(prog *p, const char *name, const io_range *ranges) {
@@ -102,6 +104,10 @@ static void compare(prog *p, const char *name, const io_range *ranges) {
              (unsigned long long)fs.norms_after_gemv, expect_norms_after_gemv);
     CHECK(expect_norms_after_gemv < 0 ||
           fs.norms_after_gemv == (uint64_t)expect_norms_after_gemv);
+    if (expect_ops_beside >= 0 && fs.ops_beside != (uint64_t)expect_ops_beside)
+      printf("%s: %llu ops beside the chain, want %d: FAIL\n", name,
+             (unsigned long long)fs.ops_beside, expect_ops_beside);
+    CHECK(expect_ops_beside < 0 || fs.ops_beside == (uint64_t)expect_ops_beside);
   }
   if (cpu && gpu) {
     kiln_status st = p_execute(cpu, p, in, cpu_out, &err);
@@ -1315,6 +1321,47 @@ static void vision_case(const char *what, kiln_op_kind kind, kiln_dtype dt, int 
 /* Pooling, resize and unfolded batch norm on the shapes of ResNet, MobileNetV3, ConvNeXt and
  * UNet-like decoders, in each dtype and layout; channel counts that are not a multiple of a
  * 16-byte vector take the scalar path in channels_last. */
+/* Ops beside the chain (kcu_plan_beside). A scan of 16384 elements by one warp runs far longer
+ * than the chain's negation, so the add reading both gets a half-written scan unless it waits
+ * for the branch: through a view of the scan too. A scan whose input the chain overwrites
+ * before its reader stays on the chain. */
+static void test_beside(void) {
+  const io_range ranges[2] = {{0, 1}, {-1, 1}};
+  for (int through_view = 0; through_view < 2; through_view++) {
+    prog *p = p_new();
+    int r = 2 - through_view; /* the view drops the leading 1 */
+    uint32_t a = IN(p, KILN_F32, 2, 1, 16384), b = p_tensor(p, KILN_STORE_INPUT, KILN_F32, r,
+                                                             DIMS(1, 16384) + 2 - r);
+    uint32_t c = MID(p, KILN_F32, 2, 1, 16384);
+    uint32_t n = p_tensor(p, KILN_STORE_ARENA, KILN_F32, r, DIMS(1, 16384) + 2 - r);
+    p_op(p, KILN_OP_CUMSUM, 1, OPS(a), c, 2, ATTR(1, KILN_F32), 0);
+    if (through_view) {
+      uint32_t v = MID(p, KILN_F32, 1, 16384);
+      p->tensors[v].offset = p->tensors[c].offset;
+      p_op(p, KILN_OP_RESHAPE, 1, OPS(c), v, 1, ATTR(16384), 0);
+      c = v;
+    }
+    p_op(p, KILN_OP_NEG, 1, OPS(b), n, 0, NULL, 0);
+    p_op(p, KILN_OP_ADD, 2, OPS(c, n), p_tensor(p, KILN_STORE_OUTPUT, KILN_F32, r,
+                                                 DIMS(1, 16384) + 2 - r), 0, NULL, 1.0);
+    expect_ops_beside = 1;
+    compare(p, through_view ? "beside: a scan read through a view two ops later"
+                            : "beside: a scan read two ops later", ranges);
+  }
+  prog *p = p_new();
+  uint32_t a = IN(p, KILN_F32, 2, 1, 16384), b = IN(p, KILN_F32, 2, 1, 16384);
+  uint32_t t = MID(p, KILN_F32, 2, 1, 16384), c = MID(p, KILN_F32, 2, 1, 16384);
+  uint32_t u = MID(p, KILN_F32, 2, 1, 16384);
+  p->tensors[u].offset = p->tensors[t].offset; /* the chain's negation writes the scan's input */
+  p_op(p, KILN_OP_NEG, 1, OPS(a), t, 0, NULL, 0);
+  p_op(p, KILN_OP_CUMSUM, 1, OPS(t), c, 2, ATTR(1, KILN_F32), 0);
+  p_op(p, KILN_OP_NEG, 1, OPS(b), u, 0, NULL, 0);
+  p_op(p, KILN_OP_ADD, 2, OPS(c, u), OUT(p, KILN_F32, 2, 1, 16384), 0, NULL, 1.0);
+  expect_ops_beside = 0;
+  compare(p, "beside: a scan whose input the chain overwrites stays on it", ranges);
+  expect_ops_beside = -1;
+}
+
 static void test_vision(void) {
   char name[96];
   for (int t = 0; t < 3; t++) {
@@ -4272,6 +4319,7 @@ int main(int argc, char **argv) {
   test_normalize_reduce();
   test_layout_gather();
   test_index_scan();
+  test_beside();
   test_vision();
   test_attention();
   test_flash_attention();

@@ -62,6 +62,7 @@ def test_generation_on_cuda_equals_eager(dtype):
     with _lib.Engine(greedy_blob, "cuda") as engine:
         bindings = engine.bindings()
         folded = engine.cuda_stats()["cache_writes_in_attention"]
+        beside = engine.cuda_stats()["ops_beside"]
         for where in ("cuda", "cpu"):
             engine.reset_state()
             before = engine.cuda_stats()
@@ -81,7 +82,8 @@ def test_generation_on_cuda_equals_eager(dtype):
         print(f"{dtype} {where}: {got[:12]}..., eager {eager_tokens[:12]}..., first difference at {first}")
     for where, counters in moved.items():
         print(f"{dtype}: counters over {calls} calls on {where} tensors: {dict((k, v) for k, v in counters.items() if v)}")
-    print(f"{dtype}: cache writes done by the decoding attention: {folded}")
+    print(f"{dtype}: cache writes done by the decoding attention: {folded}; "
+          f"ops beside the chain: {beside}")
 
     assert len(set(eager_tokens)) > 4  # the text moves: the cache matters
     problems = decoders.logits_problems(logits, eager, tolerance, argmax)
@@ -103,6 +105,9 @@ def test_generation_on_cuda_equals_eager(dtype):
     # Each layer's key and value cache writes run inside its decoding attention, no kernel of
     # their own.
     assert folded == 2 * model.config.num_hidden_layers, folded
+    # The position's copy and the attention mask's compare run on a branch beside the chain of
+    # kernels: their results are first read by the rotary group and the attention.
+    assert beside == 2, beside
     # The cache stayed in the engine: never set back to its initial values during a generation.
     assert device["state_resets"] == 0 and host["state_resets"] == 0
 
