@@ -138,6 +138,8 @@ typedef struct kcu_state {
   int32_t *beside;     /* one per op (static plans), or NULL: an op run beside the chain holds 1 +
                         * the first op on the chain that reads its result; others 0. See
                         * kcu_plan_beside. */
+  int32_t *join;       /* with beside: one per op, 1 + the op beside whose end it waits for
+                        * before it starts, else 0 (kiln_branch_joins) */
   cudaStream_t beside_stream; /* the branch those ops run on */
   cudaEvent_t fork, *beside_done; /* the chain's point a branch op starts from; one an op, when
                                    * it ends */
@@ -447,39 +449,27 @@ static cudaError_t kcu_add_copy(kcu_state *s, kcu_io_copies *c, const void *src,
 }
 
 /* Enqueues the ops: each on the chain (the engine's stream), or beside it (kcu_plan_beside):
- * forked from the chain where it stands in the plan, and joined into the chain before the first
- * op there reading its result. A join waits for every op launched beside so far (the branch is
- * one stream), so the ops it covers need no join of their own: a kernel joined to the branch is
- * not launched early, and the fewer such kernels the better (a decode step's rotary group joins
- * both its position copy and the attention's mask compare; the attention keeps its early
- * launch). Every branch is joined before the run ends. */
+ * forked from the chain where it stands in the plan, and joined into the chain where
+ * kiln_branch_joins put the joins. A join waits for every op launched beside so far (the branch
+ * is one stream): a kernel joined to the branch is not launched early, and the fewer such
+ * kernels the better (a decode step's rotary group joins both its position copy and the
+ * attention's mask compare; the attention keeps its early launch). */
 static cudaError_t kcu_run_ops(kcu_state *s, const kiln_plan *p, void *const *in_addr,
                                void *const *out_addr) {
   cudaError_t rc = cudaSuccess;
-  int64_t last = -1, joined = -1; /* the latest op launched beside the chain, and joined */
   for (uint32_t i = 0; rc == cudaSuccess && i < p->n_ops; i++) {
-    if (!s->beside) {
+    if (s->join && s->join[i])
+      rc = cudaStreamWaitEvent(s->stream, s->beside_done[s->join[i] - 1], 0);
+    if (rc != cudaSuccess) break;
+    if (!s->beside || !s->beside[i]) {
       rc = kcu_run_op(s, p, i, s->stream, in_addr, out_addr);
-      continue;
-    }
-    for (int64_t b = joined + 1; b <= last; b++)
-      if (s->beside[b] == (int32_t)i + 1) {
-        rc = cudaStreamWaitEvent(s->stream, s->beside_done[last], 0);
-        joined = last;
-        break;
-      }
-    if (rc != cudaSuccess || !s->beside[i]) {
-      if (rc == cudaSuccess) rc = kcu_run_op(s, p, i, s->stream, in_addr, out_addr);
       continue;
     }
     rc = cudaEventRecord(s->fork, s->stream);
     if (rc == cudaSuccess) rc = cudaStreamWaitEvent(s->beside_stream, s->fork, 0);
     if (rc == cudaSuccess) rc = kcu_run_op(s, p, i, s->beside_stream, in_addr, out_addr);
     if (rc == cudaSuccess) rc = cudaEventRecord(s->beside_done[i], s->beside_stream);
-    last = i;
   }
-  if (rc == cudaSuccess && joined < last)
-    rc = cudaStreamWaitEvent(s->stream, s->beside_done[last], 0);
   return rc;
 }
 
@@ -692,6 +682,7 @@ static void kcu_destroy(kiln_engine *e) {
     if (s->beside_done[i]) cudaEventDestroy(s->beside_done[i]);
   free(s->beside_done);
   free(s->beside);
+  free(s->join);
   if (s->fork) cudaEventDestroy(s->fork);
   if (s->beside_stream) cudaStreamDestroy(s->beside_stream);
   for (uint32_t i = 0; s->in && i < s->n_in; i++) cudaFree(s->in[i].dev);
@@ -1531,7 +1522,8 @@ static kiln_status kcu_plan_beside(kcu_state *s, const kiln_plan *p, kiln_error 
   }
   if (!(n = kiln_plan_branches(p, &f, flags + 3 * ops, beside))) goto done;
   s->beside_done = (cudaEvent_t *)kcu_calloc(s, p->n_ops, sizeof *s->beside_done);
-  if (!s->beside_done) {
+  s->join = (int32_t *)kcu_calloc(s, p->n_ops, sizeof *s->join);
+  if (!s->beside_done || !s->join) {
     st = kiln_fail(err, KILN_ERR_OUT_OF_MEMORY, "out of host memory for the branch events of "
                    "%u ops; free memory and load again", p->n_ops);
     goto done;
@@ -1545,6 +1537,7 @@ static kiln_status kcu_plan_beside(kcu_state *s, const kiln_plan *p, kiln_error 
     st = kcu_cuda_error(s, rc, "branch stream and events", err);
     goto done;
   }
+  kiln_branch_joins(beside, p->n_ops, s->join);
   s->beside = beside;
   beside = NULL;
   s->stats.ops_beside = n;

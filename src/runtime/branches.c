@@ -42,3 +42,14 @@ uint32_t kiln_plan_branches(const kiln_plan *p, const kiln_branch_facts *f, uint
   }
   return n;
 }
+
+void kiln_branch_joins(const int32_t *beside, uint32_t n_ops, int32_t *join) {
+  int64_t last = -1, joined = -1; /* the latest op beside so far, and the latest joined */
+  for (uint32_t i = 0; i < n_ops; i++) {
+    int wait = 0;
+    for (int64_t b = joined + 1; !wait && b <= last; b++) wait = beside[b] == (int32_t)i + 1;
+    join[i] = wait ? (int32_t)last + 1 : 0;
+    if (wait) joined = last;
+    if (beside[i]) last = i;
+  }
+}

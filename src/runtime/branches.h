@@ -26,6 +26,13 @@ typedef struct kiln_branch_facts {
 uint32_t kiln_plan_branches(const kiln_plan *p, const kiln_branch_facts *f, uint8_t *derived,
                             int32_t *beside);
 
+/* Where the chain joins the branch, from beside (kiln_plan_branches) over n_ops ops: the branch
+ * is one stream, so a join waits for every op launched beside so far, and an op beside needs no
+ * join of its own when a join before its reader covers it. join[i] gets 1 + the op beside whose
+ * end op i waits for before it starts, else 0. Each op beside has its reader on the chain after
+ * it, so every op beside is joined before the last op ends. */
+void kiln_branch_joins(const int32_t *beside, uint32_t n_ops, int32_t *join);
+
 #ifdef __cplusplus
 }
 #endif

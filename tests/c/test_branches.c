@@ -15,7 +15,7 @@ typedef struct case_plan {
   kiln_tensor_desc tensors[MAX_TENSORS];
   uint8_t candidate[MAX_OPS], launches[MAX_OPS], view[MAX_OPS], derived[MAX_TENSORS];
   uint64_t bytes[MAX_TENSORS][2];
-  int32_t beside[MAX_OPS];
+  int32_t beside[MAX_OPS], join[MAX_OPS];
 } case_plan;
 
 static void start(case_plan *c) {
@@ -84,6 +84,9 @@ static void test_decode_front(void) {
   CHECK(c.beside[3] == 1 + 7);
   CHECK(c.beside[1] == 0); /* nothing of the chain runs before its reader */
   CHECK(c.beside[6] == 0); /* read by the very next kernel */
+  kiln_branch_joins(c.beside, c.plan.n_ops, c.join);
+  for (uint32_t i = 0; i < c.plan.n_ops; i++) /* one join, at the rotary group, for both */
+    CHECK(c.join[i] == (i == 6 ? 1 + 3 : 0));
 }
 
 /* A result read through a view of it, with a candidate between that stays on the chain: the
@@ -132,7 +135,18 @@ static void test_nothing_to_gain(void) {
   CHECK(c.beside[0] == 0 && c.beside[2] == 0);
 }
 
+/* Joins straight from placements: a join covers every op launched beside before it, also one
+ * whose reader comes later; an op beside after a join gets its own. */
+static void test_joins(void) {
+  const int32_t beside[7] = {1 + 2, 1 + 4, 0, 1 + 6, 0, 0, 0};
+  int32_t join[7];
+  kiln_branch_joins(beside, 7, join);
+  const int32_t want[7] = {0, 0, 1 + 1, 0, 0, 0, 1 + 3};
+  for (int i = 0; i < 7; i++) CHECK(join[i] == want[i]);
+}
+
 int main(void) {
+  test_joins();
   test_decode_front();
   test_through_a_view();
   test_overwritten_bytes();
