@@ -586,6 +586,7 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--only", default=None)
+    parser.add_argument("--batches", default=None, help="run only these batch sizes (comma-separated)")
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     parser.add_argument("--budget-s", type=float, default=1e9, help="start no case after this many seconds")
     parser.add_argument("--stage-sweep", action="store_true", help="time host staging for each thread count and chunk size first")
@@ -626,7 +627,8 @@ def main():
              if "KILN_STAGE_THREADS" in os.environ or "KILN_STAGE_CHUNK_KIB" in os.environ
              else f"the defaults: min({cores} cores, 8) and 8192 KiB"}
     rows = []
-    stem = os.path.join(args.out, f"bench_{args.date}_h200")
+    gpu = next((g for g in ("h100", "h200") if g in device.lower()), "gpu")
+    stem = os.path.join(args.out, f"bench_{args.date}_{gpu}")
     started = time.perf_counter()
     # Batch 1 first, fp16 before fp32: a run cut short by its budget loses the least.
     for batch, dtype in ((1, torch.float16), (1, torch.bfloat16), (1, torch.float32), (8, torch.float16),
@@ -637,6 +639,8 @@ def main():
             if dtype not in CASE_DTYPES.get(name, (torch.float16, torch.float32)):
                 continue
             if batch not in CASE_BATCHES.get(name, (1, 32)):
+                continue
+            if args.batches and str(batch) not in args.batches.split(","):
                 continue
             if time.perf_counter() - started > args.budget_s:
                 print(f"{name} b{batch} {dtype}: not run, over the time budget", flush=True)
