@@ -1318,9 +1318,6 @@ static void vision_case(const char *what, kiln_op_kind kind, kiln_dtype dt, int 
 
 #define P KILN_PAIR
 
-/* Pooling, resize and unfolded batch norm on the shapes of ResNet, MobileNetV3, ConvNeXt and
- * UNet-like decoders, in each dtype and layout; channel counts that are not a multiple of a
- * 16-byte vector take the scalar path in channels_last. */
 /* Ops beside the chain (kcu_plan_beside). A scan of 16384 elements by one warp runs far longer
  * than the chain's negation, so the add reading both gets a half-written scan unless it waits
  * for the branch: through a view of the scan too. A scan whose input the chain overwrites
@@ -1362,6 +1359,9 @@ static void test_beside(void) {
   expect_ops_beside = -1;
 }
 
+/* Pooling, resize and unfolded batch norm on the shapes of ResNet, MobileNetV3, ConvNeXt and
+ * UNet-like decoders, in each dtype and layout; channel counts that are not a multiple of a
+ * 16-byte vector take the scalar path in channels_last. */
 static void test_vision(void) {
   char name[96];
   for (int t = 0; t < 3; t++) {
