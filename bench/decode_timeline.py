@@ -2,7 +2,8 @@
 runs, and how much of the step is gaps between them.
 
 The decoder is generate_bench.py's (transformers' Llama-family config with seeded random weights,
-fp16, 4 layers, a static cache of 1152 slots), exported once; its blob runs through Kiln's C API
+fp16, 4 layers, a static cache of 1152 slots; by default 2048 wide, MLP 8192, 16 query and 4
+key/value heads, and the options give another width), exported once; its blob runs through Kiln's C API
 (libkiln.so through ctypes) on device tensors. After a warm-up, 30 steps are timed around
 kiln_engine_execute, then 10 steps at positions 200-209 run under torch.profiler, whose CUDA
 activity (CUPTI) records every kernel in the process, the ones a replayed CUDA graph launches
@@ -13,9 +14,10 @@ time per kernel name; with each kernel's share of the step's span (how far its e
 latest end before it: timeline.py), where the step's time goes. Writes decode_trace.json (the
 profiler's Chrome trace) into OUT (made if missing) and prints the rest.
 
-usage: python3 bench/decode_timeline.py OUT
+usage: python3 bench/decode_timeline.py OUT [--width 4096 --ffn 14336 --heads 32 --kv-heads 8]
 """
 
+import argparse
 import ctypes
 import os
 import statistics
@@ -29,9 +31,9 @@ import generate_bench as gb  # noqa: E402
 import timeline  # noqa: E402
 
 
-def main(out_dir):
+def main(out_dir, width, ffn, heads, kv_heads):
     os.makedirs(out_dir, exist_ok=True)
-    cfg = gb.llama_config(4, 1152)
+    cfg = gb.llama_config(4, 1152, width=width, ffn=ffn, heads=heads, kv_heads=kv_heads)
     model = gb.build_model(cfg, torch.float16)
     blobs = gb.export_program(model, 1152, os.path.join(out_dir, "decode_timeline.pte"))
     cg = gb.KilnCGenerator(blobs[0], "cuda")
@@ -66,6 +68,11 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(usage=__doc__)
+    parser.add_argument("out")
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--ffn", type=int, default=8192)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    args = parser.parse_args()
+    main(args.out, args.width, args.ffn, args.heads, args.kv_heads)
