@@ -2,9 +2,9 @@
 runs, and how much of the step is gaps between them.
 
 The decoder is generate_bench.py's (transformers' Llama-family config with seeded random weights,
-fp16, 4 layers, a static cache of 1152 slots; by default 2048 wide, MLP 8192, 16 query and 4
-key/value heads, and the options give another width), exported once; its blob runs through Kiln's C API
-(libkiln.so through ctypes) on device tensors. After a warm-up, 30 steps are timed around
+fp16, 4 layers, a static cache of 1152 slots; its width, MLP width and head counts unless the
+options give others), exported once; its blob runs through Kiln's C API (libkiln.so through
+ctypes) on device tensors. After a warm-up, 30 steps are timed around
 kiln_engine_execute, then 10 steps at positions 200-209 run under torch.profiler, whose CUDA
 activity (CUPTI) records every kernel in the process, the ones a replayed CUDA graph launches
 included. For each step: its kernels, its span (first kernel start to last kernel end) and the
@@ -31,9 +31,9 @@ import generate_bench as gb  # noqa: E402
 import timeline  # noqa: E402
 
 
-def main(out_dir, width, ffn, heads, kv_heads):
+def main(out_dir, shape):
     os.makedirs(out_dir, exist_ok=True)
-    cfg = gb.llama_config(4, 1152, width=width, ffn=ffn, heads=heads, kv_heads=kv_heads)
+    cfg = gb.llama_config(4, 1152, **shape)
     model = gb.build_model(cfg, torch.float16)
     blobs = gb.export_program(model, 1152, os.path.join(out_dir, "decode_timeline.pte"))
     cg = gb.KilnCGenerator(blobs[0], "cuda")
@@ -70,9 +70,8 @@ def main(out_dir, width, ffn, heads, kv_heads):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(usage=__doc__)
     parser.add_argument("out")
-    parser.add_argument("--width", type=int, default=2048)
-    parser.add_argument("--ffn", type=int, default=8192)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    args = parser.parse_args()
-    main(args.out, args.width, args.ffn, args.heads, args.kv_heads)
+    for option in ("--width", "--ffn", "--heads", "--kv-heads"):
+        parser.add_argument(option, type=int)
+    args = vars(parser.parse_args())
+    out = args.pop("out")
+    main(out, {name: value for name, value in args.items() if value is not None})
